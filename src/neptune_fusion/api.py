@@ -1,0 +1,33 @@
+"""Top-level entry points that tie the layers together."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .errors import NeptuneError
+from .reference.evaluate import as_outputs, evaluate_unfused
+
+MODES = ("unfused", "rolling", "split")
+
+
+def evaluate(outputs, feeds: Mapping, mode: str = "unfused", tile: int = 8, splits: int = 3):
+    """Evaluate ``outputs`` in float64 NumPy.
+
+    ``mode="unfused"`` (default) is the plain reference: every tensor materialised.
+    ``mode="rolling"`` runs the fusion plan over tiles of ``tile`` elements of each fused
+    reduction axis, carrying state and applying the derived repairs; ``mode="split"``
+    computes ``splits`` independent partial states per axis and merges them with the
+    repairs. All three must agree; the fused modes are how the algebra is checked.
+
+    ``feeds`` maps placeholders (or their names) to NumPy arrays or torch tensors.
+    Returns one NumPy array, or a list when ``outputs`` is a list.
+    """
+    outs, single = as_outputs(outputs)
+    if mode == "unfused":
+        vals = evaluate_unfused(outs, feeds)
+    elif mode in ("rolling", "split"):
+        from .fusion.reference import evaluate_fused
+        vals = evaluate_fused(outs, feeds, mode=mode, tile=tile, splits=splits)
+    else:
+        raise NeptuneError(f"evaluate: mode {mode!r} is not one of {', '.join(MODES)}")
+    return vals[0] if single else vals

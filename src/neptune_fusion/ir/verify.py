@@ -1,0 +1,58 @@
+"""The IR verifier: checks that a tensor program is well formed."""
+
+from __future__ import annotations
+
+from ..errors import VerificationError
+from .nodes import (CMP_OPS, LOGIC_OPS, Binary, Compute, Expr, IndexVar, Load, Reduce, Tensor,
+                    Unary, Where)
+from .graph import tensors_in_order
+from .traverse import walk
+
+
+def verify_expr(e: Expr, bound: frozenset, where: str) -> None:
+    """Check ``e`` in a scope where ``bound`` variables are defined."""
+    loose = e.free_vars - bound
+    if loose:
+        names = ", ".join(sorted(v.name for v in loose))
+        raise VerificationError(f"{where}: uses index variable(s) {names} that nothing binds")
+    for x in walk(e):
+        if isinstance(x, Load):
+            if len(x.indices) != x.tensor.ndim:
+                raise VerificationError(
+                    f"{where}: {x} has {len(x.indices)} indices for a "
+                    f"{x.tensor.ndim}-d tensor")
+            for i in x.indices:
+                if not i.dtype.is_int:
+                    raise VerificationError(f"{where}: index {i} of {x} is not an integer")
+        elif isinstance(x, Reduce):
+            for a in x.axes:
+                if a.kind != "reduce":
+                    raise VerificationError(f"{where}: {x.op} binds {a.name}, not a reduce axis")
+            if x.body.dtype.is_bool:
+                raise VerificationError(f"{where}: {x.op} of a boolean")
+        elif isinstance(x, Where):
+            if not x.cond.dtype.is_bool:
+                raise VerificationError(f"{where}: where-condition {x.cond} is not boolean")
+        elif isinstance(x, Binary) and x.op in LOGIC_OPS:
+            if not (x.a.dtype.is_bool and x.b.dtype.is_bool):
+                raise VerificationError(f"{where}: {x} combines non-booleans")
+        elif isinstance(x, Unary) and x.op == "not" and not x.x.dtype.is_bool:
+            raise VerificationError(f"{where}: {x} negates a non-boolean")
+        elif isinstance(x, Binary) and x.op in CMP_OPS and x.dtype.is_bool is False:
+            raise VerificationError(f"{where}: comparison {x} is not boolean")  # pragma: no cover
+
+
+def verify(outputs: Tensor | list[Tensor]) -> None:
+    """Raise :class:`VerificationError` unless every tensor the outputs need is well formed."""
+    outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    for t in tensors_in_order(list(outs)):
+        if not isinstance(t, Compute):
+            continue
+        where = f"tensor {t.name!r}"
+        if len(t.axes) != len(t.shape):
+            raise VerificationError(f"{where}: {len(t.axes)} axes for {len(t.shape)} dims")
+        for a, s in zip(t.axes, t.shape):
+            if not isinstance(a, IndexVar) or a.kind != "spatial" or a.extent is not s:
+                if not (isinstance(s, int) and a.extent == s):
+                    raise VerificationError(f"{where}: axis {a} does not match extent {s}")
+        verify_expr(t.body, frozenset(t.axes), where)
