@@ -39,6 +39,15 @@ def rewrite(root: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return memo[id(root)]
 
 
+def _prime(name: str, taken: set[str]) -> str:
+    """``name`` with primes added until it differs from every name in ``taken``."""
+    # A renamed binder keeps its name readable but must not print like the variable it
+    # avoided capturing: sum(x[j, j'], j'), not sum(x[j, j], j).
+    while name in taken:
+        name += "'"
+    return name
+
+
 def substitute(root: Expr, mapping: dict[Expr, Expr]) -> Expr:
     """Replace nodes (by identity), respecting binders.
 
@@ -50,7 +59,12 @@ def substitute(root: Expr, mapping: dict[Expr, Expr]) -> Expr:
     incoming: frozenset = frozenset()
     for v in mapping.values():
         incoming |= v.free_vars
+    taken = {v.name for v in incoming}
     memo: dict[tuple[int, int], Expr] = {}
+    # The memo is keyed by ids, and a freed object's id can be reused: every renamed body
+    # and shadowed sub-mapping is kept alive until the substitution is done.
+    inners: dict[tuple[int, frozenset], dict[Expr, Expr]] = {}
+    renamed: list[Expr] = []
 
     def go(e: Expr, m: dict[Expr, Expr], var_keys: frozenset, only_vars: bool) -> Expr:
         key = (id(e), id(m))
@@ -65,12 +79,17 @@ def substitute(root: Expr, mapping: dict[Expr, Expr]) -> Expr:
             axes = frozenset(e.axes)
             body, new_axes = e.body, e.axes
             if axes & incoming:
-                fresh = {a: IndexVar(a.name, a.extent, "reduce", fresh_uid()) for a in e.axes}
+                fresh = {a: IndexVar(_prime(a.name, taken), a.extent, "reduce", fresh_uid())
+                         for a in e.axes}
                 body = substitute(body, fresh)
+                renamed.append(body)
                 new_axes = tuple(fresh[a] for a in e.axes)
             inner = m
             if axes & var_keys:
-                inner = {k: v for k, v in m.items() if k not in axes}
+                inner = inners.get((id(m), axes))
+                if inner is None:
+                    inner = {k: v for k, v in m.items() if k not in axes}
+                    inners[(id(m), axes)] = inner
             out = Reduce(e.op, go(body, inner, var_keys - axes, only_vars), new_axes)
         else:
             out = e.with_children(tuple(go(c, m, var_keys, only_vars) for c in e.children()))
