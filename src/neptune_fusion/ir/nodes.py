@@ -330,6 +330,12 @@ class Tensor:
     def __getitem__(self, idx) -> Expr:
         return _b.load(self, idx)
 
+    def __iter__(self):
+        # Without this, Python would iterate by calling t[0], t[1], ... forever.
+        raise TypeError(
+            f"tensor {self.name!r} is not iterable: index it with variables, e.g. "
+            f"{self.name}[i, ...], or pass a list of tensors")
+
     def __str__(self) -> str:
         from .printer import program_str
         return program_str([self])

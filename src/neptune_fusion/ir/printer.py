@@ -7,10 +7,13 @@ import math
 from .nodes import (Binary, Cast, Compute, Const, Expr, IndexVar, Load, Param, Placeholder,
                     Reduce, Size, Tensor, Unary, Where)
 
+# Python's precedence, so printed text reads (and parses) as the user wrote it:
+# comparisons bind loosest, then |, then &.
 _INFIX = {"add": ("+", 4), "sub": ("-", 4), "mul": ("*", 5), "div": ("/", 5),
           "floordiv": ("//", 5), "mod": ("%", 5), "pow": ("**", 7),
-          "lt": ("<", 2), "le": ("<=", 2), "gt": (">", 2), "ge": (">=", 2),
-          "eq": ("==", 2), "ne": ("!=", 2), "and": ("&", 1), "or": ("|", 0)}
+          "lt": ("<", 1), "le": ("<=", 1), "gt": (">", 1), "ge": (">=", 1),
+          "eq": ("==", 1), "ne": ("!=", 1), "and": ("&", 3), "or": ("|", 2)}
+_CMP = {"lt", "le", "gt", "ge", "eq", "ne"}
 _ATOM = 9
 
 
@@ -65,9 +68,10 @@ def expr_str(e: Expr) -> str:
         if isinstance(x, Binary):
             if x.op in _INFIX:
                 sym, p = _INFIX[x.op]
-                # left-associative: the right operand needs parentheses at equal precedence
+                # left-associative: the right operand needs parentheses at equal precedence;
+                # comparisons would chain in Python, so both of their operands do
                 rp = p + 1 if x.op != "pow" else p
-                lp = p if x.op != "pow" else p + 1
+                lp = p + 1 if x.op == "pow" or x.op in _CMP else p
                 return f"{wrap(x.a, lp)} {sym} {wrap(x.b, rp)}"
             return f"{x.op}({go(x.a)}, {go(x.b)})"
         if isinstance(x, Where):
@@ -94,7 +98,8 @@ def tensor_decl(t: Tensor) -> str:
     return f"{lhs} = {expr_str(t.body)}    # [{dims}] {t.dtype}"
 
 
-def program_str(outputs: list[Tensor]) -> str:
-    """Every tensor the outputs depend on, inputs first, one per line."""
+def program_str(outputs: Tensor | list[Tensor]) -> str:
+    """Every tensor the outputs (one tensor or a list) depend on, one per line."""
     from .graph import tensors_in_order
-    return "\n".join(tensor_decl(t) for t in tensors_in_order(outputs))
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    return "\n".join(tensor_decl(t) for t in tensors_in_order(outs))
