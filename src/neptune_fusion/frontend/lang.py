@@ -1,12 +1,13 @@
 """The tensor-expression language users write operators in.
 
-Example (plain attention, the way it is written on paper)::
+Example (attention scores, the way they are written on paper; the rest of attention is in
+:func:`neptune_fusion.frontend.examples.plain_attention`)::
 
     N, M, D = nf.sizes("N M D")
     q = nf.placeholder((N, D), "float16", name="q")
-    ...
-    j = nf.reduce_axis(M, "j")
-    s = nf.compute((N, M), lambda i, jj: nf.sum(q[i, d] * k[jj, d], dd) * scale)
+    k = nf.placeholder((M, D), "float16", name="k")
+    d = nf.reduce_axis(D, "d")
+    s = nf.compute((N, M), lambda i, j: nf.sum(q[i, d] * k[j, d], d) * scale)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import inspect
 import numbers
 
-from ..errors import ExprError, ShapeError
+from ..errors import AxisError, ExprError, ShapeError
 from ..ir import build
 from ..ir.dtypes import as_dtype
 from ..ir.nodes import Compute, Expr, Extent, IndexVar, Placeholder, Size, fresh_uid
@@ -84,6 +85,18 @@ def _axis_names(fcompute, ndim: int, tname: str) -> list[str]:
     return [p.name for p in positional]
 
 
+def _check_bound(body: Expr, axes: tuple[IndexVar, ...], name: str) -> None:
+    # The verifier would catch this too, but as an internal VerificationError.
+    for v in sorted(body.free_vars - frozenset(axes), key=lambda v: v.name):
+        if v.kind == "reduce":
+            raise AxisError(
+                f"compute {name!r} uses reduce axis {v.name!r} outside any reduction over "
+                f"it: wrap that part in nf.sum(..., {v.name}) (or max, min, prod)")
+        raise AxisError(
+            f"compute {name!r} uses axis {v.name!r} of another compute; index with the "
+            "arguments of this compute's own function")
+
+
 def compute(shape, fcompute, name: str | None = None, dtype=None) -> Compute:
     """A tensor whose element at index ``(i, j, ...)`` is ``fcompute(i, j, ...)``.
 
@@ -103,6 +116,7 @@ def compute(shape, fcompute, name: str | None = None, dtype=None) -> Compute:
         raise ExprError(f"compute {name!r}: {err}") from None
     if dtype is not None:
         body = build.cast(body, dtype)
+    _check_bound(body, axes, name)
     t = Compute(name, shp, axes, body, uid)
     from ..ir.verify import verify
     verify(t)

@@ -126,6 +126,10 @@ def power(x, exponent) -> Expr:
         e = int(e)
     if x.dtype.is_bool:
         raise DTypeError(f"'**' of the boolean {x}: cast it first with nf.cast")
+    if x.dtype.is_int and isinstance(e, int) and e < 0:
+        raise DTypeError(
+            f"{x} ** {e}: an integer to a negative power is not an integer; "
+            "cast the base to a float dtype first with nf.cast")
     return Binary("pow", x, const(e, x.dtype if x.dtype.is_float else
                                   (int64 if isinstance(e, int) else float32)))
 
@@ -134,7 +138,7 @@ def where(cond, a, b) -> Expr:
     """``a`` where ``cond`` holds, else ``b``."""
     cond = as_expr(cond)
     if not cond.dtype.is_bool:
-        raise DTypeError(
+        raise ExprError(
             f"nf.where condition must be boolean (a comparison), got {cond} of dtype "
             f"{cond.dtype}")
     a, b = _operands(a, b)
@@ -205,8 +209,9 @@ def reduce(op: str, body, axis) -> Reduce:
         raise AxisError(f"nf.{op} needs at least one reduce axis")
     for a in axes:
         if not isinstance(a, IndexVar) or a.kind != "reduce":
+            what = f"the {a.kind} axis {a.name!r}" if isinstance(a, IndexVar) else repr(a)
             raise AxisError(
-                f"nf.{op} reduces over {a!s}, which is not a reduce axis; "
+                f"nf.{op} reduces over {what}, which is not a reduce axis; "
                 "make one with nf.reduce_axis(extent)")
     if len(set(axes)) != len(axes):
         raise AxisError(f"nf.{op} lists axis {axes[0].name!r} twice")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import FeedError
 from ..ir.nodes import (Binary, Cast, Compute, Const, Expr, IndexVar, Load, Param, Reduce,
                         Size, Tensor, Unary, Where)
 
@@ -78,7 +79,16 @@ class Interpreter:
 
     # -- helpers -------------------------------------------------------------------
     def extent(self, e) -> int:
-        return e if isinstance(e, int) else self.sizes[e]
+        return e if isinstance(e, int) else self.size(e)
+
+    def size(self, s: Size) -> int:
+        """The value of symbolic size ``s``, bound from the shapes of the inputs."""
+        got = self.sizes.get(s)
+        if got is None:
+            raise FeedError(
+                f"size {s.name} is not bound: no input the outputs read has a dimension "
+                f"of size {s.name}; use a concrete extent or add such an input")
+        return got
 
     def values(self, v: IndexVar) -> np.ndarray:
         r = self.ranges.get(v)
@@ -120,7 +130,7 @@ class Interpreter:
             vals = self.values(e)
             return vals.reshape((len(vals),) + (1,) * (len(ctx) - p - 1))
         if isinstance(e, Size):
-            return np.asarray(self.sizes[e], dtype=np.int64)
+            return np.asarray(self.size(e), dtype=np.int64)
         if isinstance(e, Param):
             return self.params[e]
         if isinstance(e, Load):
