@@ -1,0 +1,20 @@
+"""The benchmark harness: the ten attention operators of BENCHMARKS.md, the baselines a
+user would pick instead (SDPA backends, FlexAttention, a Triton FA2 kernel, torch.compile),
+neptune-fusion, a float64 correctness gate, and the reports.
+
+Run ``python -m neptune_fusion.bench --help`` (or ``neptune-fusion bench``). Importing this
+package is cheap: the providers and Triton kernels load only when a run starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``neptune-fusion bench``; returns the exit status."""
+    from .cli import main as cli_main
+    return cli_main(argv)
+
+
+__all__ = ["main"]

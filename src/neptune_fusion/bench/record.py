@@ -1,0 +1,47 @@
+"""One measurement: a provider on an operator at one sequence length."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+Status = Literal["ok", "wrong", "unsupported", "error"]
+STATUSES: tuple[str, ...] = ("ok", "wrong", "unsupported", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """The outcome of one (op, seq, provider) point; see docs/benchmarks.md for each field.
+
+    ``ms`` and ``throughput`` are set only for ``ok``; ``error`` (relative Frobenius error
+    against the float64 reference) whenever the output was compared; ``reason`` explains
+    ``wrong``, ``unsupported`` and ``error``.
+    """
+
+    op: str
+    phase: str
+    seq: int
+    provider: str
+    group: str
+    status: Status
+    ms: float | None = None
+    compile_ms: float | None = None
+    error: float | None = None
+    throughput: float | None = None
+    unit: str = ""
+    fraction_of_ceiling: float | None = None
+    reason: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Record: status {self.status!r} is not one of {STATUSES}")
+        if self.status == "ok" and self.ms is None:
+            raise ValueError("Record: an ok record needs a time")
+
+    def to_json(self) -> dict:
+        """The record as a JSON-ready dict (keys: :data:`RECORD_KEYS`)."""
+        return asdict(self)
+
+
+RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Record))
