@@ -1,0 +1,37 @@
+"""Attention providers: the baselines and neptune-fusion behind one interface.
+
+Provider modules are imported on demand by :func:`all_providers`, so that a caller can set
+``TRITON_INTERPRET=1`` (CPU smoke run) before any Triton kernel is defined.
+"""
+
+from __future__ import annotations
+
+from .base import Group, Prepared, Provider, RunContext, Timer, Unsupported, UnsupportedError
+
+PROVIDER_NAMES: tuple[str, ...] = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex",
+                                   "triton-fa2", "torch-compile", "neptune")
+
+
+def all_providers() -> tuple[Provider, ...]:
+    """Every provider, in report order (importing their modules)."""
+    from .compiled import COMPILED
+    from .fa2 import FA2
+    from .flex import FLEX
+    from .neptune import NEPTUNE
+    from .sdpa import CUDNN, EFFICIENT, FLASH
+    return (FLASH, CUDNN, EFFICIENT, FLEX, FA2, COMPILED, NEPTUNE)
+
+
+def select_providers(names: list[str] | None) -> tuple[Provider, ...]:
+    """The providers named, in report order; all of them for None or an empty list."""
+    if names:
+        unknown = [n for n in names if n not in PROVIDER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown provider(s) {', '.join(unknown)}; "
+                             f"choose from {', '.join(PROVIDER_NAMES)}")
+    wanted = set(names or PROVIDER_NAMES)
+    return tuple(p for p in all_providers() if p.name in wanted)
+
+
+__all__ = ["PROVIDER_NAMES", "Group", "Prepared", "Provider", "RunContext", "Timer",
+           "Unsupported", "UnsupportedError", "all_providers", "select_providers"]
