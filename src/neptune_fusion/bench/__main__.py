@@ -1,0 +1,7 @@
+"""``python -m neptune_fusion.bench``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,126 @@
+"""``python -m neptune_fusion.bench`` / ``neptune-fusion bench``: run, report, write results.
+
+Exit status: 0 when the run completed (whatever each provider's status), 2 for a usage
+error or when there is no GPU and ``--cpu-smoke`` was not given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from .operators import operator_names
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_SEQS = (1024, 4096, 16384)
+SMOKE_SEQS = (64,)
+NO_GPU = ("No CUDA GPU is visible: performance is only measured on a GPU.\n"
+          "Run with --cpu-smoke to check the harness end to end on CPU "
+          "(tiny shapes, Triton interpreter, no speed claims).")
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _seqs(text: str) -> tuple[int, ...]:
+    try:
+        seqs = tuple(int(t) for t in _csv(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seqs wants integers, got {text!r}") from None
+    if not seqs or any(s < 1 for s in seqs):
+        raise argparse.ArgumentTypeError(f"--seqs wants positive integers, got {text!r}")
+    return seqs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    from .providers import PROVIDER_NAMES
+    p = argparse.ArgumentParser(
+        prog="neptune-fusion bench",
+        description="Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
+                    "Triton FA2 kernel and torch.compile, gated by a float64 reference.")
+    p.add_argument("--ops", type=_csv, default=None,
+                   help=f"comma-separated operators (default all: {','.join(operator_names())})")
+    p.add_argument("--seqs", type=_seqs, default=None,
+                   help="comma-separated key lengths (default 1024,4096,16384; smoke: 64)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
+    p.add_argument("--providers", type=_csv, default=None,
+                   help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default benchmarks/results/<date>-<gpu>)")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="tiny shapes on CPU under the Triton interpreter; no speed claims")
+    p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
+    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    return p
+
+
+def slug(text: str) -> str:
+    """A folder-name-safe lower-case slug ("NVIDIA H200" -> "nvidia-h200")."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
+
+
+def default_out_dir(now: datetime, device_name: str) -> Path:
+    """benchmarks/results/<date>-<device> relative to the working directory."""
+    return Path("benchmarks") / "results" / f"{now:%Y-%m-%d-%H%M%S}-{slug(device_name)}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; see ``--help``. Returns the process exit status."""
+    console = Console()
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.cpu_smoke:
+        # Triton reads this when a kernel is defined: before any provider module is imported.
+        os.environ["TRITON_INTERPRET"] = "1"
+        device = torch.device("cpu")
+    else:
+        if not torch.cuda.is_available():
+            console.print(f"[bold red]error:[/] {NO_GPU}")
+            return 2
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            console.print("[bold red]error:[/] TRITON_INTERPRET is set: unset it to time "
+                          "compiled kernels on the GPU (it is only for --cpu-smoke).")
+            return 2
+        device = torch.device("cuda", torch.cuda.current_device())
+
+    from .operators import select_operators
+    from .providers import select_providers
+    try:
+        ops = select_operators(args.ops)
+        providers = select_providers(args.providers)
+    except ValueError as exc:
+        parser.print_usage()
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    seqs = args.seqs or (SMOKE_SEQS if args.cpu_smoke else DEFAULT_SEQS)
+
+    from .session import Session
+    session = Session(ops=ops, seqs=seqs, providers=providers, dtype=DTYPES[args.dtype],
+                      device=device, smoke=args.cpu_smoke, warmup_ms=args.warmup_ms,
+                      rep_ms=args.rep_ms, plots=not args.no_plots)
+    now = datetime.now(timezone.utc)
+    device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
+    out_dir = args.out or default_out_dir(now, device_name)
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                        transient=True)
+    session.run(console, progress, out_dir, now)
+    return 0

@@ -1,0 +1,137 @@
+"""The benchmark loop: inputs, reference, gate, timing, one :class:`Record` per point.
+
+For each operator and sequence length the inputs are drawn fresh and the float64
+reference computed once; then every provider is prepared (timed as compile time together
+with its first call), gated against the reference, and timed only when correct. A failing
+provider never stops the run: its exception becomes an ``error`` (or ``unsupported``)
+record and GPU memory is released before the next one.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .gate import check
+from .metrics import UNITS, fraction_of_ceiling, throughput
+from .operators import Operator, make_inputs, smoke_variant
+from .providers.base import NO_KERNEL_MARKERS, Provider, RunContext, Unsupported, UnsupportedError
+from .record import Record
+from .reference import reference_attention
+from .timing import Ceilings, synchronize
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to run: operators x sequence lengths x providers."""
+
+    ops: tuple[Operator, ...]
+    seqs: tuple[int, ...]
+    providers: tuple[Provider, ...]
+
+    @property
+    def steps(self) -> int:
+        """Number of (op, seq, provider) points."""
+        return len(self.ops) * len(self.seqs) * len(self.providers)
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (messages from compilers run for pages)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) for an exception raised by a provider."""
+    if isinstance(exc, (UnsupportedError, NotImplementedError)):
+        return "unsupported", str(exc) or type(exc).__name__
+    if isinstance(exc, RuntimeError) and any(m in str(exc) for m in NO_KERNEL_MARKERS):
+        return "unsupported", first_line(exc)
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "error", "out of memory: " + first_line(exc)
+    return "error", first_line(exc)
+
+
+def release_memory(device: torch.device, collect: bool = True) -> None:
+    """Return cached GPU memory to the allocator; with ``collect``, first drop cyclic garbage
+    (a full collection costs ~0.3 s with torch loaded, so it runs per point, not per call)."""
+    if collect:
+        gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_point(provider: Provider, op: Operator, seq: int, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings) -> Record:
+    """Prepare, gate and time one provider on one point; never raises for provider faults."""
+    base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,
+                group=provider.group, unit=UNITS[op.phase])
+    note = ""
+    try:
+        t0 = time.perf_counter()
+        prepared = provider.prepare(op, q, k, v, ctx)
+        if isinstance(prepared, Unsupported):
+            return Record(**base, status="unsupported", reason=prepared.reason)
+        note = prepared.note
+        out = prepared.fn()
+        synchronize(ctx.device)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        gate = check(out, ref, ctx.dtype)
+        del out
+    except Exception as exc:  # noqa: BLE001 - any provider fault becomes a record
+        status, reason = classify_failure(exc)
+        return Record(**base, status=status, reason=reason, note=note)
+    if not gate.passed:
+        return Record(**base, status="wrong", compile_ms=compile_ms, error=gate.error,
+                      reason=gate.reason, note=note)
+    try:
+        ms = ctx.timer(prepared.fn)
+    except Exception as exc:  # noqa: BLE001
+        status, reason = classify_failure(exc)
+        return Record(**base, status=status, compile_ms=compile_ms, error=gate.error,
+                      reason="while timing: " + reason, note=note)
+    value = throughput(op, seq, ms, ctx.dtype.itemsize)
+    return Record(**base, status="ok", ms=ms, compile_ms=compile_ms, error=gate.error,
+                  throughput=value,
+                  fraction_of_ceiling=fraction_of_ceiling(op.phase, value,
+                                                          ceilings.matmul_tflops,
+                                                          ceilings.copy_tbps),
+                  note=note)
+
+
+def run_plan(plan: Plan, ctx: RunContext, ceilings: Ceilings,
+             on_start: Callable[[str], None] = lambda desc: None,
+             on_record: Callable[[Record], None] = lambda rec: None) -> list[Record]:
+    """Run every point of ``plan``; ``on_start``/``on_record`` drive a progress display."""
+    records: list[Record] = []
+    for full_op in plan.ops:
+        op = smoke_variant(full_op) if ctx.smoke else full_op
+        for seq in plan.seqs:
+            on_start(f"{op.name} S={seq}: inputs and float64 reference")
+            try:
+                q, k, v = make_inputs(op, seq, ctx.dtype, ctx.device)
+                ref = reference_attention(op, q, k, v)
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory at S = 32768
+                _, reason = classify_failure(exc)
+                release_memory(ctx.device)
+                for p in plan.providers:
+                    rec = Record(op=op.name, phase=op.phase, seq=seq, provider=p.name,
+                                 group=p.group, status="error", unit=UNITS[op.phase],
+                                 reason="inputs/reference failed: " + reason)
+                    records.append(rec)
+                    on_record(rec)
+                continue
+            for provider in plan.providers:
+                on_start(f"{op.name} S={seq}: {provider.name}")
+                rec = run_point(provider, op, seq, q, k, v, ref, ctx, ceilings)
+                release_memory(ctx.device, collect=rec.status == "error")
+                records.append(rec)
+                on_record(rec)
+            del q, k, v, ref
+            release_memory(ctx.device)
+    return records
+
