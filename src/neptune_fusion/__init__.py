@@ -20,9 +20,11 @@ from .ir.dtypes import DType, bfloat16, bool_, float16, float32, float64, int32,
 from .ir.nodes import Compute, Expr, IndexVar, Placeholder, Size, Tensor
 from .ir.printer import program_str as show
 from .ir.verify import verify
+from .fusion.plan import FusedGroup, FusionPlan, Member, Unfused, plan
 
 __all__ = [
-    "__version__", "evaluate", "verify", "show",
+    "__version__", "evaluate", "verify", "show", "plan",
+    "FusionPlan", "FusedGroup", "Member", "Unfused",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
     "sum", "max", "min", "prod",
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs",

@@ -36,10 +36,10 @@ REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
 IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf, "prod": 1.0}
 
 
-def numeric(dtype) -> type:
-    """The NumPy type the reference computes a dtype in."""
+def numeric(dtype, ftype: type = np.float64) -> type:
+    """The NumPy type the reference computes a dtype in (floats: ``ftype``)."""
     if dtype.is_float:
-        return np.float64
+        return ftype
     return np.int64 if dtype.is_int else np.bool_
 
 
@@ -65,12 +65,15 @@ class Interpreter:
     ``arrays`` caches tensor values (inputs are given; computes are materialised on first
     use); ``sizes`` binds symbolic sizes; ``params`` binds :class:`Param` leaves to arrays
     aligned like any other value; ``ranges`` overrides the values an index variable takes
-    (the fused reference uses it to evaluate one tile of a reduction axis).
+    (the fused reference uses it to evaluate one tile of a reduction axis). ``ftype`` is the
+    float type of the arithmetic (float64, or float32 to study the stability of a plan).
     """
 
     def __init__(self, arrays: dict[Tensor, np.ndarray], sizes: dict[Size, int],
                  params: dict[Param, np.ndarray] | None = None,
-                 ranges: dict[IndexVar, np.ndarray] | None = None):
+                 ranges: dict[IndexVar, np.ndarray] | None = None,
+                 ftype: type = np.float64):
+        self.ftype = ftype
         self.arrays = arrays
         self.sizes = sizes
         self.params = params or {}
@@ -100,10 +103,10 @@ class Interpreter:
         if arr is None:
             assert isinstance(t, Compute), f"no value for input {t.name}"
             base = self if not (self.ranges or self.params) else \
-                Interpreter(self.arrays, self.sizes)
+                Interpreter(self.arrays, self.sizes, ftype=self.ftype)
             shape = tuple(self.extent(s) for s in t.shape)
             val = base.eval(t.body, tuple(t.axes))
-            arr = np.array(np.broadcast_to(val, shape), dtype=numeric(t.dtype))
+            arr = np.array(np.broadcast_to(val, shape), dtype=numeric(t.dtype, self.ftype))
             self.arrays[t] = arr
         return arr
 
@@ -124,7 +127,7 @@ class Interpreter:
 
     def _eval(self, e: Expr, ctx: tuple[IndexVar, ...]) -> np.ndarray:
         if isinstance(e, Const):
-            return np.asarray(e.value, dtype=numeric(e.dtype))
+            return np.asarray(e.value, dtype=numeric(e.dtype, self.ftype))
         if isinstance(e, IndexVar):
             p = position(ctx, e)
             vals = self.values(e)
@@ -140,14 +143,14 @@ class Interpreter:
         if isinstance(e, Binary):
             a, b = self.eval(e.a, ctx), self.eval(e.b, ctx)
             if e.op == "div":
-                a, b = a.astype(np.float64), b.astype(np.float64)
+                a, b = a.astype(self.ftype), b.astype(self.ftype)
             return _BINARY[e.op](a, b)
         if isinstance(e, Where):
             return np.where(self.eval(e.cond, ctx), self.eval(e.a, ctx), self.eval(e.b, ctx))
         if isinstance(e, Cast):
             x = self.eval(e.x, ctx)
             if e.dtype.is_float:
-                return x.astype(np.float64)
+                return x.astype(self.ftype)
             if e.dtype.is_int:
                 return np.trunc(x).astype(np.int64) if x.dtype.kind == "f" else \
                     x.astype(np.int64)

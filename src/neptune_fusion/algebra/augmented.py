@@ -1,0 +1,145 @@
+"""The augmented-state method (beyond Neptune), for ``F = +``.
+
+When ``g`` cannot be inverted, carry more than one accumulator. Start from ``G = [g]`` and
+close it under ``d/dr`` for every producer ``r``: each derivative is either a combination
+of ``G`` with coefficients free of ``c`` (closed), or it joins ``G`` (with its ``c``-free
+factors stripped). If the family closes within a bound, then for any ``r, r'`` there is a
+matrix ``M(r, r')`` free of ``c`` with ``G(r', c) = M(r, r') G(r, c)`` (for constant
+coefficients ``dG/dr = A G`` it is ``expm((r' - r) A)``). Because the state
+``T = sum_j G(r, c_j)`` is a sum and ``M`` is linear, ``T(r') = M T(r)``: the repair.
+
+``M`` is found by evaluating ``G`` at as many sample points of ``c`` as it has components
+(``M = G(r') G(r)^-1`` on those points) and is then *proved* on symbolic ``c``.
+
+For ``g = (c - r/n)^2`` (variance) the family is ``[(c - r/n)^2, c - r/n, 1]``: the state
+is Welford's (centred sum of squares, centred sum, count) and ``M`` is its shift rule.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+
+from .proofs import counterexample, is_zero, sample_point, simplest
+
+MAX_TERMS = 4
+
+
+@dataclass(frozen=True)
+class Augmented:
+    basis: tuple[sp.Expr, ...]
+    matrix: sp.Matrix
+    proof: str
+
+
+def deltas(n: int) -> tuple[sp.Symbol, ...]:
+    """The shift symbols ``d_k = r_k' - r_k`` the repair matrix is written in."""
+    return tuple(sp.Symbol(f"d{k}", real=True) for k in range(n))
+
+
+def _strip(d: sp.Expr, c_syms: set) -> sp.Expr:
+    """``d`` without its factors that do not depend on ``c`` (they go into the matrix)."""
+    d = sp.factor_terms(d)
+    if not (d.free_symbols & c_syms):
+        return sp.Integer(1)
+    if d.is_Mul:
+        keep = [a for a in d.args if a.free_symbols & c_syms]
+        return sp.Mul(*keep)
+    return d
+
+
+def _samples(c_syms: list, n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        pt = sample_point(c_syms, rng)
+        out.append({s: sp.Rational(round(v * 64), 64) for s, v in pt.items()})
+    return out
+
+
+def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
+    """Whether ``d`` looks like a combination of ``basis`` with ``c``-free coefficients.
+
+    A numeric test (least squares over random ``c`` at fixed producer values): the closure
+    search only proposes a family; the repair matrix built from it is proved symbolically.
+    """
+    n = len(basis)
+    cs = set(c_syms)
+    others = (d.free_symbols | set().union(*(b.free_symbols for b in basis))) - cs
+    fns = [sp.lambdify(sorted(others | cs, key=str), e, modules="numpy") for e in [d, *basis]]
+    order = sorted(others | cs, key=str)
+    rng = random.Random(7)
+    for _ in range(2):
+        fixed = sample_point(others, rng)
+        rows = []
+        with np.errstate(all="ignore"):
+            for _ in range(n + 3):
+                pt = {**fixed, **sample_point(cs, rng)}
+                args = [pt[s] for s in order]
+                rows.append([complex(f(*args)).real * 1.0 for f in fns])
+        m = np.array(rows)
+        if not np.isfinite(m).all():
+            continue
+        y, a = m[:, 0], m[:, 1:]
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        return bool(np.max(np.abs(a @ coef - y)) <= 1e-8 * (1 + np.max(np.abs(y))))
+    return False
+
+
+def _vanishes(d: sp.Expr) -> bool:
+    return d == 0 or (counterexample(d, trials=6) is None)
+
+
+def close_family(g: sp.Expr, r: tuple, c_syms: list) -> list[sp.Expr] | str:
+    """The family of ``g`` closed under ``d/dr``, or why it does not close."""
+    basis = [g]
+    queue = [g]
+    while queue:
+        b = queue.pop(0)
+        for rk in r:
+            d = sp.diff(b, rk)
+            if _vanishes(d):
+                continue
+            if _in_span(d, basis, c_syms):
+                continue
+            new = _strip(d, set(c_syms))
+            if not _in_span(new, basis, c_syms):
+                if len(basis) == MAX_TERMS:
+                    return (f"the derivatives of g = {g} with respect to the producer do not "
+                            f"close within {MAX_TERMS} terms")
+                basis.append(new)
+                queue.append(new)
+    return basis
+
+
+def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
+    """The augmented state and its repair matrix for a sum consumer with term ``g``."""
+    fam = close_family(g, r, c_syms)
+    if isinstance(fam, str):
+        return fam
+    n = len(fam)
+    sub = dict(zip(r, rn))
+    for seed in range(3):
+        pts = _samples(c_syms, n, 100 + seed)
+        at_r = sp.Matrix([[b.subs(pt) for pt in pts] for b in fam])
+        at_rn = sp.Matrix([[b.subs(sub).subs(pt) for pt in pts] for b in fam])
+        try:
+            m = (at_rn * at_r.inv()).applyfunc(simplest)
+        except (ValueError, ZeroDivisionError):
+            continue
+        if any(e.free_symbols & set(c_syms) for e in m):
+            continue
+        vec = sp.Matrix(fam)
+        residual = m * vec - vec.subs(sub)
+        if all(is_zero(e) for e in residual):
+            # Written in the shifts d_k = r_k' - r_k, not in r and r' separately: an
+            # expanded (r'^2 - 2 r r' + r^2) cancels catastrophically, d^2 does not.
+            shift = {b: a + d for a, b, d in zip(r, rn, deltas(len(r)))}
+            m = m.subs(shift).applyfunc(lambda e: sp.factor(sp.expand(e)))
+            return Augmented(tuple(fam), m,
+                             f"G(r') = M(r, r') G(r) proved for G = [{', '.join(map(str, fam))}];"
+                             " M is linear, so it distributes over +")
+    return f"no repair matrix free of the loop operands exists for G = {fam}"

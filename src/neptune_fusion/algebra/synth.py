@@ -1,0 +1,117 @@
+"""Repair synthesis: from a consumer reduction and its producers to a proved repair.
+
+The derivation works on the canonical SymPy abstraction of the consumer's body and is
+memoised on it, so a chain shape is derived (and proved) once per process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import sympy as sp
+
+from ..ir.dtypes import float32
+from ..ir.nodes import Expr, IndexVar, Param, Reduce
+from ..ir.traverse import substitute
+from .augmented import Augmented, augment, deltas
+from .inversion import Inverted, invert
+from .sym import Abstraction, Unsupported, to_ir, where_branches
+
+
+def running(k: int) -> Param:
+    """The running value of producer ``k`` that a consumer's terms were computed with."""
+    return Param(f"r{k}", float32)
+
+
+def moved(k: int) -> Param:
+    """The new running value of producer ``k`` a repair moves the state to."""
+    return Param(f"r{k}_new", float32)
+
+
+def state(i: int) -> Param:
+    """Component ``i`` of a consumer's accumulated state."""
+    return Param(f"t{i}", float32)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """How a consumer keeps its state exact while its producers' values move.
+
+    The state has one component per entry of ``terms``: component ``i`` accumulates
+    ``terms[i]`` (IR in which producer ``k`` is ``running(k)``) with the consumer's reducer
+    (``+`` for the augmented method). When producer values move from ``running(k)`` to
+    ``moved(k)``, component ``i`` becomes ``update[i]`` (IR in ``state(i)``,
+    ``running(k)``, ``moved(k)``). Component 0 is the consumer's value.
+    """
+
+    method: str  # "inversion" | "augmented"
+    producers: tuple[Reduce, ...]
+    terms: tuple[Expr, ...]
+    update: tuple[Expr, ...]
+    sym_terms: tuple[sp.Expr, ...]
+    sym_update: tuple[sp.Expr, ...]
+    meaning: dict
+    proof: str
+
+
+def _symbols(n: int):
+    r = tuple(sp.Symbol(f"r{k}", real=True) for k in range(n))
+    rn = tuple(sp.Symbol(f"r{k}_new", real=True) for k in range(n))
+    return r, rn
+
+
+@lru_cache(maxsize=1024)
+def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int) -> Inverted | Augmented | str:
+    """The memoised derivation: a proved repair, or the reasons none exists."""
+    r, rn = _symbols(nprod)
+    t = sp.Symbol("t0", real=True)
+    c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
+                    key=lambda s: s.name)
+    got = invert(list(branches), op, r, rn, t, set(c_syms))
+    if isinstance(got, Inverted):
+        return got
+    reasons = [f"inversion: {got}"]
+    if op != "sum":
+        reasons.append(f"augmented state: needs a sum consumer, this is {op}")
+    elif len(branches) > 1:
+        reasons.append("augmented state: a producer inside a where-branch is not supported")
+    else:
+        aug = augment(branches[0], r, rn, c_syms)
+        if isinstance(aug, Augmented):
+            return aug
+        reasons.append(f"augmented state: {aug}")
+    return "; ".join(reasons)
+
+
+def synthesize(consumer: Reduce, producers: list[Reduce],
+               outer: frozenset[IndexVar]) -> Repair | str:
+    """Derive the repair of ``consumer`` for ``producers`` moving together."""
+    params = tuple(running(k) for k in range(len(producers)))
+    body = substitute(consumer.body, dict(zip(producers, params)))
+    ab = Abstraction(params, outer)
+    try:
+        branches_ir = where_branches(body, ab.has_producer)
+        branches = tuple(ab.to_sympy(b) for b in branches_ir)
+    except Unsupported as err:
+        return str(err)
+    got = derive(consumer.op, branches, len(producers))
+    if isinstance(got, str):
+        return got
+    r, rn = _symbols(len(producers))
+    env: dict[sp.Symbol, Expr] = dict(ab.meaning)
+    env.update({s: moved(k) for k, s in enumerate(rn)})
+    if isinstance(got, Inverted):
+        t = sp.Symbol("t0", real=True)
+        env[t] = state(0)
+        return Repair("inversion", tuple(producers), (body,), (to_ir(got.h, env),),
+                      (branches[0],), (got.h,), env, got.proof)
+    ts = [sp.Symbol(f"t{i}", real=True) for i in range(len(got.basis))]
+    env.update({s: state(i) for i, s in enumerate(ts)})
+    env.update({d: moved(k) - running(k) for k, d in enumerate(deltas(len(producers)))})
+    sym_update = tuple(sum(got.matrix[i, j] * ts[j] for j in range(len(ts)))
+                       for i in range(len(ts)))
+    terms = tuple(to_ir(b, env) for b in got.basis)
+    return Repair("augmented", tuple(producers), terms,
+                  tuple(to_ir(u, env) for u in sym_update), got.basis, sym_update, env,
+                  got.proof)

@@ -1,0 +1,83 @@
+"""Canonical forms: equal computations become identical (interned) nodes.
+
+Two rewrites make that so:
+
+* binders are renamed by the *height* of their reduction (1 + the height of the highest
+  reduction inside its body), so ``max(s[i, j], j)`` and an inlined copy of it with a
+  fresh ``j`` become the same node, and nested binders never collide;
+* the spatial axes of the outputs become one shared variable per (position, extent),
+  so a reduction that two outputs both need (the row max of attention and of its
+  log-sum-exp) is one node, computed once.
+
+Both are pure renamings, so the reference value of every expression is unchanged.
+"""
+
+from __future__ import annotations
+
+from ..ir.nodes import Compute, Expr, IndexVar, Reduce
+from ..ir.traverse import inline, rewrite, substitute
+
+_BINDER_BASE = -1_000_000  # canonical uids are negative: users' are positive
+
+
+def _height(e: Expr, memo: dict[int, int]) -> int:
+    h = memo.get(id(e))
+    if h is None:
+        h = max((_height(c, memo) for c in e.children()), default=0)
+        if isinstance(e, Reduce):
+            h += 1
+        memo[id(e)] = h
+    return h
+
+
+def canonical_binders(root: Expr) -> Expr:
+    """Rename every reduction's axes to canonical variables chosen by its height."""
+    heights: dict[int, int] = {}
+
+    def fn(e: Expr) -> Expr | None:
+        if not isinstance(e, Reduce):
+            return None
+        h = _height(e, heights)
+        new_axes = tuple(
+            # primes added by capture-avoiding renames are dropped: the height alone keeps
+            # nested binders apart, and equal reductions must get equal names
+            IndexVar(a.name.rstrip("'") or a.name, a.extent, "reduce",
+                     _BINDER_BASE - 64 * h - p)
+            for p, a in enumerate(e.axes))
+        if all(a is b for a, b in zip(new_axes, e.axes)):
+            return None
+        body = substitute(e.body, dict(zip(e.axes, new_axes)))
+        return Reduce(e.op, body, new_axes)
+
+    return rewrite(root, fn)
+
+
+class SpatialVars:
+    """Shared canonical spatial variables, one per (position, extent)."""
+
+    def __init__(self) -> None:
+        self._vars: dict[tuple[int, object], IndexVar] = {}
+
+    def axes_for(self, c: Compute) -> tuple[IndexVar, ...]:
+        out = []
+        for p, a in enumerate(c.axes):
+            key = (p, a.extent if isinstance(a.extent, int) else id(a.extent))
+            v = self._vars.get(key)
+            if v is None:
+                v = IndexVar(a.name, a.extent, "spatial", _BINDER_BASE // 2 - len(self._vars))
+                self._vars[key] = v
+            out.append(v)
+        return tuple(out)
+
+    @property
+    def context(self) -> tuple[IndexVar, ...]:
+        """All canonical spatial variables, innermost (highest position) first."""
+        keyed = sorted(self._vars.items(), key=lambda kv: -kv[0][0])
+        return tuple(v for _, v in keyed)
+
+
+def canonical_output(c: Compute, spatial: SpatialVars) -> tuple[Expr, tuple[IndexVar, ...]]:
+    """``c``'s body with every compute inlined, on canonical spatial axes and binders."""
+    axes = spatial.axes_for(c)
+    body = substitute(inline(c.body), dict(zip(c.axes, axes)))
+    return canonical_binders(body), axes

@@ -1,0 +1,81 @@
+"""Normalisation of reductions: a rule table, applied bottom-up to a fixed point.
+
+Each rule moves a factor or term that does not depend on the reduction axes out of the
+reduction. That shrinks what a fused loop must carry: attention written as
+``sum(e[i, j] * v[j, d] / l[i], j)`` becomes ``sum(e[i, j] * v[j, d], j) / l[i]`` (the
+division moves to the epilogue), and RMSNorm-then-matmul loses its dependency entirely.
+No rule splits ``exp(a - b)`` or expands a product: those would trade a centred, stable
+form for an unstable one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..ir.nodes import Binary, Expr, Reduce, Unary
+from ..ir.traverse import rewrite
+
+Rule = Callable[[Reduce, frozenset], Expr | None]
+
+
+def _free_of(e: Expr, axes: frozenset) -> bool:
+    return not (e.free_vars & axes)
+
+
+def _sub_reduce(r: Reduce, body: Expr) -> Reduce:
+    return Reduce(r.op, body, r.axes)
+
+
+def _sum_scale(r: Reduce, ax: frozenset) -> Expr | None:
+    # sum(a * b_j) = a * sum(b_j);  sum(b_j * a) = sum(b_j) * a
+    b = r.body
+    if r.op == "sum" and isinstance(b, Binary) and b.op == "mul":
+        if _free_of(b.a, ax):
+            return Binary("mul", b.a, _sub_reduce(r, b.b))
+        if _free_of(b.b, ax):
+            return Binary("mul", _sub_reduce(r, b.a), b.b)
+    return None
+
+
+def _sum_divide(r: Reduce, ax: frozenset) -> Expr | None:
+    # sum(b_j / a) = sum(b_j) / a
+    b = r.body
+    if r.op == "sum" and isinstance(b, Binary) and b.op == "div" and _free_of(b.b, ax):
+        return Binary("div", _sub_reduce(r, b.a), b.b)
+    return None
+
+
+def _sum_negate(r: Reduce, ax: frozenset) -> Expr | None:
+    # sum(-b_j) = -sum(b_j)
+    b = r.body
+    if r.op == "sum" and isinstance(b, Unary) and b.op == "neg":
+        return Unary("neg", _sub_reduce(r, b.x))
+    return None
+
+
+def _extreme_shift(r: Reduce, ax: frozenset) -> Expr | None:
+    # max(a + b_j) = a + max(b_j);  max(b_j + a) = max(b_j) + a;  max(b_j - a) = max(b_j) - a
+    b = r.body
+    if r.op in ("max", "min") and isinstance(b, Binary) and b.op in ("add", "sub"):
+        if b.op == "add" and _free_of(b.a, ax):
+            return Binary("add", b.a, _sub_reduce(r, b.b))
+        if _free_of(b.b, ax):
+            return Binary(b.op, _sub_reduce(r, b.a), b.b)
+    return None
+
+
+RULES: tuple[Rule, ...] = (_sum_scale, _sum_divide, _sum_negate, _extreme_shift)
+
+
+def normalize(root: Expr, rules: tuple[Rule, ...] = RULES) -> Expr:
+    """Apply ``rules`` to every reduction until none fires."""
+    def fn(e: Expr) -> Expr | None:
+        if not isinstance(e, Reduce):
+            return None
+        ax = frozenset(e.axes)
+        for rule in rules:
+            got = rule(e, ax)
+            if got is not None:
+                return normalize(got, rules)
+        return None
+    return rewrite(root, fn)

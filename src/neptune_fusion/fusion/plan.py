@@ -1,0 +1,242 @@
+"""The fusion plan: which reductions share a loop, and how each keeps its state exact.
+
+``plan(outputs)`` runs a flat pipeline of named passes::
+
+    inline+canonicalise -> normalise -> reduction graph -> repair synthesis
+    -> pass assignment (stages) -> groups
+
+and returns an immutable :class:`FusionPlan`. A *group* is one loop over a reduction axis
+(one pass over the data); its members are reductions over axes of the same extents, and
+every member that reads another member's value carries a proved :class:`Repair`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..algebra.synth import Repair, synthesize
+from ..analysis.canon import SpatialVars, canonical_binders, canonical_output
+from ..analysis.chains import (ReductionGraph, maximal_hoistable, reaches_through_other,
+                               reduction_graph, same_extents)
+from ..analysis.normalize import normalize
+from ..errors import FusionError
+from ..ir.graph import tensors_in_order
+from ..ir.nodes import Compute, Expr, IndexVar, Reduce
+
+
+@dataclass(frozen=True)
+class Member:
+    """One reduction of a group; ``repair`` is ``None`` when it reads no member's value."""
+
+    name: str
+    node: Reduce
+    repair: Repair | None
+
+    @property
+    def producers(self) -> tuple[Reduce, ...]:
+        return self.repair.producers if self.repair else ()
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        n = len(self.repair.terms) if self.repair else 1
+        return (self.name,) + tuple(f"{self.name}.{i}" for i in range(1, n))
+
+
+@dataclass(frozen=True)
+class FusedGroup:
+    """One loop over a reduction axis, carrying the state of all its members."""
+
+    index: int
+    stage: int
+    members: tuple[Member, ...]
+
+    @property
+    def axes(self) -> tuple[IndexVar, ...]:
+        return self.members[0].node.axes
+
+    @property
+    def extents(self) -> tuple:
+        return tuple(a.extent for a in self.axes)
+
+    @property
+    def producers(self) -> tuple[Member, ...]:
+        used = {id(p) for m in self.members for p in m.producers}
+        return tuple(m for m in self.members if id(m.node) in used)
+
+    @property
+    def consumers(self) -> tuple[Member, ...]:
+        return tuple(m for m in self.members if m.repair is not None)
+
+    @property
+    def state(self) -> tuple[str, ...]:
+        return tuple(n for m in self.members for n in m.state_names)
+
+
+@dataclass(frozen=True)
+class Unfused:
+    """A dependency left unbroken: ``consumer`` reads ``producer``'s final value."""
+
+    consumer: str
+    producer: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    outputs: tuple[Compute, ...]
+    bodies: tuple[Expr, ...]            # canonical, normalised output bodies
+    out_axes: tuple[tuple[IndexVar, ...], ...]
+    context: tuple[IndexVar, ...]       # shared spatial variables, innermost first
+    groups: tuple[FusedGroup, ...]
+    unfused: tuple[Unfused, ...]
+    names: dict
+
+    @property
+    def single_pass(self) -> bool:
+        """Whether every reduction chain was fused (no dependency left unbroken)."""
+        return not self.unfused
+
+    def name(self, r: Reduce) -> str:
+        return self.names[r]
+
+    def __str__(self) -> str:
+        from .render import render_plan
+        return render_plan(self)
+
+    def to_dict(self) -> dict:
+        """JSON-ready description (stable keys; see docs/algebra.md)."""
+        from .render import plan_dict
+        return plan_dict(self)
+
+
+# ----------------------------------------------------------------------------- passes
+
+
+def _canonicalise(outputs: list[Compute]):
+    sv = SpatialVars()
+    bodies, axes = [], []
+    for o in outputs:
+        b, ax = canonical_output(o, sv)
+        bodies.append(canonical_binders(normalize(b)))
+        axes.append(ax)
+    return bodies, axes, sv
+
+
+def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
+           outer: frozenset) -> dict:
+    names: dict[Reduce, str] = {}
+    taken: set[str] = set()
+
+    def give(r: Reduce, n: str) -> None:
+        if r in names or r not in graph.deps:
+            return
+        while n in taken:
+            n += "'" if n.endswith("_") else "_"
+        names[r] = n
+        taken.add(n)
+
+    scratch = SpatialVars()
+    scratch._vars = dict(sv._vars)  # same canonical variables, without touching sv
+    for t in tensors_in_order(outputs):
+        if not isinstance(t, Compute):
+            continue
+        b, _ = canonical_output(t, scratch)
+        b = canonical_binders(normalize(b))
+        if isinstance(b, Reduce):
+            give(b, t.name)
+        tops = [r for r in maximal_hoistable(b, outer) if r not in names]
+        for k, r in enumerate(tops):
+            give(r, f"{t.name}_{r.op}" if len(tops) == 1 else f"{t.name}_{r.op}{k}")
+    for k, r in enumerate(graph.order):
+        give(r, f"r{k}")
+    return names
+
+
+def _repairs(graph: ReductionGraph, outer: frozenset, names: dict):
+    """Repair every consumer against its same-extent producers; collect what fails."""
+    banned: dict[tuple[int, int], str] = {}
+    repairs: dict[Reduce, Repair] = {}
+    while True:
+        repairs.clear()
+        for c in graph.order:
+            cands = [p for p in graph.deps[c]
+                     if same_extents(p, c) and (id(p), id(c)) not in banned]
+            while cands:
+                got = synthesize(c, cands, outer)
+                if not isinstance(got, str):
+                    repairs[c] = got
+                    break
+                alone = {id(p): synthesize(c, [p], outer) for p in cands} \
+                    if len(cands) > 1 else {id(cands[0]): got}
+                bad = [p for p in cands if isinstance(alone[id(p)], str)] or cands
+                for p in bad:
+                    banned[(id(p), id(c))] = alone[id(p)] if isinstance(alone[id(p)], str) \
+                        else got
+                cands = [p for p in cands if p not in bad]
+        fused = {(p, c) for c, rep in repairs.items() for p in rep.producers}
+        conflict = False
+        for p, c in fused:
+            via = reaches_through_other(graph, p, c, fused)
+            if via is not None:
+                banned[(id(p), id(c))] = (
+                    f"{names[c]} also reads {names[p]} through {names[via]}, which needs "
+                    f"the final {names[p]}")
+                conflict = True
+        if not conflict:
+            return repairs, banned
+
+
+def _stages(graph: ReductionGraph, repairs: dict) -> dict[Reduce, int]:
+    fused = {(id(p), id(c)) for c, rep in repairs.items() for p in rep.producers}
+    stage = {r: 0 for r in graph.order}
+    for _ in range(4 * len(graph.order) + 4):
+        changed = False
+        for c in graph.order:
+            need = max((stage[p] + (0 if (id(p), id(c)) in fused else 1)
+                        for p in graph.deps[c]), default=0)
+            if need > stage[c]:
+                stage[c], changed = need, True
+        for c, rep in repairs.items():
+            for p in rep.producers:
+                if stage[p] < stage[c]:
+                    stage[p], changed = stage[c], True
+        if not changed:
+            return stage
+    raise AssertionError("pass assignment did not converge")  # pragma: no cover
+
+
+def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
+    """Find the reduction chains of ``outputs`` and how to fuse each into one pass.
+
+    With ``require_single_pass=True`` a chain that cannot be fused raises
+    :class:`FusionError` naming the consumer, the producer and the failed condition.
+    """
+    from ..reference.evaluate import as_outputs
+    outs, _ = as_outputs(outputs)
+    bodies, out_axes, sv = _canonicalise(outs)
+    context = sv.context
+    outer = frozenset(context)
+    graph = reduction_graph(bodies, outer)
+    names = _names(outs, graph, sv, outer)
+    repairs, banned = _repairs(graph, outer, names)
+    stage = _stages(graph, repairs)
+    buckets: dict[tuple, list[Reduce]] = {}
+    for r in graph.order:
+        key = (stage[r],) + tuple(a.extent if isinstance(a.extent, int) else id(a.extent)
+                                  for a in r.axes)
+        buckets.setdefault(key, []).append(r)
+    ordered = sorted(buckets.values(), key=lambda rs: (stage[rs[0]], graph.order.index(rs[0])))
+    groups = tuple(
+        FusedGroup(k, stage[rs[0]], tuple(Member(names[r], r, repairs.get(r)) for r in rs))
+        for k, rs in enumerate(ordered))
+    by_id = {id(r): r for r in graph.order}
+    unfused = tuple(Unfused(names[by_id[c]], names[by_id[p]], why)
+                    for (p, c), why in banned.items())
+    result = FusionPlan(tuple(outs), tuple(bodies), tuple(out_axes), context, groups,
+                        unfused, names)
+    if require_single_pass and unfused:
+        u = unfused[0]
+        raise FusionError(
+            f"cannot fuse consumer {u.consumer} with producer {u.producer} into one pass: "
+            f"{u.reason}")
+    return result
