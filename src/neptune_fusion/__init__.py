@@ -9,7 +9,7 @@ the fused form.
 from __future__ import annotations
 
 from ._version import __version__
-from .api import evaluate
+from .api import evaluate, plan
 from .errors import (AxisError, DTypeError, ExprError, FeedError, FusionError,
                      IndexBoundsError, NeptuneError, ShapeError, SizeBindingError,
                      VerificationError)
@@ -20,7 +20,17 @@ from .ir.dtypes import DType, bfloat16, bool_, float16, float32, float64, int32,
 from .ir.nodes import Compute, Expr, IndexVar, Placeholder, Size, Tensor
 from .ir.printer import program_str as show
 from .ir.verify import verify
-from .fusion.plan import FusedGroup, FusionPlan, Member, Unfused, plan
+
+_LAZY = {"FusionPlan", "FusedGroup", "Member", "Unfused"}
+
+
+def __getattr__(name: str):
+    # the plan types live with SymPy-backed code; import it only when asked for
+    if name in _LAZY:
+        from .fusion import plan as _plan_mod
+        return getattr(_plan_mod, name)
+    raise AttributeError(f"module 'neptune_fusion' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",

@@ -10,6 +10,18 @@ from .reference.evaluate import as_outputs, evaluate_unfused
 MODES = ("unfused", "rolling", "split")
 
 
+def plan(outputs, require_single_pass: bool = False):
+    """The :class:`~neptune_fusion.fusion.plan.FusionPlan` of ``outputs``.
+
+    It lists the fused groups (one loop each), their producers, consumers and carried
+    state, the proved repair of every consumer, and the dependencies that could not be
+    broken with the reason. ``require_single_pass=True`` raises :class:`FusionError`
+    instead of planning several passes.
+    """
+    from .fusion.plan import plan as _plan
+    return _plan(outputs, require_single_pass=require_single_pass)
+
+
 def evaluate(outputs, feeds: Mapping, mode: str = "unfused", tile: int = 8, splits: int = 3):
     """Evaluate ``outputs`` in float64 NumPy.
 

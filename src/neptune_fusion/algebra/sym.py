@@ -47,6 +47,7 @@ class Abstraction:
 
     producers: tuple[Param, ...]
     outer: frozenset[IndexVar]
+    positive: tuple[bool, ...] = ()
     r_syms: tuple[sp.Symbol, ...] = ()
     c_syms: list[sp.Symbol] = field(default_factory=list)
     p_syms: list[sp.Symbol] = field(default_factory=list)
@@ -55,7 +56,7 @@ class Abstraction:
     _has_r: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.r_syms = tuple(sp.Symbol(f"r{k}", real=True) for k in range(len(self.producers)))
+        self.r_syms = producer_symbols(len(self.producers), self.positive)[0]
         for p, s in zip(self.producers, self.r_syms):
             self.meaning[s] = p
 
@@ -119,6 +120,14 @@ class Abstraction:
         elif isinstance(e, Load):
             raise Unsupported(f"a producer is used as an index in {e}")
         raise Unsupported(f"a producer appears under {type(e).__name__} in {e}")
+
+
+def producer_symbols(n: int, positive: tuple[bool, ...] = ()):
+    """Symbols ``r_k`` and ``r_k_new`` for ``n`` producers, positive where known."""
+    pos = tuple(positive) + (False,) * (n - len(positive))
+    r = tuple(sp.Symbol(f"r{k}", real=True, positive=pos[k] or None) for k in range(n))
+    rn = tuple(sp.Symbol(f"r{k}_new", real=True, positive=pos[k] or None) for k in range(n))
+    return r, rn
 
 
 def where_branches(e: Expr, has_producer) -> list[Expr]:

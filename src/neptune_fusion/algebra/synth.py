@@ -16,7 +16,8 @@ from ..ir.nodes import Expr, IndexVar, Param, Reduce
 from ..ir.traverse import substitute
 from .augmented import Augmented, augment, deltas
 from .inversion import Inverted, invert
-from .sym import Abstraction, Unsupported, to_ir, where_branches
+from .sign import is_positive
+from .sym import Abstraction, Unsupported, producer_symbols, to_ir, where_branches
 
 
 def running(k: int) -> Param:
@@ -55,16 +56,11 @@ class Repair:
     proof: str
 
 
-def _symbols(n: int):
-    r = tuple(sp.Symbol(f"r{k}", real=True) for k in range(n))
-    rn = tuple(sp.Symbol(f"r{k}_new", real=True) for k in range(n))
-    return r, rn
-
-
 @lru_cache(maxsize=1024)
-def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int) -> Inverted | Augmented | str:
+def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
+           positive: tuple[bool, ...] = ()) -> Inverted | Augmented | str:
     """The memoised derivation: a proved repair, or the reasons none exists."""
-    r, rn = _symbols(nprod)
+    r, rn = producer_symbols(nprod, positive)
     t = sp.Symbol("t0", real=True)
     c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
                     key=lambda s: s.name)
@@ -89,16 +85,17 @@ def synthesize(consumer: Reduce, producers: list[Reduce],
     """Derive the repair of ``consumer`` for ``producers`` moving together."""
     params = tuple(running(k) for k in range(len(producers)))
     body = substitute(consumer.body, dict(zip(producers, params)))
-    ab = Abstraction(params, outer)
+    positive = tuple(is_positive(p) for p in producers)
+    ab = Abstraction(params, outer, positive)
     try:
         branches_ir = where_branches(body, ab.has_producer)
         branches = tuple(ab.to_sympy(b) for b in branches_ir)
     except Unsupported as err:
         return str(err)
-    got = derive(consumer.op, branches, len(producers))
+    got = derive(consumer.op, branches, len(producers), positive)
     if isinstance(got, str):
         return got
-    r, rn = _symbols(len(producers))
+    r, rn = producer_symbols(len(producers), positive)
     env: dict[sp.Symbol, Expr] = dict(ab.meaning)
     env.update({s: moved(k) for k, s in enumerate(rn)})
     if isinstance(got, Inverted):
