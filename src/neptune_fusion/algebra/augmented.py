@@ -72,17 +72,19 @@ def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
     fns = [sp.lambdify(sorted(others | cs, key=str), e, modules="numpy") for e in [d, *basis]]
     order = sorted(others | cs, key=str)
     rng = random.Random(7)
-    for _ in range(2):
-        fixed = sample_point(others, rng)
+    for trial in range(4):
+        fixed = sample_point(others, rng, (1.0, 0.3, 2.0, 0.1)[trial])
         rows = []
         with np.errstate(all="ignore"):
-            for _ in range(n + 3):
+            for _ in range(3 * n + 6):
                 pt = {**fixed, **sample_point(cs, rng)}
                 args = [pt[s] for s in order]
-                rows.append([complex(f(*args)).real * 1.0 for f in fns])
-        m = np.array(rows)
-        if not np.isfinite(m).all():
+                row = [complex(f(*args)) for f in fns]
+                if all(np.isfinite(v) and abs(v.imag) < 1e-12 for v in row):
+                    rows.append([v.real for v in row])
+        if len(rows) < n + 3:
             continue
+        m = np.array(rows)
         y, a = m[:, 0], m[:, 1:]
         coef, *_ = np.linalg.lstsq(a, y, rcond=None)
         return bool(np.max(np.abs(a @ coef - y)) <= 1e-8 * (1 + np.max(np.abs(y))))
@@ -115,31 +117,53 @@ def close_family(g: sp.Expr, r: tuple, c_syms: list) -> list[sp.Expr] | str:
     return basis
 
 
+def _coefficients(fam: list[sp.Expr], c_syms: list) -> sp.Matrix:
+    """``C`` with ``fam[i] = sum_k C[i, k] * atom_k(c)``: the family in ``c``-only atoms."""
+    rows = []
+    for g in fam:
+        row: dict = {}
+        for term in sp.Add.make_args(sp.expand(g)):
+            coef, atom = term.as_independent(*c_syms, as_Add=False)
+            row[atom] = row.get(atom, 0) + coef
+        rows.append(row)
+    atoms = list(dict.fromkeys(a for row in rows for a in row))
+    return sp.Matrix([[row.get(a, 0) for a in atoms] for row in rows])
+
+
 def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
-    """The augmented state and its repair matrix for a sum consumer with term ``g``."""
+    """The augmented state and its repair matrix for a sum consumer with term ``g``.
+
+    Writing the family over ``c``-only atoms, ``G(r, c) = C(r) phi(c)``, the repair is any
+    ``M`` with ``M C(r) = C(r')``: solved on ``n`` independent columns, then checked on all
+    of them, which proves ``G(r', c) = M G(r, c)`` for every ``c``.
+    """
     fam = close_family(g, r, c_syms)
     if isinstance(fam, str):
         return fam
     n = len(fam)
     sub = dict(zip(r, rn))
-    for seed in range(3):
-        pts = _samples(c_syms, n, 100 + seed)
-        at_r = sp.Matrix([[b.subs(pt) for pt in pts] for b in fam])
-        at_rn = sp.Matrix([[b.subs(sub).subs(pt) for pt in pts] for b in fam])
-        try:
-            m = (at_rn * at_r.inv()).applyfunc(simplest)
-        except (ValueError, ZeroDivisionError):
-            continue
-        if any(e.free_symbols & set(c_syms) for e in m):
-            continue
-        vec = sp.Matrix(fam)
-        residual = m * vec - vec.subs(sub)
-        if all(is_zero(e) for e in residual):
-            # Written in the shifts d_k = r_k' - r_k, not in r and r' separately: an
-            # expanded (r'^2 - 2 r r' + r^2) cancels catastrophically, d^2 does not.
-            shift = {b: a + d for a, b, d in zip(r, rn, deltas(len(r)))}
-            m = m.subs(shift).applyfunc(lambda e: sp.factor(sp.expand(e)))
-            return Augmented(tuple(fam), m,
-                             f"G(r') = M(r, r') G(r) proved for G = [{', '.join(map(str, fam))}];"
-                             " M is linear, so it distributes over +")
-    return f"no repair matrix free of the loop operands exists for G = {fam}"
+    coef = _coefficients(fam, c_syms)
+    probe_pt = sample_point(coef.free_symbols, random.Random(3))
+    _, pivots = coef.subs(probe_pt).rref(simplify=True)
+    if len(pivots) < n:
+        return f"the family G = {fam} is not independent over the loop operands"
+    square = coef[:, list(pivots)]
+    try:
+        m = (coef.subs(sub)[:, list(pivots)] * square.inv()).applyfunc(sp.simplify)
+    except (ValueError, ZeroDivisionError):
+        return f"no repair matrix for G = {fam}"
+    if any(e.free_symbols & set(c_syms) for e in m):
+        return f"no repair matrix free of the loop operands exists for G = {fam}"
+    residual = m * coef - coef.subs(sub)
+    if not all(is_zero(e) for e in residual):
+        return f"could not prove the repair matrix for G = {fam}"
+    # Written in the shifts d_k = r_k' - r_k, not in r and r' separately: an expanded
+    # (r'^2 - 2 r r' + r^2) cancels catastrophically, d^2 does not.
+    # Only for producers the matrix is shift-invariant in (a mean, not a variance).
+    for a, b, d in zip(r, rn, deltas(len(r))):
+        shifted = m.subs(b, a + d).applyfunc(lambda e: sp.factor(sp.expand(e)))
+        if not any(a in e.free_symbols for e in shifted):
+            m = shifted
+    return Augmented(tuple(fam), m,
+                     f"G(r') = M(r, r') G(r) proved for G = [{', '.join(map(str, fam))}]; "
+                     "M is linear, so it distributes over +")

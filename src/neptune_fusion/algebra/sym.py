@@ -47,7 +47,7 @@ class Abstraction:
 
     producers: tuple[Param, ...]
     outer: frozenset[IndexVar]
-    positive: tuple[bool, ...] = ()
+    signs: tuple[str, ...] = ()
     r_syms: tuple[sp.Symbol, ...] = ()
     c_syms: list[sp.Symbol] = field(default_factory=list)
     p_syms: list[sp.Symbol] = field(default_factory=list)
@@ -56,7 +56,7 @@ class Abstraction:
     _has_r: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.r_syms = producer_symbols(len(self.producers), self.positive)[0]
+        self.r_syms = producer_symbols(len(self.producers), self.signs)[0]
         for p, s in zip(self.producers, self.r_syms):
             self.meaning[s] = p
 
@@ -69,11 +69,19 @@ class Abstraction:
 
     def _opaque(self, e: Expr) -> sp.Expr:
         if isinstance(e, Const):
-            return number(e.value)
+            v = number(e.value)
+            if not isinstance(v, sp.Float):
+                return v
+            # an inexact constant (1e-5, 1/sqrt(d)) stays a symbol: float noise would
+            # defeat the exact proofs, and the constant is just a parameter to them
         s = self._by_node.get(id(e))
         if s is not None:
             return s
-        if isinstance(e, Size):
+        if isinstance(e, Const):
+            s = sp.Symbol(f"p{len(self.p_syms)}", positive=True) if e.value > 0 else \
+                sp.Symbol(f"p{len(self.p_syms)}", negative=True)
+            self.p_syms.append(s)
+        elif isinstance(e, Size):
             s = sp.Symbol(e.name, positive=True)
         elif e.free_vars <= self.outer:
             s = sp.Symbol(f"p{len(self.p_syms)}", real=True)
@@ -122,11 +130,18 @@ class Abstraction:
         raise Unsupported(f"a producer appears under {type(e).__name__} in {e}")
 
 
-def producer_symbols(n: int, positive: tuple[bool, ...] = ()):
-    """Symbols ``r_k`` and ``r_k_new`` for ``n`` producers, positive where known."""
-    pos = tuple(positive) + (False,) * (n - len(positive))
-    r = tuple(sp.Symbol(f"r{k}", real=True, positive=pos[k] or None) for k in range(n))
-    rn = tuple(sp.Symbol(f"r{k}_new", real=True, positive=pos[k] or None) for k in range(n))
+def producer_symbols(n: int, signs: tuple[str, ...] = ()):
+    """Symbols ``r_k`` and ``r_k_new`` for ``n`` producers, with their known signs."""
+    signs = tuple(signs) + ("real",) * (n - len(signs))
+
+    def make(name: str, sign: str) -> sp.Symbol:
+        if sign == "positive":
+            return sp.Symbol(name, positive=True)
+        if sign == "nonnegative":
+            return sp.Symbol(name, nonnegative=True)
+        return sp.Symbol(name, real=True)
+    r = tuple(make(f"r{k}", signs[k]) for k in range(n))
+    rn = tuple(make(f"r{k}_new", signs[k]) for k in range(n))
     return r, rn
 
 

@@ -16,7 +16,7 @@ from ..ir.nodes import Expr, IndexVar, Param, Reduce
 from ..ir.traverse import substitute
 from .augmented import Augmented, augment, deltas
 from .inversion import Inverted, invert
-from .sign import is_positive
+from .sign import sign_of
 from .sym import Abstraction, Unsupported, producer_symbols, to_ir, where_branches
 
 
@@ -58,9 +58,9 @@ class Repair:
 
 @lru_cache(maxsize=1024)
 def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
-           positive: tuple[bool, ...] = ()) -> Inverted | Augmented | str:
+           signs: tuple[str, ...] = ()) -> Inverted | Augmented | str:
     """The memoised derivation: a proved repair, or the reasons none exists."""
-    r, rn = producer_symbols(nprod, positive)
+    r, rn = producer_symbols(nprod, signs)
     t = sp.Symbol("t0", real=True)
     c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
                     key=lambda s: s.name)
@@ -85,17 +85,17 @@ def synthesize(consumer: Reduce, producers: list[Reduce],
     """Derive the repair of ``consumer`` for ``producers`` moving together."""
     params = tuple(running(k) for k in range(len(producers)))
     body = substitute(consumer.body, dict(zip(producers, params)))
-    positive = tuple(is_positive(p) for p in producers)
-    ab = Abstraction(params, outer, positive)
+    signs = tuple(sign_of(p) for p in producers)
+    ab = Abstraction(params, outer, signs)
     try:
         branches_ir = where_branches(body, ab.has_producer)
         branches = tuple(ab.to_sympy(b) for b in branches_ir)
     except Unsupported as err:
         return str(err)
-    got = derive(consumer.op, branches, len(producers), positive)
+    got = derive(consumer.op, branches, len(producers), signs)
     if isinstance(got, str):
         return got
-    r, rn = producer_symbols(len(producers), positive)
+    r, rn = producer_symbols(len(producers), signs)
     env: dict[sp.Symbol, Expr] = dict(ab.meaning)
     env.update({s: moved(k) for k, s in enumerate(rn)})
     if isinstance(got, Inverted):

@@ -31,10 +31,10 @@ class _Legend:
         return got
 
 
-def _finals_text(plan, e: Expr) -> str:
-    """``e`` with every hoisted reduction inside it shown by its plan name."""
+def _finals_text(plan, e: Expr, whole: bool = False) -> str:
+    """``e`` with every hoisted reduction inside it (or ``e`` itself) shown by name."""
     names = {r: Param(n, float32) for r, n in plan.names.items()}
-    if isinstance(e, Reduce):
+    if isinstance(e, Reduce) and not whole:
         return expr_str(Reduce(e.op, substitute(e.body, names), e.axes))
     return expr_str(substitute(e, names))
 
@@ -66,7 +66,8 @@ def member_rules(plan, member, legend: _Legend, group_axes=None) -> list[str]:
             env[s] = sp.Symbol(f"({p}' - {p})")
         elif nm[0] in "cp":
             env[s] = sp.Symbol(legend.name_for(_finals_text(plan, substitute(meaning, loop))))
-    moved = {s: env[sp.Symbol(s.name + "_new", real=True)] for s in rep.meaning
+    by_name = {s.name: s for s in rep.meaning}
+    moved = {s: env[by_name[s.name + "_new"]] for s in rep.meaning
              if s.name.startswith("r") and s.name[1:].isdigit()}
     lines = []
     for i, name in enumerate(member.state_names):
@@ -93,7 +94,7 @@ def render_plan(plan) -> str:
                 out.append(f"    proved: {m.repair.proof}")
     for o, body, axes in zip(plan.outputs, plan.bodies, plan.out_axes):
         idx = ", ".join(a.name for a in axes)
-        out.append(f"output {o.name}[{idx}] = {_finals_text(plan, body)}")
+        out.append(f"output {o.name}[{idx}] = {_finals_text(plan, body, whole=True)}")
     for u in plan.unfused:
         out.append(f"unfused: {u.consumer} reads the final {u.producer}: {u.reason}")
     if legend.lines:
@@ -128,7 +129,7 @@ def plan_dict(plan) -> dict:
         "groups": groups,
         "unfused": [{"consumer": u.consumer, "producer": u.producer, "reason": u.reason}
                     for u in plan.unfused],
-        "outputs": [{"name": o.name, "definition": _finals_text(plan, b)}
+        "outputs": [{"name": o.name, "definition": _finals_text(plan, b, whole=True)}
                     for o, b in zip(plan.outputs, plan.bodies)],
         "legend": legend.lines,
     }
