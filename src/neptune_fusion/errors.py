@@ -44,3 +44,11 @@ class VerificationError(NeptuneError):
 
 class FusionError(NeptuneError):
     """A chain of reductions that cannot be fused the way that was required."""
+
+
+class ScheduleError(NeptuneError, ValueError):
+    """A schedule that breaks one of its invariants (block sizes, warps, stages, ...)."""
+
+
+class CodegenError(NeptuneError):
+    """A plan the code generator cannot lower to a kernel; the message names the reason."""

@@ -62,15 +62,40 @@ def test_variance_uses_the_augmented_welford_state():
     assert len(c.repair.terms) == 3  # centred sum of squares, centred sum, count
 
 
+def _layernorm_f32(f):
+    """Plain two-pass float32 LayerNorm-then-matmul in NumPy: the float32 yardstick."""
+    x, w, b, W = (f[k].astype(np.float32) for k in ("x", "w", "b", "W"))
+    mu = x.mean(1, keepdims=True)
+    var = ((x - mu) ** 2).mean(1, keepdims=True)
+    return (((x - mu) / np.sqrt(var + np.float32(1e-5)) * w + b) @ W).astype(np.float64)
+
+
 def test_layernorm_matmul_is_stable_in_float32(rng):
+    """Mean 1e4, std 1, float32 data: the fused single pass is centred (Welford-like).
+
+    In float64 the fused plan matches the plain reference to 1e-10. In float32 it is as
+    accurate as a plain two-pass float32 LayerNorm (whose error is set by rounding
+    x - mean at magnitude 1e4), while the uncentred one-pass formula loses all digits.
+    """
     outputs, feeds = FUSABLE["layernorm_matmul"]()
     f = feeds(rng)
     f["x"] = (rng.standard_normal(f["x"].shape) + 1e4).astype(np.float32).astype(np.float64)
     want = nf.evaluate(outputs, f)[0]  # float64 on the same float32 data
+
+    def rel(got):
+        return np.linalg.norm(got - want) / np.linalg.norm(want)
+
     from neptune_fusion.fusion.reference import evaluate_fused
-    got = evaluate_fused(outputs, f, mode="rolling", tile=8, precision="float32")[0]
-    rel = np.linalg.norm(got - want) / np.linalg.norm(want)
-    assert rel < 1e-4, rel
+    assert rel(nf.evaluate(outputs, f, mode="rolling", tile=8)[0]) < 1e-10
+    fused32 = rel(evaluate_fused(outputs, f, mode="rolling", tile=8, precision="float32")[0])
+    split32 = rel(evaluate_fused(outputs, f, mode="split", splits=3, precision="float32")[0])
+    two_pass = rel(_layernorm_f32(f))
+    assert fused32 < max(3 * two_pass, 1e-4) and fused32 < 1e-3, (fused32, two_pass)
+    assert split32 < max(3 * two_pass, 1e-4) and split32 < 1e-3, (split32, two_pass)
+    x = f["x"].astype(np.float32)
+    naive_var = (x * x).mean(1) - x.mean(1) ** 2  # the uncentred one-pass variance
+    true_var = f["x"].var(1)
+    assert np.max(np.abs(naive_var - true_var) / true_var) > 1e-2  # it really is unstable
 
 
 def test_tanh_chain_is_not_fused_and_says_why(rng):
@@ -78,7 +103,7 @@ def test_tanh_chain_is_not_fused_and_says_why(rng):
     plan = nf.plan(outputs)
     assert not plan.single_pass
     (u,) = plan.unfused
-    assert u.consumer == "t_sum" and u.producer.startswith("t_max") or u.producer
+    assert (u.consumer, u.producer) == ("t", "max0")
     assert "distribute" in u.reason or "close" in u.reason
     assert "unfused:" in str(plan)
     f = feeds(rng)
@@ -92,5 +117,5 @@ def test_require_single_pass_names_consumer_producer_and_condition():
     with pytest.raises(nf.FusionError) as err:
         nf.plan(outputs, require_single_pass=True)
     msg = str(err.value)
-    assert "consumer" in msg and "producer" in msg and "t_sum" in msg
+    assert "consumer t " in msg and "producer max0 " in msg
     assert "inversion" in msg and "augmented" in msg

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from .proofs import counterexample, is_zero, sample_point, simplest
+from .proofs import compile_numeric, is_zero, probe, sample_point
 
 MAX_TERMS = 4
 
@@ -69,8 +69,10 @@ def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
     n = len(basis)
     cs = set(c_syms)
     others = (d.free_symbols | set().union(*(b.free_symbols for b in basis))) - cs
-    fns = [sp.lambdify(sorted(others | cs, key=str), e, modules="numpy") for e in [d, *basis]]
     order = sorted(others | cs, key=str)
+    fns = [compile_numeric(order, e) for e in [d, *basis]]
+    if any(f is None for f in fns):
+        return False
     rng = random.Random(7)
     for trial in range(4):
         fixed = sample_point(others, rng, (1.0, 0.3, 2.0, 0.1)[trial])
@@ -79,7 +81,10 @@ def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
             for _ in range(3 * n + 6):
                 pt = {**fixed, **sample_point(cs, rng)}
                 args = [pt[s] for s in order]
-                row = [complex(f(*args)) for f in fns]
+                try:
+                    row = [complex(f(*args)) for f in fns]
+                except (ZeroDivisionError, OverflowError, ValueError, TypeError, NameError):
+                    continue
                 if all(np.isfinite(v) and abs(v.imag) < 1e-12 for v in row):
                     rows.append([v.real for v in row])
         if len(rows) < n + 3:
@@ -92,7 +97,10 @@ def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
 
 
 def _vanishes(d: sp.Expr) -> bool:
-    return d == 0 or (counterexample(d, trials=6) is None)
+    if d == 0:
+        return True
+    bad, finite = probe(d, trials=6)
+    return bad is None and finite >= 3  # unevaluable is not zero
 
 
 def close_family(g: sp.Expr, r: tuple, c_syms: list) -> list[sp.Expr] | str:
@@ -117,7 +125,7 @@ def close_family(g: sp.Expr, r: tuple, c_syms: list) -> list[sp.Expr] | str:
     return basis
 
 
-def _coefficients(fam: list[sp.Expr], c_syms: list) -> sp.Matrix:
+def _coefficients(fam: list[sp.Expr], c_syms: list) -> tuple[sp.Matrix, list]:
     """``C`` with ``fam[i] = sum_k C[i, k] * atom_k(c)``: the family in ``c``-only atoms."""
     rows = []
     for g in fam:
@@ -127,7 +135,7 @@ def _coefficients(fam: list[sp.Expr], c_syms: list) -> sp.Matrix:
             row[atom] = row.get(atom, 0) + coef
         rows.append(row)
     atoms = list(dict.fromkeys(a for row in rows for a in row))
-    return sp.Matrix([[row.get(a, 0) for a in atoms] for row in rows])
+    return sp.Matrix([[row.get(a, 0) for a in atoms] for row in rows]), atoms
 
 
 def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
@@ -142,7 +150,9 @@ def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
         return fam
     n = len(fam)
     sub = dict(zip(r, rn))
-    coef = _coefficients(fam, c_syms)
+    coef, atoms = _coefficients(fam, c_syms)
+    if any(a.free_symbols & set(r) for a in atoms):
+        return f"the family G = {fam} does not separate into producer and loop factors"
     probe_pt = sample_point(coef.free_symbols, random.Random(3))
     _, pivots = coef.subs(probe_pt).rref(simplify=True)
     if len(pivots) < n:

@@ -42,8 +42,10 @@ def _candidates(g: sp.Expr, g1: sp.Expr, t: sp.Symbol, c_syms: set):
         except (NotImplementedError, ValueError, TypeError):
             continue
         for sol in sols[:2]:
-            # free of c by construction; simplified only when proved, for display
-            yield g1.subs(c, sol)
+            h = g1.subs(c, sol)
+            # the solved operand is gone, but another loop operand may remain
+            if not (h.free_symbols & c_syms):
+                yield h
 
 
 def _distributes(h: sp.Expr, t: sp.Symbol, op: str) -> tuple[bool, str]:
@@ -63,7 +65,11 @@ def _distributes(h: sp.Expr, t: sp.Symbol, op: str) -> tuple[bool, str]:
             return False, f"could not prove h(x {sym} y) = h(x) {sym} h(y)"
         return True, f"h(x {sym} y) = h(x) {sym} h(y)"
     slope = sp.simplify(sp.diff(h, t))
-    if slope.is_nonnegative:
+    try:
+        nonneg = bool(slope.is_nonnegative)
+    except TypeError:  # SymPy compared a NaN on the way
+        nonneg = False
+    if nonneg:
         return True, f"dh/dt = {slope} >= 0, so h commutes with {op}"
     return False, f"could not prove h nondecreasing in t (dh/dt = {slope}), needed for {op}"
 

@@ -26,15 +26,28 @@ def sample_point(syms, rng: random.Random, scale: float = 1.0) -> dict:
     return pt
 
 
-def numeric_value(expr: sp.Expr, pt: dict) -> float:
-    syms = sorted(expr.free_symbols, key=lambda s: s.name)
-    f = sp.lambdify(syms, expr, modules="numpy")
+def compile_numeric(syms, expr: sp.Expr):
+    """A NumPy function of ``syms`` computing ``expr``, or ``None`` if it has none."""
+    try:
+        return sp.lambdify(syms, expr, modules="numpy")
+    except (KeyError, TypeError, NameError, SyntaxError):  # e.g. zoo, DiracDelta
+        return None
+
+
+def _numeric(f, syms, pt: dict) -> float:
     with np.errstate(all="ignore"):
         try:
             v = complex(f(*[pt[s] for s in syms]))
-        except (ZeroDivisionError, OverflowError, ValueError, TypeError):
-            return float("nan")
+        except (ZeroDivisionError, OverflowError, ValueError, TypeError, NameError):
+            return float("nan")  # NameError: a function NumPy lacks (DiracDelta)
     return v.real if abs(v.imag) <= 1e-12 * (1 + abs(v.real)) else float("nan")
+
+
+def numeric_value(expr: sp.Expr, pt: dict) -> float:
+    """``expr`` at ``pt`` as a real float (NaN where undefined or complex)."""
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    f = compile_numeric(syms, expr)
+    return float("nan") if f is None else _numeric(f, syms, pt)
 
 
 _SCALES = (1.0, 0.3, 0.1, 2.0)
@@ -43,11 +56,20 @@ _SCALES = (1.0, 0.3, 0.1, 2.0)
 def probe(expr: sp.Expr, trials: int = 12, seed: int = 0) -> tuple[dict | None, int]:
     """``(point where expr is clearly nonzero or None, number of finite evaluations)``."""
     rng = random.Random(seed)
-    syms = expr.free_symbols
+    syms = sorted(expr.free_symbols, key=lambda s: s.name)
+    if not syms:
+        try:
+            v = complex(expr.evalf())
+        except TypeError:
+            return None, 0
+        return (None if abs(v) <= 1e-8 else {}), trials
+    f = compile_numeric(syms, expr)
+    if f is None:
+        return None, 0
     finite = 0
     for k in range(trials):
         pt = sample_point(syms, rng, _SCALES[k % len(_SCALES)])
-        v = numeric_value(expr, pt)
+        v = _numeric(f, syms, pt)
         if np.isfinite(v):
             finite += 1
             if abs(v) > 1e-8:

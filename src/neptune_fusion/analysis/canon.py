@@ -76,8 +76,12 @@ class SpatialVars:
         return tuple(v for _, v in keyed)
 
 
-def canonical_output(c: Compute, spatial: SpatialVars) -> tuple[Expr, tuple[IndexVar, ...]]:
-    """``c``'s body with every compute inlined, on canonical spatial axes and binders."""
+def canonical_output(c: Compute, spatial: SpatialVars, memo: dict | None = None
+                     ) -> tuple[Expr, tuple[IndexVar, ...]]:
+    """``c``'s body with every compute inlined, on canonical spatial axes and binders.
+
+    ``memo`` (compute -> inlined body) may be shared across calls on one graph.
+    """
     axes = spatial.axes_for(c)
-    body = substitute(inline(c.body), dict(zip(c.axes, axes)))
+    body = substitute(inline(c.body, memo), dict(zip(c.axes, axes)))
     return canonical_binders(body), axes

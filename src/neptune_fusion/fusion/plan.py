@@ -112,18 +112,18 @@ class FusionPlan:
 # ----------------------------------------------------------------------------- passes
 
 
-def _canonicalise(outputs: list[Compute]):
+def _canonicalise(outputs: list[Compute], memo: dict):
     sv = SpatialVars()
     bodies, axes = [], []
     for o in outputs:
-        b, ax = canonical_output(o, sv)
+        b, ax = canonical_output(o, sv, memo)
         bodies.append(canonical_binders(normalize(b)))
         axes.append(ax)
     return bodies, axes, sv
 
 
 def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
-           outer: frozenset) -> dict:
+           outer: frozenset, memo: dict) -> dict:
     names: dict[Reduce, str] = {}
     taken: set[str] = set()
 
@@ -140,7 +140,7 @@ def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
     for t in tensors_in_order(outputs):
         if not isinstance(t, Compute):
             continue
-        b, _ = canonical_output(t, scratch)
+        b, _ = canonical_output(t, scratch, memo)
         b = canonical_binders(normalize(b))
         if isinstance(b, Reduce):
             give(b, t.name)
@@ -148,7 +148,7 @@ def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
         for k, r in enumerate(tops):
             give(r, f"{t.name}_{r.op}" if len(tops) == 1 else f"{t.name}_{r.op}{k}")
     for k, r in enumerate(graph.order):
-        give(r, f"r{k}")
+        give(r, f"{r.op}{k}")
     return names
 
 
@@ -213,11 +213,12 @@ def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
     """
     from ..reference.evaluate import as_outputs
     outs, _ = as_outputs(outputs)
-    bodies, out_axes, sv = _canonicalise(outs)
+    memo: dict = {}
+    bodies, out_axes, sv = _canonicalise(outs, memo)
     context = sv.context
     outer = frozenset(context)
     graph = reduction_graph(bodies, outer)
-    names = _names(outs, graph, sv, outer)
+    names = _names(outs, graph, sv, outer, memo)
     repairs, banned = _repairs(graph, outer, names)
     stage = _stages(graph, repairs)
     buckets: dict[tuple, list[Reduce]] = {}

@@ -1,0 +1,125 @@
+"""Speed rule: ``exp`` -> ``exp2`` with ``log2(e)`` folded into the scale.
+
+``exp(x) = exp2(x * L)`` with ``L = log2(e)``. Pushing the factor ``L`` down the
+expression folds it into constants that are there anyway (the softmax scale):
+``exp(s * c - m) = exp2(s * (c*L) - m*L)``. A ``max``/``min`` producer ``m`` read by
+consumers only as ``m*L`` can then be *kept* in the scaled domain: carry ``m2 = max(s*L)
+= L * max(s)`` (``L > 0``), and every ``m*L`` in the consumers becomes ``m2``::
+
+    before:  m' = max(m, max_tile(s));   p = exp(s - m');   alpha = exp(m - m')
+    after:   m2' = max(m2, max_tile(s * (c*L)));  p = exp2(s * (c*L) - m2');
+             alpha = exp2(m2 - m2')
+
+Legality: after the rewrite, no consumer may read the producer other than through
+``m*L`` (checked on the IR: the producer is substituted as ``m2 / L`` and every
+occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ..algebra.synth import moved, running
+from ..ir.fold import fconst, fold
+from ..ir.nodes import Binary, Const, Expr, Param, Unary, Where
+from ..ir.traverse import rewrite, substitute, walk
+from .program import Accumulator, Output
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _marked(e: Expr, markers: frozenset) -> bool:
+    return any(x in markers for x in walk(e) if isinstance(x, Param))
+
+
+def scale(e: Expr, k: float, markers: frozenset = frozenset()) -> Expr:
+    """``e * k`` for ``k > 0``, with the factor pushed into sums, selects and constants."""
+    if isinstance(e, Const) and e.dtype.is_float:
+        return fconst(e.value * k)
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return Binary(e.op, scale(e.a, k, markers), scale(e.b, k, markers))
+    if isinstance(e, Unary) and e.op == "neg":
+        return Unary("neg", scale(e.x, k, markers))
+    if isinstance(e, Where):
+        return Where(e.cond, scale(e.a, k, markers), scale(e.b, k, markers))
+    if isinstance(e, Binary) and e.op == "div" and isinstance(e.b, Const):
+        return Binary("mul", e.a, fconst(k / e.b.value))
+    if isinstance(e, Binary) and e.op == "mul":
+        a, b = e.a, e.b
+        if _marked(a, markers) and not _marked(b, markers):
+            return Binary("mul", scale(a, k, markers), b)
+        if _marked(b, markers) and not _marked(a, markers):
+            return Binary("mul", a, scale(b, k, markers))
+        if isinstance(a, Const) or (not isinstance(b, Const)
+                                    and len(a.free_vars) < len(b.free_vars)):
+            return Binary("mul", scale(a, k, markers), b)
+        return Binary("mul", a, scale(b, k, markers))
+    return Binary("mul", e, fconst(k))
+
+
+def exp_to_exp2(e: Expr, markers: frozenset = frozenset()) -> Expr:
+    """Every ``exp(x)`` in ``e`` as ``exp2(x * log2(e))`` with the factor pushed in."""
+    def fn(x: Expr) -> Expr | None:
+        if isinstance(x, Unary) and x.op == "exp":
+            return Unary("exp2", scale(x.x, LOG2E, markers))
+        return None
+    return fold(rewrite(e, fn))
+
+
+def _cancelled(e: Expr, markers: frozenset) -> bool:
+    """No marker is left inside a ``marker / L`` (each was multiplied back by ``L``)."""
+    for x in walk(e):
+        if isinstance(x, Binary) and x.op == "div" and x.a in markers:
+            return False
+    return True
+
+
+def _consumer(acc: Accumulator, scaled: set[int]) -> tuple[Accumulator, bool] | None:
+    """``acc`` with its exps in base 2 and its scaled producers' values in the scaled
+    domain; the flag says whether every scaled producer cancelled."""
+    mark: dict[Expr, Expr] = {}
+    back: dict[Expr, Expr] = {}
+    for n, p in enumerate(acc.producers):
+        if p in scaled:
+            for leaf in (running(n), moved(n)):
+                m = Param(f"__scaled_{leaf.name}", leaf.dtype)
+                mark[leaf] = Binary("div", m, fconst(LOG2E))
+                back[m] = leaf
+    markers = frozenset(back)
+    terms = tuple(exp_to_exp2(substitute(t, mark), markers) for t in acc.terms)
+    updates = tuple(exp_to_exp2(substitute(u, mark), markers) for u in acc.updates)
+    ok = all(_cancelled(x, markers) for x in terms + updates)
+    terms = tuple(substitute(t, back) for t in terms)
+    updates = tuple(substitute(u, back) for u in updates)
+    return replace(acc, terms=terms, updates=updates), ok
+
+
+def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
+            ) -> tuple[tuple[Accumulator, ...], tuple[Output, ...], tuple[str, ...]]:
+    """Apply the rule (see module docstring); returns the notes of what was applied."""
+    candidates = {p for a in accs for p in a.producers if accs[p].op in ("max", "min")}
+    while True:
+        new = list(accs)
+        failed = set()
+        for k, a in enumerate(accs):
+            if a.producers or a.updates:
+                got, ok = _consumer(a, candidates)
+                new[k] = got
+                if not ok:
+                    failed |= {p for p in a.producers if p in candidates}
+            else:
+                new[k] = replace(a, terms=tuple(exp_to_exp2(t) for t in a.terms))
+        if not failed:
+            break
+        candidates -= failed
+    notes = ["exp -> exp2 (log2(e) folded into constants)"]
+    for p in sorted(candidates):
+        a = new[p]
+        new[p] = replace(a, terms=tuple(fold(scale(t, LOG2E)) for t in a.terms),
+                         scaled=LOG2E)
+        notes.append(f"{a.name} kept in the exp2 domain ({a.name} * log2(e))")
+    finals = {accs[p].state[0].param: Binary("div", accs[p].state[0].param, fconst(LOG2E))
+              for p in candidates}
+    outs = tuple(replace(o, body=fold(substitute(o.body, finals))) for o in outputs)
+    return tuple(new), outs, tuple(notes)

@@ -1,0 +1,363 @@
+"""Lowering IR expressions to Triton expressions over tiles.
+
+A lowered value (:class:`Val`) is Triton code plus the tile axes it spans, in layout
+order: ``()`` a scalar, ``("row",)`` a ``[BLOCK_M]`` vector, ``("row", "loop")`` a
+``[BLOCK_M, BLOCK_N]`` tile, and so on. Operands of an elementwise op are broadcast to the
+result's axes explicitly (``x[:, None]``). Every float computes in fp32; loads keep their
+storage dtype until an elementwise op needs fp32 or a ``tl.dot`` takes them as they are.
+
+Values are bound to names by the emitter's CSE (keyed on the IR node and layout) when they
+are loads, reductions, named, long, or used more than once; loop-invariant values are
+hoisted to the prologue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import CodegenError
+from ..ir.dtypes import int64
+from ..ir.fold import fold
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
+from ..ir.traverse import walk
+from .emitter import Block
+from .ops import (
+    ADD,
+    ATOM,
+    BINARY_OPS,
+    KIND,
+    KIND_TL,
+    MUL,
+    REDUCE_OPS,
+    TANH_PORTABLE,
+    TANH_PTX,
+    UNARY_OPS,
+    literal,
+    wrap,
+)
+from .patterns import canonical, loaded, match_contraction, tile_roles
+from .program import Axis, TileProgram
+
+
+@dataclass(frozen=True)
+class Val:
+    code: str
+    axes: tuple[str, ...]
+    kind: str          # f32 f16 bf16 f64 i32 i64 bool
+    prec: int = ATOM
+
+
+def count_uses(roots: Iterable[Expr]) -> dict[Expr, int]:
+    """How many distinct parents reference each node under ``roots``."""
+    uses: dict[Expr, int] = {}
+    for r in roots:
+        for node in walk(r):
+            for c in set(node.children()):
+                uses[c] = uses.get(c, 0) + 1
+    return uses
+
+
+class Lowerer:
+    """Lowers expressions of one block (a loop body, the prologue or the epilogue)."""
+
+    def __init__(self, prog: TileProgram, env: dict[Expr, Val], block: Block,
+                 hoist: Block | None, variant: frozenset, guard: bool = False,
+                 uses: dict | None = None, hints: dict | None = None) -> None:
+        self.prog, self.env, self.block, self.hoist = prog, env, block, hoist
+        self.variant_leaves, self.guard = variant, guard
+        self.uses, self.hints = uses or {}, hints or {}
+        self.roles = {a.var: a for a in prog.axes}
+        self.args = {t.tensor: t for t in prog.inputs + tuple(o.arg for o in prog.outputs)}
+        self._variant: dict[Expr, bool] = {}
+        self.cur = block  # where the value being lowered is emitted
+
+    # ------------------------------------------------------------------ helpers
+    def role_of(self, v: IndexVar) -> str | None:
+        a = self.roles.get(v)
+        return None if a is None else a.role
+
+    def is_variant(self, e: Expr) -> bool:
+        """Whether ``e`` changes inside the block (reads the loop axis or the state)."""
+        got = self._variant.get(e)
+        if got is None:
+            got = (e in self.variant_leaves or self.prog.loop.var in e.free_vars
+                   or any(self.is_variant(c) for c in e.children()))
+            self._variant[e] = got
+        return got
+
+    def axes(self, e: Expr, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        roles = tile_roles(e, self.role_of)
+        if len(roles) > 2:
+            raise CodegenError(
+                f"{e} spans the tile axes {', '.join(canonical(roles))}: more than two, and "
+                "it is not a contraction (a sum of a product) that tl.dot can take")
+        if order is not None and set(order) == roles:
+            return order
+        return canonical(roles)
+
+    def f32(self, v: Val) -> Val:
+        if v.kind == "f32":
+            return v
+        if v.code.lstrip("-").isdigit():  # an integer literal
+            return Val(repr(float(v.code)), v.axes, "f32", v.prec)
+        return Val(f"{wrap(v.code, v.prec, ATOM)}.to(tl.float32)", v.axes, "f32", ATOM)
+
+    def expand(self, v: Val, axes: tuple[str, ...]) -> str:
+        """``v``'s code broadcast to ``axes`` (as a primary expression when it changes)."""
+        if v.axes == axes or not v.axes:
+            return v.code
+        if len(v.axes) == 1 and len(axes) == 2 and v.axes[0] in axes:
+            sub = "[:, None]" if axes.index(v.axes[0]) == 0 else "[None, :]"
+            return wrap(v.code, v.prec, ATOM) + sub
+        if sorted(v.axes) == sorted(axes):
+            return f"tl.trans({v.code})"
+        raise CodegenError(f"cannot broadcast a value over {v.axes} to {axes}")
+
+    def operand(self, v: Val, axes, least: int) -> str:
+        code = self.expand(v, axes)
+        return code if code != v.code else wrap(code, v.prec, least)
+
+    # ------------------------------------------------------------------ entry points
+    def value(self, e: Expr, order: tuple[str, ...] | None = None) -> Val:
+        """``e`` with floats in fp32."""
+        v = self.lower(e, order)
+        return self.f32(v) if v.kind in ("f16", "bf16") else v
+
+    def lower(self, e: Expr, order: tuple[str, ...] | None = None, force: str = "") -> Val:
+        """``e`` as a Val; loads keep their storage dtype. ``force`` binds to that name."""
+        axes = self.axes(e, order)
+        key = (e, axes)
+        block = self.block if (self.hoist is None or self.is_variant(e)) else self.hoist
+        got = block.lookup(key)
+        if got is not None:
+            return got
+        prev, self.cur = self.cur, block
+        try:
+            val = self.dispatch(e, axes)
+        finally:
+            self.cur = prev
+        val = self.bind(e, val, block, force)
+        block.remember(key, val)
+        return val
+
+    def bind(self, e: Expr, val: Val, block: Block, force: str = "") -> Val:
+        if isinstance(e, Const) or (not force and val.code.isidentifier()):
+            return val
+        heavy = isinstance(e, (Load, Reduce)) or val.code.startswith("tl.dot(")
+        hint = force or self.hints.get(e)
+        if hint or heavy or self.uses.get(e, 0) > 1 or len(val.code) > 72:
+            name = block.bind(hint or self.default_hint(e, val), val.code)
+            return Val(name, val.axes, val.kind, ATOM)
+        return val
+
+    def default_hint(self, e: Expr, val: Val) -> str:
+        if isinstance(e, Load):
+            arg = self.args[e.tensor]
+            return arg.name + ("T" if val.axes != canonical(val.axes) else "")
+        if val.code.startswith("tl.dot("):
+            names = [x.tensor.name for x in walk(e) if isinstance(x, Load)]
+            return "".join(names) if 0 < len(names) <= 3 else "dot"
+        if isinstance(e, Unary) and e.op in ("exp", "exp2"):
+            return "p"
+        if isinstance(e, Where) and e.dtype.is_float:
+            return "s"
+        if e.dtype.is_bool:
+            return "mask"
+        return "t"
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, e: Expr, axes: tuple[str, ...]) -> Val:
+        if isinstance(e, Const):
+            code, prec = literal(e.value)
+            kind = "f32" if e.dtype.is_float else "bool" if e.dtype.is_bool else "i32"
+            return Val(code, (), kind, prec)
+        if isinstance(e, (Size, IndexVar, Param)):
+            got = self.env.get(e)
+            if got is None:
+                raise CodegenError(f"{e} is not available in the kernel here")
+            return got
+        if isinstance(e, Load):
+            return self.load(e, axes)
+        if isinstance(e, Unary):
+            return self.unary(e, axes)
+        if isinstance(e, Binary):
+            return self.binary(e, axes)
+        if isinstance(e, Where):
+            c, a, b = (self.value(x, axes) for x in (e.cond, e.a, e.b))
+            a, b = (self.f32(x) if e.dtype.is_float else x for x in (a, b))
+            code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, " \
+                   f"{self.expand(b, axes)})"
+            return Val(code, axes, a.kind if e.dtype.is_float else b.kind)
+        if isinstance(e, Cast):
+            return self.cast(e, axes)
+        if isinstance(e, Reduce):
+            return self.reduce(e, axes)
+        raise CodegenError(f"no lowering for {type(e).__name__} {e}")  # pragma: no cover
+
+    def _kind(self, e: Expr, vals: list[Val]) -> str:
+        if e.dtype.is_bool:
+            return "bool"
+        if e.dtype.is_float:
+            return "f32"
+        return "i64" if any(v.kind == "i64" for v in vals) else "i32"
+
+    def unary(self, e: Unary, axes) -> Val:
+        x = self.value(e.x, axes)
+        if e.dtype.is_float:
+            x = self.f32(x)
+        if e.op == "tanh":
+            return self.tanh(x)
+        tpl, prec, least = UNARY_OPS[e.op]
+        return Val(tpl.format(wrap(x.code, x.prec, least)), x.axes, self._kind(e, [x]), prec)
+
+    def tanh(self, x: Val) -> Val:
+        if x.prec != ATOM or not x.code.isidentifier():
+            x = Val(self.cur.bind("x", x.code), x.axes, x.kind)
+        portable = TANH_PORTABLE.format(x.code)
+        if not self.prog.schedule.fast_tanh:
+            return Val(portable, x.axes, "f32", ADD)
+        name = self.cur.names.fresh("tanh")
+        with self.cur.nested("if INTERPRET:") as b:
+            b.emit(f"{name} = {portable}")
+        with self.cur.nested("else:") as b:
+            b.emit(f"{name} = {TANH_PTX.format(x.code)}")
+        return Val(name, x.axes, "f32")
+
+    def binary(self, e: Binary, axes) -> Val:
+        if e.op == "add":
+            for r, other in ((e.b, e.a), (e.a, e.b)):
+                if isinstance(r, Reduce) and self.axes(other) == axes:
+                    c = match_contraction(r, self.role_of)
+                    if c is not None:
+                        return self.dot(c, self.value(other, axes), self.hints.get(e))
+        if e.op == "pow":
+            return self.power(e, axes)
+        a, b = self.value(e.a, axes), self.value(e.b, axes)
+        if e.dtype.is_float or (a.kind in ("f32", "f64")) != (b.kind in ("f32", "f64")):
+            if e.op not in ("and", "or"):
+                a, b = self.f32(a), self.f32(b)
+        tpl, prec, la, lb = BINARY_OPS[e.op]
+        code = tpl.format(self.operand(a, axes, la), self.operand(b, axes, lb))
+        return Val(code, axes if (a.axes or b.axes) else (), self._kind(e, [a, b]), prec)
+
+    def power(self, e: Binary, axes) -> Val:
+        if not isinstance(e.b, Const):
+            raise CodegenError(f"{e}: only constant exponents are lowered")
+        x, n = self.f32(self.value(e.a, axes)), e.b.value
+        if n == 0.5:
+            return Val(f"tl.sqrt({x.code})", x.axes, "f32")
+        if n == -0.5:
+            return Val(f"tl.rsqrt({x.code})", x.axes, "f32")
+        if float(n).is_integer() and 1 <= abs(n) <= 4:
+            if not x.code.isidentifier():
+                x = Val(self.cur.bind("x", x.code), x.axes, "f32")
+            prod = " * ".join([x.code] * int(abs(n)))
+            return Val(prod if n > 0 else f"1.0 / ({prod})", x.axes, "f32", MUL)
+        return Val(f"tl.exp2({float(n)!r} * tl.log2({x.code}))", x.axes, "f32")
+
+    def cast(self, e: Cast, axes) -> Val:
+        x = self.value(e.x, axes)
+        if e.dtype.is_float:
+            return self.f32(x) if x.kind != "f64" else x
+        if e.dtype.is_bool:
+            return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
+        kind = "i64" if e.dtype == int64 else "i32"
+        if x.kind == kind:
+            return x
+        return Val(f"{wrap(x.code, x.prec, ATOM)}.to({KIND_TL[kind]})", x.axes, kind)
+
+    # ------------------------------------------------------------------ memory
+    def needs_mask(self, ax: Axis) -> bool:
+        ext = ax.extent
+        if ax.role == "loop":
+            return self.guard
+        if ax.role == "row":
+            return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
+        return not (isinstance(ext, int) and ext == ax.block_size)
+
+    def address(self, tensor, indices, axes_hint) -> tuple[Expr, Expr | None, list[str]]:
+        """Offset and mask (IR) of ``tensor[indices]``, and the tile roles it spans."""
+        arg = self.args[tensor]
+        inv: list[Expr] = []
+        var: list[Expr] = []
+        mask: Expr | None = None
+        roles: list[str] = []
+        last = len(indices) - 1
+        for d, idx in enumerate(indices):
+            ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
+            if ax is not None and ax.role != "grid":
+                roles.append(ax.role)
+                term = idx if d == last else Binary("mul", idx, arg.stride(d))
+                if self.needs_mask(ax):
+                    ext = ax.extent if isinstance(ax.extent, Size) else Const(ax.extent, int64)
+                    cond = Binary("lt", idx, ext)
+                    mask = cond if mask is None else Binary("and", mask, cond)
+            else:
+                if tile_roles(idx, self.role_of):
+                    raise CodegenError(
+                        f"index {idx} of {tensor.name!r} mixes tile axes in arithmetic; "
+                        "index tiles with bare variables")
+                term = fold(Cast(idx, int64))
+                term = term if d == last else Binary("mul", term, arg.stride(d))
+            (var if self.is_variant(term) else inv).append(term)
+        terms = inv + var
+        offset = terms[0]
+        for t in terms[1:]:
+            offset = Binary("add", offset, t)
+        return fold(offset), mask, roles
+
+    def load(self, e: Load, axes) -> Val:
+        offset, mask, roles = self.address(e.tensor, e.indices, axes)
+        off = self.value(offset, axes)
+        arg = self.args[e.tensor]
+        code = f"tl.load({arg.name}_ptr + {self.operand(off, axes, ADD + 1)}"
+        if mask is not None:
+            code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
+        return Val(code + ")", axes, KIND[e.tensor.dtype.name])
+
+    # ------------------------------------------------------------------ reductions
+    def reduce(self, e: Reduce, axes) -> Val:
+        c = match_contraction(e, self.role_of)
+        if c is not None:
+            return self.dot(c, None)
+        if len(e.axes) != 1:
+            raise CodegenError(f"{e}: a reduction over several axes is not lowered")
+        role = self.role_of(e.axes[0])
+        body = self.f32(self.value(e.body))
+        if role not in body.axes:
+            raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
+        out = tuple(a for a in body.axes if a != role)
+        return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
+
+    def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
+        ld = loaded(e)
+        return self.lower(ld, order) if ld is not None else self.value(e, order)
+
+    def dot(self, c, acc: Val | None, hint: str | None = None) -> Val:
+        k = self.role_of(c.k)
+        a = self.dot_operand(c.lhs, (c.x, k))
+        b = self.dot_operand(c.rhs, (k, c.y))
+        narrow = {"f16", "bf16"}
+        if a.kind == b.kind and a.kind in narrow | {"f32"}:
+            kind = a.kind
+        elif {a.kind, b.kind} <= narrow | {"f32"} and len({a.kind, b.kind} & narrow) == 1:
+            kind = ({a.kind, b.kind} & narrow).pop()
+            a, b = (x if x.kind == kind else Val(f"{wrap(x.code, x.prec, ATOM)}.to("
+                                                   f"{KIND_TL[kind]})", x.axes, kind)
+                    for x in (a, b))
+        else:
+            kind, a, b = "f32", self.f32(a), self.f32(b)
+        tail = "" if acc is None else f", acc={acc.code}"
+        if kind == "f32":
+            tail += f', input_precision="{self.prog.schedule.fp32_precision}"'
+        code = f"tl.dot({a.code}, {b.code}{tail})"
+        if kind != "bf16":
+            return Val(code, (c.x, c.y), "f32")
+        # The Triton interpreter multiplies bfloat16 as raw integers: upcast there.
+        name = self.cur.names.fresh(hint or "dot")
+        with self.cur.nested("if INTERPRET:") as br:
+            br.emit(f"{name} = tl.dot({self.f32(a).code}, {self.f32(b).code}{tail})")
+        with self.cur.nested("else:") as br:
+            br.emit(f"{name} = {code}")
+        return Val(name, (c.x, c.y), "f32")

@@ -1,0 +1,274 @@
+"""From a fusion plan to a tile program: the rolling update as data.
+
+    plan -> roles of the axes -> accumulators (members on the loop variable j)
+         -> [exp2 domain] -> per-tile state updates (IR) -> loop partition -> TileProgram
+
+The per-tile update is exactly the fused reference's algorithm
+(:class:`neptune_fusion.fusion.reference.GroupRunner`): for each member in order, the
+producers' new running values (non-finite read as 0), the tile's partial of each term at
+those values, and the old state repaired to them and merged. The state starts at the
+reducers' identities with the producers' values at theirs (``-inf`` for a max), which
+makes the first repair vanish (checked, see :func:`_check_first_tile`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ..algebra.synth import moved, running, state
+from ..errors import CodegenError
+from ..fusion.plan import FusedGroup, FusionPlan
+from ..ir.dtypes import float32
+from ..ir.fold import IDENTITY, fconst, fold
+from ..ir.graph import placeholders
+from ..ir.nodes import (
+    Binary,
+    Const,
+    Expr,
+    IndexVar,
+    Load,
+    Param,
+    Placeholder,
+    Reduce,
+    Size,
+    Unary,
+    Where,
+    fresh_uid,
+)
+from ..ir.traverse import substitute, walk
+from ..schedule.schedule import Schedule
+from .exp2 import to_exp2
+from .program import Accumulator, Axis, Output, StateVar, TensorArg, TileProgram
+from .variants import build_segments
+
+_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
+
+
+def ident(name: str, taken: set[str]) -> str:
+    """A fresh Python identifier made from ``name``."""
+    base = re.sub(r"\W", "_", name.replace("'", "_p")) or "t"
+    if base[0].isdigit():
+        base = "_" + base
+    out, k = base, 1
+    while out in taken:
+        k += 1
+        out = f"{base}{k}"
+    taken.add(out)
+    return out
+
+
+def next_pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, (n - 1).bit_length()))
+
+
+def safe(x: Expr) -> Expr:
+    """``x`` if finite, else 0: how a consumer reads a producer's running value."""
+    return Where(Binary("lt", Unary("abs", x), fconst(math.inf)), x, fconst(0.0))
+
+
+# ------------------------------------------------------------------------ the plan
+
+
+def _the_group(plan: FusionPlan) -> FusedGroup:
+    if not plan.single_pass:
+        u = plan.unfused[0]
+        raise CodegenError(
+            f"the plan is not single-pass ({u.consumer} reads the final {u.producer}: "
+            f"{u.reason}); the rolling kernel needs one fused loop")
+    if len(plan.groups) != 1:
+        raise CodegenError(
+            f"the plan has {len(plan.groups)} fused groups; the rolling kernel lowers one "
+            "group (one loop over one reduction axis)")
+    g = plan.groups[0]
+    if len(g.axes) != 1:
+        raise CodegenError(f"group 0 reduces over {len(g.axes)} axes; one is supported")
+    for m in g.members:
+        for p in m.producers:
+            if p.op not in ("max", "min"):
+                raise CodegenError(
+                    f"{m.name} reads the running {p.op} {plan.name(p)}; the rolling kernel "
+                    "supports max/min producers (a running sum needs its count: later)")
+    return g
+
+
+def _only_in_loads(body: Expr, v: IndexVar, loop: IndexVar) -> bool:
+    """``v`` occurs in ``body`` only as a bare index of loads also indexed by ``loop``."""
+    loads = [x for x in walk(body) if isinstance(x, Load)
+             and any(i is v for i in x.indices) and any(i is loop for i in x.indices)]
+    rest = substitute(body, {ld: Param(f"_ld{k}", float32) for k, ld in enumerate(loads)})
+    return v not in rest.free_vars
+
+
+def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
+    out_vars = {v for axes in plan.out_axes for v in axes}
+    used = frozenset().union(*(b.free_vars for b in bodies)) - {loop}
+    col = next((v for v in plan.context if v in out_vars
+                and all(_only_in_loads(b, v, loop) for b in bodies)), None)
+    row = next((v for v in plan.context if v in used and v is not col), None)
+    if row is None:
+        raise CodegenError("the fused reductions depend on no spatial axis to block over "
+                           "(a single row); the rolling kernel needs a row axis")
+    grid = tuple(v for v in plan.context if v is not row and v is not col)
+    return grid, row, col
+
+
+def _inner_axes(bodies: list[Expr], loop: IndexVar, taken: set[str]) -> tuple[Axis, ...]:
+    out: list[Axis] = []
+    for b in bodies:
+        for x in walk(b):
+            if isinstance(x, Reduce):
+                for a in x.axes:
+                    if a is not loop and all(a is not o.var for o in out):
+                        size = next_pow2(a.extent) if isinstance(a.extent, int) else None
+                        out.append(Axis(a, "inner", ident(f"BLOCK_{a.name.upper()}", taken),
+                                        size))
+    return tuple(out)
+
+
+def _sizes(tensors, exprs) -> tuple[Size, ...]:
+    found: list[Size] = []
+    for t in tensors:
+        for s in t.shape:
+            if isinstance(s, Size) and s not in found:
+                found.append(s)
+    for e in exprs:
+        for x in walk(e):
+            extents = [x] if isinstance(x, Size) else \
+                [x.extent] if isinstance(x, IndexVar) else []
+            for s in extents:
+                if isinstance(s, Size) and s not in found:
+                    found.append(s)
+    return tuple(found)
+
+
+# -------------------------------------------------------------------- accumulators
+
+
+def _accumulators(plan, g, loop, grid, row, col, taken):
+    index = {id(m.node): k for k, m in enumerate(g.members)}
+    accs = []
+    for m in g.members:
+        ren = {m.node.axes[0]: loop}
+        allowed = set(grid) | {row} | ({col} if col is not None else set())
+        extra = m.node.free_vars - allowed
+        if extra:
+            raise CodegenError(f"{m.name} depends on {', '.join(v.name for v in extra)}, "
+                               "which is neither a grid, row nor column axis")
+        roles = ("row",) + (("col",) if col is not None and col in m.node.free_vars else ())
+        if m.repair is None:
+            op, prods, terms, updates = m.node.op, (), (substitute(m.node.body, ren),), ()
+        else:
+            op = m.node.op if m.repair.method == "inversion" else "sum"
+            prods = tuple(index[id(p)] for p in m.repair.producers)
+            terms = tuple(substitute(t, ren) for t in m.repair.terms)
+            updates = m.repair.updates
+        if op not in IDENTITY or op == "prod":
+            raise CodegenError(f"{m.name}: reducer {op} is not lowered (sum, max, min are)")
+        svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, IDENTITY[op])
+                      for n in (ident(s, taken) for s in m.state_names[:len(terms)]))
+        accs.append(Accumulator(m.name, op, prods, terms, updates, svars))
+    return tuple(accs)
+
+
+def _check_first_tile(accs: tuple[Accumulator, ...]) -> None:
+    """The first repair must leave the identity state alone: with the state at the
+    identity and the producers at theirs, every update must give the identity back."""
+    for a in accs:
+        for i, u in enumerate(a.updates):
+            env = {state(n): fconst(s.init) for n, s in enumerate(a.state)}
+            env.update({running(n): fconst(IDENTITY[accs[p].op])
+                        for n, p in enumerate(a.producers)})
+            for probe in (-1e4, -1.0, 0.0, 2.5, 1e4):
+                env.update({moved(n): fconst(probe) for n in range(len(a.producers))})
+                got = fold(substitute(u, env))
+                if not (isinstance(got, Const) and got.value == a.state[i].init):
+                    raise CodegenError(
+                        f"{a.name}: the repair {u} does not vanish on the empty state "
+                        "(it needs a peeled first tile, not implemented)")
+
+
+def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
+    """The new value of every state variable after one tile, and readable names."""
+    new: dict[int, list[Expr]] = {}
+    hints: list[tuple[Expr, str]] = []
+    for k, a in enumerate(accs):
+        olds = [s.param for s in a.state]
+        if not a.producers:
+            parts = [Reduce(a.op, a.terms[0], (loop,))]
+            comps = [Binary(_COMBINE[a.op], olds[0], parts[0])]
+        else:
+            if any(p >= k for p in a.producers):
+                raise CodegenError(f"{a.name} is listed before its producers")
+            run_new = {n: safe(new[p][0]) for n, p in enumerate(a.producers)}
+            for n, p in enumerate(a.producers):
+                hints.append((run_new[n], f"{accs[p].state[0].name}_run"))
+            env_t = {running(n): r for n, r in run_new.items()}
+            env_u = {state(i): o for i, o in enumerate(olds)}
+            env_u.update({running(n): accs[p].state[0].param
+                          for n, p in enumerate(a.producers)})
+            env_u.update({moved(n): r for n, r in run_new.items()})
+            parts = [Reduce(a.op, substitute(t, env_t), (loop,)) for t in a.terms]
+            ups = [fold(substitute(u, env_u)) for u in a.updates]
+            for u, o in zip(ups, olds):
+                if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
+                    hints.append((u.b if u.a is o else u.a, "alpha"))
+            comps = [Binary(_COMBINE[a.op], u, p) for u, p in zip(ups, parts)]
+        new[k] = [fold(c) for c in comps]
+        for s, c, p in zip(a.state, new[k], parts):
+            hints.append((c, f"{s.name}_new"))
+            hints.append((p, f"{s.name}_tile"))
+    body = tuple((s, new[k][i]) for k, a in enumerate(accs) for i, s in enumerate(a.state))
+    return body, hints
+
+
+def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
+          name: str = "fused_kernel") -> TileProgram:
+    """The tile program of ``plan`` under ``schedule`` (see module docstring)."""
+    schedule.check()
+    g = _the_group(plan)
+    axis0 = g.axes[0]
+    loop = IndexVar(axis0.name, axis0.extent, "reduce", fresh_uid())
+    bodies = [substitute(m.node.body, {m.node.axes[0]: loop}) for m in g.members]
+    grid, row, col = _roles(plan, bodies, loop)
+    taken = {"INTERPRET", "BLOCK_M", "BLOCK_N", "tl", "triton", "pid_row", "pid_grid"}
+    taken |= {v.name for v in plan.context} | {loop.name}
+    needed = placeholders(list(plan.outputs))
+    missing = [p.name for p in needed if p not in inputs]
+    if missing:
+        raise CodegenError(f"the outputs read {', '.join(missing)}, not among the inputs")
+    ins = tuple(TensorArg(ident(p.name, taken), p, "input") for p in inputs)
+    accs = _accumulators(plan, g, loop, grid, row, col, taken)
+    finals = {m.node: a.state[0].param for m, a in zip(g.members, accs)}
+    outs = []
+    for o, body, axes in zip(plan.outputs, plan.bodies, plan.out_axes):
+        if row not in axes:
+            raise CodegenError(f"output {o.name} does not have the row axis {row.name}")
+        outs.append(Output(TensorArg(ident(o.name, taken), o, "output"), axes,
+                           fold(substitute(body, finals))))
+    outs = tuple(outs)
+    rules: tuple[str, ...] = ()
+    if schedule.exp2:
+        accs, outs, rules = to_exp2(accs, outs)
+    _check_first_tile(accs)
+    body, hints = _steps(accs, loop)
+    exprs = [e for _, e in body] + [o.body for o in outs]
+    inner = _inner_axes(exprs, loop, taken)
+    bounds, segments, notes = build_segments(body, hints, row, loop, schedule)
+    sizes = _sizes([p for p in inputs] + [o.arg.tensor for o in outs],
+                   exprs + [e for _, e in bounds])
+    unbound = [s.name for s in sizes
+               if not any(s is d for p in inputs for d in p.shape)]
+    if unbound:
+        raise CodegenError(f"size(s) {', '.join(unbound)} are not the shape of any input")
+    col_axis = None
+    if col is not None:
+        col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken),
+                        next_pow2(col.extent) if isinstance(col.extent, int) else None)
+    return TileProgram(
+        name=name, inputs=ins, outputs=outs, sizes=sizes,
+        grid=tuple(Axis(v, "grid") for v in grid),
+        row=Axis(row, "row", "BLOCK_M", schedule.block_m),
+        col=col_axis, loop=Axis(loop, "loop", "BLOCK_N", schedule.block_n),
+        inner=inner, accumulators=accs, bounds=bounds, segments=segments,
+        schedule=schedule, rules=rules + notes)

@@ -1,0 +1,92 @@
+"""The per-op lowering table: IR operators -> Triton expressions.
+
+Each entry is a format string over the (already lowered, parenthesised as needed)
+operands and the precedence of the result, so the emitter prints ``a * (b + c)`` and
+never ``a * b + c``. Python's precedence, low to high: comparisons < ``|`` < ``&`` <
+``+ -`` < ``* / // %`` < unary ``- ~`` < atoms (names, calls, subscripts).
+
+Operators that need more than a format string (``tanh`` with its CUDA fast path,
+``pow``) are handled by the lowerer; see :mod:`neptune_fusion.codegen.exprs`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..ir.dtypes import DType
+
+CMP, OR, AND, ADD, MUL, UNARY, ATOM = 1, 2, 3, 4, 5, 6, 9
+
+# op -> (template, result precedence, minimum precedence of each operand)
+UNARY_OPS: dict[str, tuple[str, int, int]] = {
+    "neg": ("-{0}", UNARY, UNARY),
+    "not": ("~{0}", UNARY, UNARY),
+    "exp": ("tl.exp({0})", ATOM, 0),
+    "exp2": ("tl.exp2({0})", ATOM, 0),
+    "log": ("tl.log({0})", ATOM, 0),
+    "log2": ("tl.log2({0})", ATOM, 0),
+    "sqrt": ("tl.sqrt({0})", ATOM, 0),
+    "rsqrt": ("tl.rsqrt({0})", ATOM, 0),
+    "abs": ("tl.abs({0})", ATOM, 0),
+    "sigmoid": ("tl.sigmoid({0})", ATOM, 0),
+}
+
+# op -> (template, result precedence, left operand min precedence, right operand min)
+BINARY_OPS: dict[str, tuple[str, int, int, int]] = {
+    "add": ("{0} + {1}", ADD, ADD, ADD),
+    "sub": ("{0} - {1}", ADD, ADD, ADD + 1),
+    "mul": ("{0} * {1}", MUL, MUL, MUL),
+    "div": ("{0} / {1}", MUL, MUL, MUL + 1),
+    # integer index arithmetic: Triton's // and % truncate toward zero, which is the
+    # floor for the non-negative indices the kernels compute (h // group)
+    "floordiv": ("{0} // {1}", MUL, MUL, MUL + 1),
+    "mod": ("{0} % {1}", MUL, MUL, MUL + 1),
+    "maximum": ("tl.maximum({0}, {1})", ATOM, 0, 0),
+    "minimum": ("tl.minimum({0}, {1})", ATOM, 0, 0),
+    "lt": ("{0} < {1}", CMP, CMP + 1, CMP + 1),
+    "le": ("{0} <= {1}", CMP, CMP + 1, CMP + 1),
+    "gt": ("{0} > {1}", CMP, CMP + 1, CMP + 1),
+    "ge": ("{0} >= {1}", CMP, CMP + 1, CMP + 1),
+    "eq": ("{0} == {1}", CMP, CMP + 1, CMP + 1),
+    "ne": ("{0} != {1}", CMP, CMP + 1, CMP + 1),
+    "and": ("{0} & {1}", AND, AND, AND + 1),
+    "or": ("{0} | {1}", OR, OR, OR + 1),
+}
+
+REDUCE_OPS = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+
+# tanh(x) = 1 - 2 / (exp(2x) + 1): exact at +-inf, absolute error ~1e-7 near 0
+TANH_PORTABLE = "1.0 - 2.0 / (tl.exp2({0} * " + repr(2.0 / math.log(2.0)) + ") + 1.0)"
+TANH_PTX = ('tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [{0}], '
+            "dtype=tl.float32, is_pure=True, pack=1)")
+
+_TL_DTYPE = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+             "float64": "tl.float64", "int32": "tl.int32", "int64": "tl.int64",
+             "bool": "tl.int1"}
+KIND = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+        "int32": "i32", "int64": "i64", "bool": "bool"}
+KIND_TL = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32",
+           "f64": "tl.float64", "i32": "tl.int32", "i64": "tl.int64", "bool": "tl.int1"}
+
+
+def tl_dtype(d: DType) -> str:
+    return _TL_DTYPE[d.name]
+
+
+def literal(value) -> tuple[str, int]:
+    """A Python literal for a constant, and its precedence."""
+    if isinstance(value, bool):
+        return ("True" if value else "False"), ATOM
+    if isinstance(value, int):
+        return str(value), (UNARY if value < 0 else ATOM)
+    if math.isinf(value):
+        return ('float("inf")' if value > 0 else 'float("-inf")'), ATOM
+    if math.isnan(value):
+        return 'float("nan")', ATOM
+    text = repr(float(value))
+    return text, (UNARY if value < 0 else ATOM)
+
+
+def wrap(code: str, prec: int, least: int) -> str:
+    """``code`` in parentheses when its precedence is below ``least``."""
+    return f"({code})" if prec < least else code

@@ -1,0 +1,94 @@
+"""Pattern tables over the IR that decide how a reduction lowers.
+
+A ``sum`` over one axis ``k`` of a product whose factors split into a side spanning
+``(X, k)`` and a side spanning ``(k, Y)`` is a *contraction*: it lowers to
+``tl.dot(lhs, rhs)`` on ``(X, k)`` and ``(k, Y)`` tiles. Two of them make attention:
+
+* ``sum(q[b, h, i, c] * k[b, h // g, j, c], c)``: ``X = i``, ``k = c``, ``Y = j``;
+* ``sum(p[i, j] * v[b, h // g, j, e], j)``: ``X = i``, ``k = j``, ``Y = e``.
+
+Everything here reads IR only; the emitter asks, never the other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..ir.nodes import Binary, Cast, Expr, IndexVar, Load, Reduce
+from .program import TILE_ORDER
+
+
+@dataclass(frozen=True)
+class Contraction:
+    lhs: Expr            # spans (x, k)
+    rhs: Expr            # spans (k, y)
+    k: IndexVar
+    x: str               # tile roles
+    y: str
+
+
+def factors(e: Expr) -> list[Expr]:
+    """The factors of a product tree ``(a * b) * c``."""
+    if isinstance(e, Binary) and e.op == "mul":
+        return factors(e.a) + factors(e.b)
+    return [e]
+
+
+def product(fs: list[Expr]) -> Expr:
+    out = fs[0]
+    for f in fs[1:]:
+        out = Binary("mul", out, f)
+    return out
+
+
+def tile_roles(e: Expr, role_of: Callable[[IndexVar], str | None]) -> frozenset[str]:
+    """The tile axes (row, loop, col, inner) an expression spans."""
+    out = set()
+    for v in e.free_vars:
+        r = role_of(v)
+        if r is not None and r != "grid":
+            out.add(r)
+    return frozenset(out)
+
+
+def canonical(roles) -> tuple[str, ...]:
+    return tuple(sorted(roles, key=TILE_ORDER.__getitem__))
+
+
+def loaded(e: Expr) -> Load | None:
+    """The load behind ``e`` when ``e`` is a load or a float cast of one (no rounding)."""
+    if isinstance(e, Load):
+        return e
+    if isinstance(e, Cast) and e.dtype.is_float and isinstance(e.x, Load) \
+            and e.x.dtype.is_float:
+        return e.x
+    return None
+
+
+def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None]
+                      ) -> Contraction | None:
+    """``r`` as a :class:`Contraction`, or None when it is not one."""
+    if r.op != "sum" or len(r.axes) != 1:
+        return None
+    k = r.axes[0]
+    kr = role_of(k)
+    if kr is None:
+        return None
+    out = tile_roles(r, role_of)
+    if len(out) != 2:
+        return None
+    x, y = canonical(out)
+    lhs, rhs, rest = [], [], []
+    for f in factors(r.body):
+        roles = tile_roles(f, role_of)
+        if x in roles and y in roles:
+            return None
+        (lhs if x in roles else rhs if y in roles else rest).append(f)
+    if not lhs or not rhs:
+        return None
+    lhs += rest  # factors over k alone (or scalars) ride with the left operand
+    a, b = product(lhs), product(rhs)
+    if kr not in tile_roles(a, role_of) or kr not in tile_roles(b, role_of):
+        return None
+    return Contraction(a, b, k, x, y)

@@ -1,0 +1,144 @@
+"""Loop partition in the tile program: bounds, and the masked and interior loop bodies.
+
+The per-tile body is specialised twice, by pure IR rewrites:
+
+* **interior** tiles (entirely inside every analysable mask constraint and inside the
+  axis): each proved conjunct becomes ``True`` and folds away -- no mask arithmetic;
+* **boundary** tiles: each tile reduction ``op(body, j)`` becomes
+  ``op(where(j < M, body, identity), j)``, then the rules below push the select down to the
+  score, where it merges with the user's mask: ``exp2(where(c, s, -inf) - m)`` instead of
+  ``where(c, exp2(s - m), 0)``, so one select per tile serves every member.
+
+Skipping tiles is legal only for *gating* conditions: those whose falsity makes every tile
+reduction's contribution its identity (checked by folding, :func:`gating`).
+"""
+
+from __future__ import annotations
+
+from ..ir.fold import IDENTITY, RULES, bconst, fconst, fold, is_const
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary, Where
+from ..ir.traverse import substitute, walk
+from ..schedule.partition import Partition, conjuncts, constraint, loop_bounds
+from ..schedule.schedule import Schedule
+from .program import I_FIRST, I_LAST, Segment, StateVar
+
+NINF = -float("inf")
+
+
+def _loadish(e: Expr) -> bool:
+    return isinstance(e, Load) or (isinstance(e, Cast) and isinstance(e.x, Load))
+
+
+def _push_rules(loop: IndexVar):
+    def free(e: Expr) -> bool:
+        return loop not in e.free_vars
+
+    def push(e: Expr) -> Expr | None:
+        if not isinstance(e, Where):
+            return None
+        c, a, b = e.cond, e.a, e.b
+        # where(c, exp(x), 0) = exp(where(c, x, -inf))
+        if is_const(b, 0.0) and isinstance(a, Unary) and a.op in ("exp", "exp2"):
+            return Unary(a.op, Where(c, a.x, fconst(NINF)))
+        # where(c, x * v, 0) = where(c, x, 0) * v   (v a finite load)
+        if is_const(b, 0.0) and isinstance(a, Binary) and a.op == "mul":
+            if _loadish(a.b) and not _loadish(a.a):
+                return Binary("mul", Where(c, a.a, b), a.b)
+            if _loadish(a.a) and not _loadish(a.b):
+                return Binary("mul", a.a, Where(c, a.b, b))
+        if is_const(b, NINF) and isinstance(a, Binary) and a.op in ("add", "sub"):
+            # where(c, x - y, -inf) = where(c, x, -inf) - y   (y finite, free of j)
+            if free(a.b) and not free(a.a):
+                return Binary(a.op, Where(c, a.a, b), a.b)
+            # where(c, y + x, -inf) = y + where(c, x, -inf)
+            if a.op == "add" and free(a.a) and not free(a.b):
+                return Binary("add", a.a, Where(c, a.b, b))
+        # where(c1, where(c2, x, z), z) = where(c1 & c2, x, z)
+        if isinstance(a, Where) and a.b is b:
+            return Where(Binary("and", c, a.cond), a.a, b)
+        return None
+    return RULES + (push,)
+
+
+def tile_reduces(exprs, loop: IndexVar) -> list[Reduce]:
+    out: list[Reduce] = []
+    for e in exprs:
+        for x in walk(e):
+            if isinstance(x, Reduce) and x.axes == (loop,) and x not in out:
+                out.append(x)
+    return out
+
+
+def gating(cond: Expr, reduces: list[Reduce]) -> bool:
+    """Whether ``cond`` false makes every tile reduction contribute its identity."""
+    if not reduces:
+        return False
+    for r in reduces:
+        got = fold(substitute(r.body, {cond: bconst(False)}))
+        if not (isinstance(got, Const) and got.value == IDENTITY[r.op]):
+            return False
+    return True
+
+
+def analyse(exprs, row: IndexVar, loop: IndexVar) -> tuple[Partition, dict[Expr, Expr]]:
+    """The partition's constraints, and the conjuncts interior tiles may take as true."""
+    conds: list[Expr] = []
+    for e in exprs:
+        for x in walk(e):
+            if isinstance(x, Where) and loop in x.cond.free_vars and x.cond not in conds:
+                conds.append(x.cond)
+    reduces = tile_reduces(exprs, loop)
+    gate, exact, proven = [], [], {}
+    for c in conds:
+        gates = gating(c, reduces)
+        for conj in conjuncts(c):
+            con = constraint(conj, row, loop)
+            if con is None:
+                continue
+            exact.append(con)
+            proven[conj] = bconst(True)
+            if gates:
+                gate.append(con)
+    return Partition(tuple(gate), tuple(exact)), proven
+
+
+def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar,
+                   loop: IndexVar, schedule: Schedule):
+    """``(bounds, segments, notes)`` of the loop (see module docstring)."""
+    exprs = [e for _, e in body]
+    extent = loop.extent
+    ext = Const(extent, row.dtype) if isinstance(extent, int) else extent
+    even = isinstance(extent, int) and extent % schedule.block_n == 0
+    reduces = tile_reduces(exprs, loop)
+    rules = _push_rules(loop)
+    guard = Binary("lt", loop, ext)
+    masking = {r: Reduce(r.op, Where(guard, r.body, fconst(IDENTITY[r.op])), r.axes)
+               for r in reduces} if not even else {}
+
+    def masked(e: Expr) -> Expr:
+        return fold(substitute(e, masking), rules)
+
+    def segment(lo: str, hi: str, fn, is_masked: bool) -> Segment:
+        return Segment(lo, hi, is_masked, tuple((s, fn(e)) for s, e in body),
+                       tuple((fn(k), n) for k, n in hints), guard=is_masked and not even)
+
+    if not schedule.partition:
+        bounds = (("lo", Const(0, row.dtype)), ("hi", ext))
+        return bounds, (segment("lo", "hi", masked, True),), ()
+    part, proven = analyse(exprs, row, loop)
+
+    def interior(e: Expr) -> Expr:
+        return fold(substitute(e, proven))
+
+    named = loop_bounds(part, I_FIRST, I_LAST, ext, schedule.block_n)
+    segs = []
+    if part.has_lower:
+        segs.append(segment("lo", "full_lo", masked, True))
+    segs.append(segment("full_lo" if part.has_lower else "lo", "full_hi", interior, False))
+    if not even or any(c.upper for c in part.exact):
+        segs.append(segment("full_hi", "hi", masked, True))
+    used = [n for n in ("lo", "hi", "full_lo", "full_hi")
+            if any(n in (s.lo, s.hi) for s in segs)]
+    notes = (f"loop partition: {len(part.gating)} gating and {len(part.exact)} interior "
+             f"constraint(s); {len(segs)} loop(s), interior tiles unmasked",)
+    return tuple((n, named[n]) for n in used), tuple(segs), notes

@@ -1,0 +1,210 @@
+"""Constant folding and algebraic identities: a rule table applied to a fixed point.
+
+Used by the code generator (to simplify loop bodies after masks are specialised, and to
+decide legality: "a tile where the mask is false contributes the reducer's identity") and
+by the loop partition (to evaluate loop bounds on the host).
+
+IEEE semantics for constants (``exp(-inf) = 0``, ``-inf - 3 = -inf``). Identities with a
+non-constant operand assume that operand is *finite*, as kernel data is: ``0 * x = 0`` and
+``x - inf = -inf`` hold for every finite ``x``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .dtypes import DType, bool_, float32, int64
+from .nodes import Binary, Cast, Const, Expr, Reduce, Unary, Where
+from .traverse import rewrite
+
+INF = math.inf
+IDENTITY = {"sum": 0.0, "max": -INF, "min": INF, "prod": 1.0}
+
+
+def fconst(v: float) -> Const:
+    return Const(float(v), float32)
+
+
+def iconst(v: int) -> Const:
+    return Const(int(v), int64)
+
+
+def bconst(v: bool) -> Const:
+    return Const(bool(v), bool_)
+
+
+def is_const(e: Expr, value=None) -> bool:
+    if not isinstance(e, Const):
+        return False
+    if value is None:
+        return True
+    if isinstance(value, bool) or isinstance(e.value, bool):
+        return isinstance(e.value, bool) and e.value is value
+    return e.value == value
+
+
+def _safe(fn: Callable[..., float], *args) -> float:
+    try:
+        return fn(*args)
+    except OverflowError:
+        return INF
+    except (ValueError, ZeroDivisionError):
+        return math.nan
+
+
+def _exp2(x: float) -> float:
+    return 0.0 if x == -INF else 2.0 ** x
+
+
+_UNARY: dict[str, Callable] = {
+    "neg": lambda x: -x, "exp": math.exp, "exp2": _exp2, "abs": abs,
+    "log": lambda x: math.log(x) if x > 0 else (-INF if x == 0 else math.nan),
+    "log2": lambda x: math.log2(x) if x > 0 else (-INF if x == 0 else math.nan),
+    "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0,
+}
+_BINARY: dict[str, Callable] = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
+    "pow": lambda a, b: a ** b, "maximum": max, "minimum": min,
+    "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+    "and": lambda a, b: a and b, "or": lambda a, b: a or b,
+}
+
+
+def _make(value, dtype: DType) -> Const:
+    if dtype.is_bool:
+        return bconst(value)
+    if dtype.is_int and not (isinstance(value, float) and not value.is_integer()):
+        return iconst(value)
+    return fconst(value)
+
+
+# ------------------------------------------------------------------ the rule table
+# Each rule takes a node whose children are already folded and returns a replacement
+# or None. The comment above each states the identity it applies.
+
+def _fold_unary(e: Expr) -> Expr | None:
+    # op(c) = the constant op(c)
+    if isinstance(e, Unary) and isinstance(e.x, Const):
+        if e.op == "not":
+            return bconst(not e.x.value)
+        return _make(_safe(_UNARY[e.op], e.x.value), e.dtype)
+    return None
+
+
+def _fold_binary(e: Expr) -> Expr | None:
+    # c1 op c2 = the constant (c1 op c2)
+    if isinstance(e, Binary) and isinstance(e.a, Const) and isinstance(e.b, Const):
+        if e.op in ("floordiv", "mod") and e.b.value == 0:
+            return None
+        if e.op == "div" and e.b.value == 0:
+            return None
+        return _make(_safe(_BINARY[e.op], e.a.value, e.b.value), e.dtype)
+    return None
+
+
+def _fold_cast(e: Expr) -> Expr | None:
+    # cast(c) = the converted constant; cast to a float keeps the value (no rounding)
+    if isinstance(e, Cast) and isinstance(e.x, Const):
+        v = e.x.value
+        if e.dtype.is_int:
+            return iconst(int(v)) if math.isfinite(float(v)) else None
+        return _make(v if not e.dtype.is_float else float(v), e.dtype)
+    return None
+
+
+def _fold_where(e: Expr) -> Expr | None:
+    # where(True, a, b) = a;  where(False, a, b) = b;  where(c, a, a) = a
+    if isinstance(e, Where):
+        if isinstance(e.cond, Const):
+            return e.a if e.cond.value else e.b
+        if e.a is e.b:
+            return e.a
+    return None
+
+
+def _logic(e: Expr) -> Expr | None:
+    # x & True = x;  x & False = False;  x | False = x;  x | True = True
+    if isinstance(e, Binary) and e.op in ("and", "or"):
+        for c, x in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(c, Const):
+                if e.op == "and":
+                    return x if c.value else bconst(False)
+                return bconst(True) if c.value else x
+    return None
+
+
+def _neutral(e: Expr) -> Expr | None:
+    # x + 0 = 0 + x = x - 0 = x;  x * 1 = 1 * x = x / 1 = x  (same dtype)
+    if not isinstance(e, Binary):
+        return None
+    a, b = e.a, e.b
+    if e.op in ("add", "sub") and is_const(b, 0) and a.dtype == e.dtype:
+        return a
+    if e.op == "add" and is_const(a, 0) and b.dtype == e.dtype:
+        return b
+    if e.op in ("mul", "div") and is_const(b, 1) and a.dtype == e.dtype:
+        return a
+    if e.op == "mul" and is_const(a, 1) and b.dtype == e.dtype:
+        return b
+    return None
+
+
+def _absorb(e: Expr) -> Expr | None:
+    # 0 * x = x * 0 = 0;  x +- inf = +-inf;  -inf - x = -inf;  max(x, -inf) = x  (x finite)
+    if not isinstance(e, Binary) or not e.dtype.is_float:
+        return None
+    a, b = e.a, e.b
+    if e.op == "mul" and (is_const(a, 0) or is_const(b, 0)):
+        return fconst(0.0)
+    if e.op in ("add", "sub"):
+        for c, sign in ((b, -1.0 if e.op == "sub" else 1.0), (a, 1.0)):
+            if isinstance(c, Const) and math.isinf(c.value):
+                return fconst(c.value * sign)
+    if e.op == "maximum":
+        for c, x in ((a, b), (b, a)):
+            if is_const(c, -INF):
+                return x
+    if e.op == "minimum":
+        for c, x in ((a, b), (b, a)):
+            if is_const(c, INF):
+                return x
+    return None
+
+
+def _reduce_identity(e: Expr) -> Expr | None:
+    # op(identity, j) = identity
+    if isinstance(e, Reduce) and isinstance(e.body, Const) and \
+            e.body.value == IDENTITY.get(e.op):
+        return fconst(IDENTITY[e.op])
+    return None
+
+
+RULES: tuple[Callable[[Expr], Expr | None], ...] = (
+    _fold_unary, _fold_binary, _fold_cast, _fold_where, _logic, _neutral, _absorb,
+    _reduce_identity)
+
+
+def fold(root: Expr, rules: tuple = RULES, limit: int = 64) -> Expr:
+    """Apply ``rules`` bottom-up until nothing changes."""
+    def fn(e: Expr) -> Expr | None:
+        out = e
+        for _ in range(limit):
+            for rule in rules:
+                got = rule(out)
+                if got is not None and got is not out:
+                    out = got
+                    break
+            else:
+                break
+        return out if out is not e else None
+
+    for _ in range(limit):
+        new = rewrite(root, fn)
+        if new is root:
+            return root
+        root = new
+    return root  # pragma: no cover - the rules shrink the tree; this is a safety net

@@ -1,0 +1,88 @@
+"""Turning generated source into Triton kernels: compiled (CUDA) and interpreted (CPU).
+
+Triton needs a kernel's source file (it re-parses the function), so the source is written
+once to a content-addressed file in the kernel cache directory and imported as a module.
+Triton decides between compiling and interpreting when ``@triton.jit`` runs, from
+``TRITON_INTERPRET``, and the interpreter also consults it while it runs (Triton 3.9
+imports parts of itself lazily during the first interpreted launch and checks the
+variable then). So the module is imported twice, once per mode, each time with the
+variable set for the duration of the import, and interpreted launches run with it set
+too. :func:`interpreter_mode` is the one place that touches the variable; a lock keeps
+concurrent users from seeing each other's setting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+_ENV = "TRITON_INTERPRET"
+_LOCK = threading.RLock()
+
+
+def cache_dir() -> Path:
+    """Where generated kernel sources live: ``$NEPTUNE_FUSION_CACHE_DIR`` or a user cache."""
+    env = os.environ.get("NEPTUNE_FUSION_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "neptune_fusion" / "kernels"
+
+
+@contextlib.contextmanager
+def interpreter_mode(on: bool):
+    """``TRITON_INTERPRET`` set to ``on`` while the block runs, then restored."""
+    with _LOCK:
+        old = os.environ.get(_ENV)
+        os.environ[_ENV] = "1" if on else "0"
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(_ENV, None)
+            else:
+                os.environ[_ENV] = old
+
+
+def write_source(source: str, stem: str) -> Path:
+    """Write ``source`` to ``<cache>/<stem>_<hash>.py`` (once) and return the path."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    for root in (cache_dir(), Path(tempfile.gettempdir()) / "neptune_fusion_kernels"):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            path = root / f"{stem}_{digest}.py"
+            if not path.exists() or path.read_text() != source:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(source)
+                os.replace(tmp, path)
+            return path
+        except OSError:
+            continue
+    raise OSError("no writable directory for generated kernels; set NEPTUNE_FUSION_CACHE_DIR")
+
+
+def import_kernel_module(path: Path, interpret: bool) -> ModuleType:
+    """Import the generated module at ``path`` in one mode (a fresh module object)."""
+    name = f"_nf_kernel_{path.stem}_{'interp' if interpret else 'cuda'}"
+    with interpreter_mode(interpret):
+        if interpret:
+            _preload_for_interpreter()
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # Triton's interpreter looks functions up by module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _preload_for_interpreter() -> None:
+    # Triton 3.9 imports triton.experimental.gluon lazily inside the first launch, while
+    # the interpreter has patched triton.language; importing it here avoids that.
+    with contextlib.suppress(Exception):
+        import triton.experimental.gluon  # noqa: F401

@@ -1,0 +1,111 @@
+"""The schedule of a rolling-update kernel: plain, frozen, JSON-serialisable data.
+
+A schedule says *how* a plan runs (tile sizes, launch parameters, which speed rules apply),
+never *what* it computes: every schedule that passes :meth:`Schedule.check` gives the same
+result up to rounding. The defaults are the FlashAttention-2 shape that is fast on an H200
+for head dim 128 (BLOCK_M=128, BLOCK_N=64, 8 warps, 3 pipeline stages); an auto-scheduler
+will pick them from the shape later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from ..errors import ScheduleError
+
+FP32_PRECISIONS = ("ieee", "tf32")
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Tile sizes, launch parameters and speed rules of one kernel.
+
+    * ``block_m`` rows of the query-like axis per program, ``block_n`` elements of the
+      fused reduction axis per loop iteration (both powers of two, >= 16 for ``tl.dot``);
+    * ``num_warps`` / ``num_stages``: Triton launch parameters;
+    * ``exp2``: rewrite ``exp`` to ``exp2`` with ``log2(e)`` folded into the score scale,
+      running maxima kept in the scaled domain;
+    * ``partition``: skip tiles the mask removes entirely and run interior tiles without
+      mask arithmetic (off: one masked loop over every tile, the baseline);
+    * ``fast_tanh``: ``tanh.approx.f32`` through inline PTX on CUDA (the interpreter always
+      uses a portable formula);
+    * ``fp32_precision``: ``tl.dot`` precision for float32 operands (``"ieee"`` exact,
+      ``"tf32"`` faster on tensor cores);
+    * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
+      buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
+    """
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    exp2: bool = True
+    partition: bool = True
+    fast_tanh: bool = True
+    fp32_precision: str = "ieee"
+    count_visits: bool = False
+
+    def check(self) -> Schedule:
+        """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
+        for name in ("block_m", "block_n"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v) or v < 16:
+                raise ScheduleError(
+                    f"schedule: {name} must be a power of two >= 16 (tl.dot tiles), got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ScheduleError(
+                f"schedule: num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ScheduleError(
+                f"schedule: num_stages must be an int in [1, 8], got {self.num_stages!r}")
+        if self.fp32_precision not in FP32_PRECISIONS:
+            raise ScheduleError(
+                f"schedule: fp32_precision must be one of {', '.join(FP32_PRECISIONS)}, "
+                f"got {self.fp32_precision!r}")
+        for name in ("exp2", "partition", "fast_tanh", "count_visits"):
+            if not isinstance(getattr(self, name), bool):
+                raise ScheduleError(f"schedule: {name} must be a bool, "
+                                    f"got {getattr(self, name)!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Schedule:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ScheduleError(f"schedule: unknown field(s) {', '.join(unknown)}; "
+                                f"known: {', '.join(sorted(known))}")
+        return cls(**data).check()
+
+
+def make_schedule(schedule: Schedule | None = None, **options) -> Schedule:
+    """``schedule`` (default :class:`Schedule`) with ``options`` replaced, checked."""
+    base = Schedule() if schedule is None else schedule
+    if not isinstance(base, Schedule):
+        raise ScheduleError(f"schedule must be a neptune_fusion Schedule, got {base!r}")
+    known = {f.name for f in fields(Schedule)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ScheduleError(f"unknown option(s) {', '.join(unknown)}; schedule fields are "
+                            f"{', '.join(sorted(known))}")
+    return replace(base, **options).check() if options else base.check()
+
+
+def default_schedule(head_dim: int, query_len: int | None = None) -> Schedule:
+    """The default schedule for a head dimension (and a known query length, for decode).
+
+    Head dim <= 128: BLOCK_M=128, BLOCK_N=64, 8 warps, 3 stages (FlashAttention-2 on Hopper).
+    Larger heads halve BLOCK_N to keep the tiles in registers. A query length <= 16 (decode)
+    uses BLOCK_M=16: one program per head, the smallest ``tl.dot`` tile.
+    """
+    s = Schedule() if head_dim <= 128 else Schedule(block_n=32)
+    if query_len is not None and query_len <= 16:
+        s = replace(s, block_m=16, num_warps=4, num_stages=3)
+    return s
