@@ -56,6 +56,15 @@ class Repair:
     proof: str
 
 
+def _guarded(attempt):
+    """Run a derivation; SymPy failing on the way is a failed proof, never a crash."""
+    try:
+        return attempt()
+    except (TypeError, ValueError, ZeroDivisionError, NotImplementedError, RecursionError,
+            AttributeError) as err:
+        return f"SymPy could not complete the derivation ({type(err).__name__}: {err})"
+
+
 @lru_cache(maxsize=1024)
 def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
            signs: tuple[str, ...] = ()) -> Inverted | Augmented | str:
@@ -64,7 +73,7 @@ def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
     t = sp.Symbol("t0", real=True)
     c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
                     key=lambda s: s.name)
-    got = invert(list(branches), op, r, rn, t, set(c_syms))
+    got = _guarded(lambda: invert(list(branches), op, r, rn, t, set(c_syms)))
     if isinstance(got, Inverted):
         return got
     reasons = [f"inversion: {got}"]
@@ -73,7 +82,7 @@ def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
     elif len(branches) > 1:
         reasons.append("augmented state: a producer inside a where-branch is not supported")
     else:
-        aug = augment(branches[0], r, rn, c_syms)
+        aug = _guarded(lambda: augment(branches[0], r, rn, c_syms))
         if isinstance(aug, Augmented):
             return aug
         reasons.append(f"augmented state: {aug}")
