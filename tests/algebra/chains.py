@@ -189,3 +189,26 @@ def tanh_chain():
 FUSABLE = {f.__name__: f for f in (
     attention, causal, window, alibi, softcap, decode_gqa, softmax, log_softmax, logsumexp,
     rmsnorm_matmul, l2norm_matmul, layernorm_matmul, variance, performer)}
+
+
+def prod_chain():
+    """A product consumer: prod_k exp(x_k * r), r = max; h(t) = t ** (r' / r)."""
+    N, x, _ = _rows(d=7)
+    k = nf.reduce_axis(x.shape[1], "k")
+    r = nf.compute((N,), lambda i: nf.max(x[i, k], k), name="r")
+    out = nf.compute((N,), lambda i: nf.prod(nf.exp(x[i, k] * r[i] * 0.25), k), name="out")
+    return [out], (lambda rng: {"x": rng.uniform(0.5, 1.5, (5, 7))})
+
+
+def min_chain():
+    """Min consumer of a min producer and of a sum (a mean): shifts repair by addition."""
+    N, x, feeds = _rows()
+    d = x.shape[1]
+    k = nf.reduce_axis(d, "k")
+    lo = nf.compute((N,), lambda i: nf.min(x[i, k], k), name="lo")
+    mu = nf.compute((N,), lambda i: nf.sum(x[i, k], k) / d, name="mu")
+    out = nf.compute((N,), lambda i: nf.min(x[i, k] - lo[i] + 2.0 * mu[i], k), name="out")
+    return [out], feeds
+
+
+FUSABLE.update({f.__name__: f for f in (prod_chain, min_chain)})

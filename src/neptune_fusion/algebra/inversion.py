@@ -48,8 +48,13 @@ def _candidates(g: sp.Expr, g1: sp.Expr, t: sp.Symbol, c_syms: set):
                 yield h
 
 
-def _distributes(h: sp.Expr, t: sp.Symbol, op: str) -> tuple[bool, str]:
-    x, y = sp.Symbol("x", real=True), sp.Symbol("y", real=True)
+def _distributes(h: sp.Expr, t: sp.Symbol, op: str, positive: bool) -> tuple[bool, str]:
+    # accumulators of positive terms are positive: only that domain needs the identity
+    x, y = (sp.Symbol(n, positive=True) if positive else sp.Symbol(n, real=True)
+            for n in ("x", "y"))
+    if positive:
+        h = h.subs(t, sp.Symbol(t.name, positive=True))
+        t = sp.Symbol(t.name, positive=True)
     hx, hy = h.subs(t, x), h.subs(t, y)
     if op in ("sum", "prod"):
         combine = (lambda a, b: a + b) if op == "sum" else (lambda a, b: a * b)
@@ -94,7 +99,7 @@ def invert(branches: list[sp.Expr], op: str, r: tuple, rn: tuple, t: sp.Symbol,
         if wrong is not None:
             reasons.append(f"h = {h} does not map the term {wrong} to its repaired value")
             continue
-        good, why = _distributes(h, t, op)
+        good, why = _distributes(h, t, op, all(b.is_positive for b in branches))
         if not good:
             reasons.append(f"h(t) = {h}: {why}")
             continue
