@@ -20,8 +20,7 @@ import sympy as sp
 
 from ..ir import build
 from ..ir.dtypes import float32
-from ..ir.nodes import (Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary,
-                        Where)
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
 from ..ir.traverse import walk
 
 

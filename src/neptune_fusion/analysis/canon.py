@@ -69,6 +69,12 @@ class SpatialVars:
             out.append(v)
         return tuple(out)
 
+    def copy(self) -> SpatialVars:
+        """An independent copy holding the same canonical variables."""
+        other = SpatialVars()
+        other._vars = dict(self._vars)
+        return other
+
     @property
     def context(self) -> tuple[IndexVar, ...]:
         """All canonical spatial variables, innermost (highest position) first."""

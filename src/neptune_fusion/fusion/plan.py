@@ -12,12 +12,19 @@ every member that reads another member's value carries a proved :class:`Repair`.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from ..algebra.synth import Repair, synthesize
 from ..analysis.canon import SpatialVars, canonical_binders, canonical_output
-from ..analysis.chains import (ReductionGraph, maximal_hoistable, reaches_through_other,
-                               reduction_graph, same_extents)
+from ..analysis.chains import (
+    ReductionGraph,
+    maximal_hoistable,
+    reaches_through_other,
+    reduction_graph,
+    same_extents,
+)
 from ..analysis.normalize import normalize
 from ..errors import FusionError
 from ..ir.graph import tensors_in_order
@@ -112,12 +119,23 @@ class FusionPlan:
 # ----------------------------------------------------------------------------- passes
 
 
+def _dump(stage: str, text) -> None:
+    """``NEPTUNE_FUSION_DUMP=canon,normalize,graph,plan`` (or ``all``) prints a stage."""
+    want = os.environ.get("NEPTUNE_FUSION_DUMP", "")
+    if stage in want.split(",") or want == "all":
+        print(f"--- neptune-fusion: after {stage} ---\n{text() if callable(text) else text}",
+              file=sys.stderr)
+
+
 def _canonicalise(outputs: list[Compute], memo: dict):
     sv = SpatialVars()
     bodies, axes = [], []
     for o in outputs:
         b, ax = canonical_output(o, sv, memo)
-        bodies.append(canonical_binders(normalize(b)))
+        _dump("canon", lambda o=o, b=b: f"{o.name} = {b}")
+        b = canonical_binders(normalize(b))
+        _dump("normalize", lambda o=o, b=b: f"{o.name} = {b}")
+        bodies.append(b)
         axes.append(ax)
     return bodies, axes, sv
 
@@ -135,8 +153,7 @@ def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
         names[r] = n
         taken.add(n)
 
-    scratch = SpatialVars()
-    scratch._vars = dict(sv._vars)  # same canonical variables, without touching sv
+    scratch = sv.copy()  # same canonical variables, without adding to sv
     for t in tensors_in_order(outputs):
         if not isinstance(t, Compute):
             continue
@@ -219,6 +236,9 @@ def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
     outer = frozenset(context)
     graph = reduction_graph(bodies, outer)
     names = _names(outs, graph, sv, outer, memo)
+    _dump("graph", lambda: "\n".join(
+        f"{names[r]} <- {', '.join(names[p] for p in graph.deps[r]) or '(inputs)'}"
+        for r in graph.order))
     repairs, banned = _repairs(graph, outer, names)
     stage = _stages(graph, repairs)
     buckets: dict[tuple, list[Reduce]] = {}
@@ -235,6 +255,7 @@ def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
                     for (p, c), why in banned.items())
     result = FusionPlan(tuple(outs), tuple(bodies), tuple(out_axes), context, groups,
                         unfused, names)
+    _dump("plan", lambda: str(result))
     if require_single_pass and unfused:
         u = unfused[0]
         raise FusionError(

@@ -1,0 +1,64 @@
+"""The plan as an API: JSON round trip, stage dumps, shared reductions across outputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import neptune_fusion as nf
+from neptune_fusion.frontend.examples import plain_attention
+from neptune_fusion.ir.graph import tensors_in_order
+
+
+def test_to_dict_is_json_and_mirrors_the_plan():
+    (o,), _ = plain_attention()
+    plan = nf.plan(o)
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert d["single_pass"] is True and d["unfused"] == []
+    (g,) = d["groups"]
+    assert g["extents"] == ["M"] and g["axes"] == ["j"]
+    assert g["producers"] == ["m"] and sorted(g["consumers"]) == ["l", "o_sum"]
+    repairs = {m["name"]: m["repair"] for m in g["members"]}
+    assert repairs["m"] is None and repairs["l"]["method"] == "inversion"
+    assert d["outputs"] == [{"name": "o", "definition": "o_sum / l"}]
+
+
+def test_outputs_share_their_reductions(rng):
+    """Attention and its log-sum-exp read the same m and l: one group computes them once."""
+    (o,), _ = plain_attention(d=8)
+    by_name = {t.name: t for t in tensors_in_order([o])}
+    mx, l = by_name["m"], by_name["l"]  # noqa: E741
+    lse = nf.compute((nf.size("N"),), lambda i: mx[i] + nf.log(l[i]), name="lse")
+    plan = nf.plan([o, lse])
+    (g,) = plan.groups
+    assert sorted(m.name for m in g.members) == ["l", "m", "o_sum"]
+    feeds = {"q": rng.standard_normal((5, 8)), "k": rng.standard_normal((9, 8)),
+             "v": rng.standard_normal((9, 8))}
+    want = nf.evaluate([o, lse], feeds)
+    got = nf.evaluate([o, lse], feeds, mode="split", splits=2)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_dump_prints_the_requested_stages(monkeypatch, capsys):
+    monkeypatch.setenv("NEPTUNE_FUSION_DUMP", "graph,plan")
+    (o,), _ = plain_attention()
+    nf.plan(o)
+    err = capsys.readouterr().err
+    assert "after graph" in err and "l <- m" in err and "after plan" in err
+    assert "after normalize" not in err
+
+
+def test_bad_fused_evaluation_options_are_named(rng):
+    (o,), _ = plain_attention(d=4)
+    feeds = {"q": rng.standard_normal((2, 4)), "k": rng.standard_normal((3, 4)),
+             "v": rng.standard_normal((3, 4))}
+    for kw, word in (({"tile": 0}, "tile"), ({"mode": "split", "splits": 0}, "splits"),
+                     ({"mode": "sideways"}, "mode")):
+        try:
+            nf.evaluate(o, feeds, **({"mode": "rolling"} | kw))
+        except nf.NeptuneError as err:
+            assert word in str(err)
+        else:
+            raise AssertionError(f"{kw} accepted")
