@@ -28,7 +28,7 @@ from ..ir.dtypes import float32
 from ..ir.nodes import Expr, IndexVar, Param, Reduce
 from ..ir.traverse import substitute
 from ..reference.feeds import bind_feeds
-from ..reference.interp import Interpreter, reduce_array
+from ..reference.interp import Interpreter, numeric, reduce_array
 from .plan import FusedGroup, FusionPlan, Member, plan
 
 _COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -183,7 +183,7 @@ def evaluate_fused(outputs, feeds: Mapping, mode: str = "rolling", tile: int = 8
         GroupRunner(p, g, base, finals, values).run(mode, tile, splits)
     interp = Interpreter(arrays, sizes, values, ftype=ftype)
     out = []
-    for body, axes in zip(p.bodies, p.out_axes):
-        out.append(output_array(interp, substitute(body, finals), p.context, axes)
-                   .astype(np.float64))
+    for o, body, axes in zip(p.outputs, p.bodies, p.out_axes):
+        val = output_array(interp, substitute(body, finals), p.context, axes)
+        out.append(val.astype(numeric(o.dtype)))
     return out

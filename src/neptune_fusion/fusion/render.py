@@ -80,8 +80,10 @@ def member_rules(plan, member, legend: _Legend, group_axes=None) -> list[str]:
 
 def render_plan(plan) -> str:
     legend = _Legend()
-    head = "single pass" if plan.single_pass else f"{len(plan.groups)} passes"
-    out = [f"FusionPlan: {len(plan.groups)} fused group(s), {head}"]
+    passes = len({g.stage for g in plan.groups})
+    head = "every chain fused" if plan.single_pass else \
+        f"{len(plan.unfused)} dependency(ies) left unfused"
+    out = [f"FusionPlan: {len(plan.groups)} group(s) in {passes} pass(es), {head}"]
     for g in plan.groups:
         axes = ", ".join(f"{a.name} < {a.extent}" for a in g.axes)
         out.append(f"group {g.index} (pass {g.stage}): one loop over {axes}; "
