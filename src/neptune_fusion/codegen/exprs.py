@@ -36,8 +36,15 @@ from .ops import (
     literal,
     wrap,
 )
-from .patterns import canonical, loaded, match_contraction, tile_roles
+from .patterns import canonical, loaded, match_contraction
 from .program import Axis, TileProgram
+
+
+def _sum(terms: list[Expr]) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = Binary("add", out, t)
+    return out
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,12 @@ class Val:
 def count_uses(roots: Iterable[Expr]) -> dict[Expr, int]:
     """How many distinct parents reference each node under ``roots``."""
     uses: dict[Expr, int] = {}
+    seen: set[int] = set()
     for r in roots:
         for node in walk(r):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
             for c in set(node.children()):
                 uses[c] = uses.get(c, 0) + 1
     return uses
@@ -70,6 +81,7 @@ class Lowerer:
         self.roles = {a.var: a for a in prog.axes}
         self.args = {t.tensor: t for t in prog.inputs + tuple(o.arg for o in prog.outputs)}
         self._variant: dict[Expr, bool] = {}
+        self._roles: dict[Expr, frozenset[str]] = {}
         self.cur = block  # where the value being lowered is emitted
 
     # ------------------------------------------------------------------ helpers
@@ -86,8 +98,25 @@ class Lowerer:
             self._variant[e] = got
         return got
 
+    def tile_roles(self, e: Expr) -> frozenset[str]:
+        """The tile axes ``e`` spans: its index variables' and its state values'."""
+        got = self._roles.get(e)
+        if got is None:
+            if isinstance(e, Param):
+                v = self.env.get(e)
+                got = frozenset(v.axes) if v is not None else frozenset()
+            elif isinstance(e, IndexVar):
+                r = self.role_of(e)
+                got = frozenset((r,)) if r is not None and r != "grid" else frozenset()
+            else:
+                got = frozenset().union(*(self.tile_roles(c) for c in e.children()))
+                if isinstance(e, Reduce):
+                    got -= {self.role_of(a) for a in e.axes}
+            self._roles[e] = got
+        return got
+
     def axes(self, e: Expr, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
-        roles = tile_roles(e, self.role_of)
+        roles = self.tile_roles(e)
         if len(roles) > 2:
             raise CodegenError(
                 f"{e} spans the tile axes {', '.join(canonical(roles))}: more than two, and "
@@ -101,7 +130,13 @@ class Lowerer:
             return v
         if v.code.lstrip("-").isdigit():  # an integer literal
             return Val(repr(float(v.code)), v.axes, "f32", v.prec)
-        return Val(f"{wrap(v.code, v.prec, ATOM)}.to(tl.float32)", v.axes, "f32", ATOM)
+        return self.convert(v, "f32")
+
+    def convert(self, v: Val, kind: str) -> Val:
+        # scalars may be plain Python ints (loop indices under the interpreter): tl.cast
+        if not v.axes:
+            return Val(f"tl.cast({v.code}, {KIND_TL[kind]})", (), kind, ATOM)
+        return Val(f"{wrap(v.code, v.prec, ATOM)}.to({KIND_TL[kind]})", v.axes, kind, ATOM)
 
     def expand(self, v: Val, axes: tuple[str, ...]) -> str:
         """``v``'s code broadcast to ``axes`` (as a primary expression when it changes)."""
@@ -127,8 +162,9 @@ class Lowerer:
     def lower(self, e: Expr, order: tuple[str, ...] | None = None, force: str = "") -> Val:
         """``e`` as a Val; loads keep their storage dtype. ``force`` binds to that name."""
         axes = self.axes(e, order)
-        key = (e, axes)
-        block = self.block if (self.hoist is None or self.is_variant(e)) else self.hoist
+        key = ("v", e, axes)
+        hoisted = self.hoist is not None and not self.is_variant(e)
+        block = self.hoist if hoisted else self.block
         got = block.lookup(key)
         if got is not None:
             return got
@@ -137,16 +173,18 @@ class Lowerer:
             val = self.dispatch(e, axes)
         finally:
             self.cur = prev
-        val = self.bind(e, val, block, force)
+        # a value hoisted out of a loop is bound there, or the loop would recompute it
+        val = self.bind(e, val, block, force, always=hoisted and prev is not block)
         block.remember(key, val)
         return val
 
-    def bind(self, e: Expr, val: Val, block: Block, force: str = "") -> Val:
-        if isinstance(e, Const) or (not force and val.code.isidentifier()):
+    def bind(self, e: Expr, val: Val, block: Block, force: str = "",
+             always: bool = False) -> Val:
+        if isinstance(e, Const) or val.code.isidentifier():
             return val
         heavy = isinstance(e, (Load, Reduce)) or val.code.startswith("tl.dot(")
         hint = force or self.hints.get(e)
-        if hint or heavy or self.uses.get(e, 0) > 1 or len(val.code) > 72:
+        if always or hint or heavy or self.uses.get(e, 0) > 1 or len(val.code) > 72:
             name = block.bind(hint or self.default_hint(e, val), val.code)
             return Val(name, val.axes, val.kind, ATOM)
         return val
@@ -160,8 +198,10 @@ class Lowerer:
             return "".join(names) if 0 < len(names) <= 3 else "dot"
         if isinstance(e, Unary) and e.op in ("exp", "exp2"):
             return "p"
-        if isinstance(e, Where) and e.dtype.is_float:
+        if e.dtype.is_float and val.axes == ("row", "loop"):
             return "s"
+        if isinstance(e, Binary) and e.op == "lt" and isinstance(e.a, IndexVar):
+            return f"{e.a.name}_in"
         if e.dtype.is_bool:
             return "mask"
         return "t"
@@ -228,7 +268,7 @@ class Lowerer:
         if e.op == "add":
             for r, other in ((e.b, e.a), (e.a, e.b)):
                 if isinstance(r, Reduce) and self.axes(other) == axes:
-                    c = match_contraction(r, self.role_of)
+                    c = match_contraction(r, self.role_of, self.tile_roles)
                     if c is not None:
                         return self.dot(c, self.value(other, axes), self.hints.get(e))
         if e.op == "pow":
@@ -263,9 +303,7 @@ class Lowerer:
         if e.dtype.is_bool:
             return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
         kind = "i64" if e.dtype == int64 else "i32"
-        if x.kind == kind:
-            return x
-        return Val(f"{wrap(x.code, x.prec, ATOM)}.to({KIND_TL[kind]})", x.axes, kind)
+        return x if x.kind == kind else self.convert(x, kind)
 
     # ------------------------------------------------------------------ memory
     def needs_mask(self, ax: Axis) -> bool:
@@ -276,49 +314,56 @@ class Lowerer:
             return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
         return not (isinstance(ext, int) and ext == ax.block_size)
 
-    def address(self, tensor, indices, axes_hint) -> tuple[Expr, Expr | None, list[str]]:
-        """Offset and mask (IR) of ``tensor[indices]``, and the tile roles it spans."""
+    def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
+        """``tensor[indices]`` as a base pointer (the scalar indices folded in, int64),
+        a tile offset (IR, invariant part first) and a mask (IR, or None)."""
         arg = self.args[tensor]
+        scalar: list[Expr] = []
         inv: list[Expr] = []
         var: list[Expr] = []
         mask: Expr | None = None
-        roles: list[str] = []
         last = len(indices) - 1
         for d, idx in enumerate(indices):
             ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
             if ax is not None and ax.role != "grid":
-                roles.append(ax.role)
                 term = idx if d == last else Binary("mul", idx, arg.stride(d))
+                (var if self.is_variant(term) else inv).append(term)
                 if self.needs_mask(ax):
                     ext = ax.extent if isinstance(ax.extent, Size) else Const(ax.extent, int64)
                     cond = Binary("lt", idx, ext)
                     mask = cond if mask is None else Binary("and", mask, cond)
             else:
-                if tile_roles(idx, self.role_of):
+                if self.tile_roles(idx):
                     raise CodegenError(
                         f"index {idx} of {tensor.name!r} mixes tile axes in arithmetic; "
                         "index tiles with bare variables")
+                # 64-bit: batch * stride overflows int32 on large tensors
                 term = fold(Cast(idx, int64))
-                term = term if d == last else Binary("mul", term, arg.stride(d))
-            (var if self.is_variant(term) else inv).append(term)
-        terms = inv + var
-        offset = terms[0]
-        for t in terms[1:]:
-            offset = Binary("add", offset, t)
-        return fold(offset), mask, roles
+                scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
+        base = f"{arg.name}_ptr"
+        if scalar:
+            off = self.value(_sum(scalar))
+            key = ("base", arg.name, _sum(scalar))
+            blk = self.hoist if (self.hoist is not None
+                                 and not self.is_variant(_sum(scalar))) else self.cur
+            got = blk.lookup(key)
+            if got is None:
+                got = blk.bind(f"{arg.name}_base", f"{base} + {off.code}")
+                blk.remember(key, got)
+            base = got
+        return base, fold(_sum(inv + var) if inv or var else Const(0, int64)), mask
 
     def load(self, e: Load, axes) -> Val:
-        offset, mask, roles = self.address(e.tensor, e.indices, axes)
+        base, offset, mask = self.address(e.tensor, e.indices)
         off = self.value(offset, axes)
-        arg = self.args[e.tensor]
-        code = f"tl.load({arg.name}_ptr + {self.operand(off, axes, ADD + 1)}"
+        code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
         if mask is not None:
             code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
         return Val(code + ")", axes, KIND[e.tensor.dtype.name])
 
     # ------------------------------------------------------------------ reductions
     def reduce(self, e: Reduce, axes) -> Val:
-        c = match_contraction(e, self.role_of)
+        c = match_contraction(e, self.role_of, self.tile_roles)
         if c is not None:
             return self.dot(c, None)
         if len(e.axes) != 1:
@@ -326,7 +371,13 @@ class Lowerer:
         role = self.role_of(e.axes[0])
         body = self.f32(self.value(e.body))
         if role not in body.axes:
-            raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
+            # constant along the tile, every element of which is inside the axis here (a
+            # boundary tile's guard makes the body vary): a sum counts, max/min keep it
+            if role != "loop" or e.op not in REDUCE_OPS:
+                raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
+            if e.op != "sum":
+                return body
+            return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
         out = tuple(a for a in body.axes if a != role)
         return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
 

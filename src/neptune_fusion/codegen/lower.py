@@ -19,15 +19,15 @@ import re
 from ..algebra.synth import moved, running, state
 from ..errors import CodegenError
 from ..fusion.plan import FusedGroup, FusionPlan
-from ..ir.dtypes import float32
+from ..ir.dtypes import float32, int64
 from ..ir.fold import IDENTITY, fconst, fold
 from ..ir.graph import placeholders
 from ..ir.nodes import (
     Binary,
+    Cast,
     Const,
     Expr,
     IndexVar,
-    Load,
     Param,
     Placeholder,
     Reduce,
@@ -39,7 +39,17 @@ from ..ir.nodes import (
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
 from .exp2 import to_exp2
-from .program import Accumulator, Axis, Output, StateVar, TensorArg, TileProgram
+from .program import (
+    LOOP_LO,
+    TILE_END,
+    TILE_START,
+    Accumulator,
+    Axis,
+    Output,
+    StateVar,
+    TensorArg,
+    TileProgram,
+)
 from .variants import build_segments
 
 _COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
@@ -85,30 +95,32 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
         raise CodegenError(f"group 0 reduces over {len(g.axes)} axes; one is supported")
     for m in g.members:
         for p in m.producers:
-            if p.op not in ("max", "min"):
+            if p.op not in ("max", "min", "sum"):
                 raise CodegenError(
                     f"{m.name} reads the running {p.op} {plan.name(p)}; the rolling kernel "
-                    "supports max/min producers (a running sum needs its count: later)")
+                    "supports max, min and sum producers")
     return g
 
 
-def _only_in_loads(body: Expr, v: IndexVar, loop: IndexVar) -> bool:
-    """``v`` occurs in ``body`` only as a bare index of loads also indexed by ``loop``."""
-    loads = [x for x in walk(body) if isinstance(x, Load)
-             and any(i is v for i in x.indices) and any(i is loop for i in x.indices)]
-    rest = substitute(body, {ld: Param(f"_ld{k}", float32) for k, ld in enumerate(loads)})
-    return v not in rest.free_vars
-
-
 def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
+    """Row: the innermost axis every member depends on (states are per row). Column: the
+    one axis only some members depend on (attention's ``e``: ``o_sum`` but not ``m``), or
+    else an output axis no member reads (softmax's ``j``). Grid: the rest."""
+    frees = [b.free_vars - {loop} for b in bodies]
+    common = frozenset.intersection(*frees)
+    union = frozenset.union(*frees)
     out_vars = {v for axes in plan.out_axes for v in axes}
-    used = frozenset().union(*(b.free_vars for b in bodies)) - {loop}
-    col = next((v for v in plan.context if v in out_vars
-                and all(_only_in_loads(b, v, loop) for b in bodies)), None)
-    row = next((v for v in plan.context if v in used and v is not col), None)
+    row = next((v for v in plan.context if v in common), None)
     if row is None:
-        raise CodegenError("the fused reductions depend on no spatial axis to block over "
-                           "(a single row); the rolling kernel needs a row axis")
+        raise CodegenError("the fused reductions share no spatial axis to block over; the "
+                           "rolling kernel needs a row axis every member depends on")
+    partial = [v for v in plan.context if v in union - common]
+    if len(partial) > 1:
+        raise CodegenError(
+            f"members depend on different axes ({', '.join(v.name for v in partial)}); "
+            "the rolling kernel holds one column axis")
+    col = partial[0] if partial else next(
+        (v for v in plan.context if v in out_vars and v not in union), None)
     grid = tuple(v for v in plan.context if v is not row and v is not col)
     return grid, row, col
 
@@ -162,7 +174,7 @@ def _accumulators(plan, g, loop, grid, row, col, taken):
             op = m.node.op if m.repair.method == "inversion" else "sum"
             prods = tuple(index[id(p)] for p in m.repair.producers)
             terms = tuple(substitute(t, ren) for t in m.repair.terms)
-            updates = m.repair.updates
+            updates = m.repair.update
         if op not in IDENTITY or op == "prod":
             raise CodegenError(f"{m.name}: reducer {op} is not lowered (sum, max, min are)")
         svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, IDENTITY[op])
@@ -171,21 +183,35 @@ def _accumulators(plan, g, loop, grid, row, col, taken):
     return tuple(accs)
 
 
-def _check_first_tile(accs: tuple[Accumulator, ...]) -> None:
-    """The first repair must leave the identity state alone: with the state at the
-    identity and the producers at theirs, every update must give the identity back."""
-    for a in accs:
-        for i, u in enumerate(a.updates):
-            env = {state(n): fconst(s.init) for n, s in enumerate(a.state)}
-            env.update({running(n): fconst(IDENTITY[accs[p].op])
-                        for n, p in enumerate(a.producers)})
-            for probe in (-1e4, -1.0, 0.0, 2.5, 1e4):
-                env.update({moved(n): fconst(probe) for n in range(len(a.producers))})
-                got = fold(substitute(u, env))
-                if not (isinstance(got, Const) and got.value == a.state[i].init):
-                    raise CodegenError(
-                        f"{a.name}: the repair {u} does not vanish on the empty state "
-                        "(it needs a peeled first tile, not implemented)")
+def _vanishes(accs: tuple[Accumulator, ...], a: Accumulator, i: int) -> bool:
+    """Whether update ``i`` of ``a`` leaves the empty state alone: with the state at the
+    identities and the producers at theirs, it gives the identity back for any new
+    producer value (FlashAttention's ``0 * exp(-inf - m') = 0``)."""
+    env = {state(n): fconst(s.init) for n, s in enumerate(a.state)}
+    env.update({running(n): fconst(IDENTITY[accs[p].op]) for n, p in enumerate(a.producers)})
+    for probe in (-1e4, -1.0, 0.0, 2.5, 1e4):
+        env.update({moved(n): fconst(probe) for n in range(len(a.producers))})
+        got = fold(substitute(a.updates[i], env))
+        if not (isinstance(got, Const) and got.value == a.state[i].init):
+            return False
+    return True
+
+
+def _running(acc: Accumulator, value: Expr, end: Expr, loop: IndexVar) -> Expr:
+    """A producer's running value from its state ``value`` covering ``[0, end)``.
+
+    A max/min is its running extreme. A sum is extrapolated to the whole axis,
+    ``value * n / end`` (the fused reference's rule: consumers of a mean are centred on the
+    running mean), and reads as the state itself before any element (``end = 0``).
+    """
+    if acc.op != "sum":
+        return value
+    n = Cast(loop.extent if isinstance(loop.extent, Size) else Const(loop.extent, int64),
+             float32)
+    scaled = Binary("mul", value, Binary("div", n, Cast(end, float32)))
+    if end is TILE_END:
+        return scaled
+    return Where(Binary("gt", end, Const(0, int64)), scaled, value)
 
 
 def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
@@ -200,16 +226,22 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
         else:
             if any(p >= k for p in a.producers):
                 raise CodegenError(f"{a.name} is listed before its producers")
-            run_new = {n: safe(new[p][0]) for n, p in enumerate(a.producers)}
+            run_new = {n: safe(_running(accs[p], new[p][0], TILE_END, loop))
+                       for n, p in enumerate(a.producers)}
             for n, p in enumerate(a.producers):
                 hints.append((run_new[n], f"{accs[p].state[0].name}_run"))
             env_t = {running(n): r for n, r in run_new.items()}
             env_u = {state(i): o for i, o in enumerate(olds)}
-            env_u.update({running(n): accs[p].state[0].param
+            env_u.update({running(n): _running(accs[p], accs[p].state[0].param, TILE_START,
+                                               loop)
                           for n, p in enumerate(a.producers)})
             env_u.update({moved(n): r for n, r in run_new.items()})
             parts = [Reduce(a.op, substitute(t, env_t), (loop,)) for t in a.terms]
             ups = [fold(substitute(u, env_u)) for u in a.updates]
+            # a repair that does not vanish on the empty state is skipped on the first tile
+            ups = [u if _vanishes(accs, a, i) else
+                   Where(Binary("eq", TILE_START, LOOP_LO), fconst(a.state[i].init), u)
+                   for i, u in enumerate(ups)]
             for u, o in zip(ups, olds):
                 if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
                     hints.append((u.b if u.a is o else u.a, "alpha"))
@@ -250,7 +282,6 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     rules: tuple[str, ...] = ()
     if schedule.exp2:
         accs, outs, rules = to_exp2(accs, outs)
-    _check_first_tile(accs)
     body, hints = _steps(accs, loop)
     exprs = [e for _, e in body] + [o.body for o in outs]
     inner = _inner_axes(exprs, loop, taken)

@@ -66,29 +66,32 @@ def loaded(e: Expr) -> Load | None:
     return None
 
 
-def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None]
-                      ) -> Contraction | None:
-    """``r`` as a :class:`Contraction`, or None when it is not one."""
+def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None],
+                      roles: Callable[[Expr], frozenset[str]]) -> Contraction | None:
+    """``r`` as a :class:`Contraction`, or None when it is not one.
+
+    ``role_of`` gives an index variable's tile role, ``roles`` the tile axes an
+    expression spans (state values span axes without any free variable)."""
     if r.op != "sum" or len(r.axes) != 1:
         return None
     k = r.axes[0]
     kr = role_of(k)
     if kr is None:
         return None
-    out = tile_roles(r, role_of)
+    out = roles(r)
     if len(out) != 2:
         return None
     x, y = canonical(out)
     lhs, rhs, rest = [], [], []
     for f in factors(r.body):
-        roles = tile_roles(f, role_of)
-        if x in roles and y in roles:
+        fr = roles(f)
+        if x in fr and y in fr:
             return None
-        (lhs if x in roles else rhs if y in roles else rest).append(f)
+        (lhs if x in fr else rhs if y in fr else rest).append(f)
     if not lhs or not rhs:
         return None
     lhs += rest  # factors over k alone (or scalars) ride with the left operand
     a, b = product(lhs), product(rhs)
-    if kr not in tile_roles(a, role_of) or kr not in tile_roles(b, role_of):
+    if kr not in roles(a) or kr not in roles(b):
         return None
     return Contraction(a, b, k, x, y)

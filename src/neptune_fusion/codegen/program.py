@@ -28,6 +28,10 @@ TILE_ORDER = {"row": 0, "loop": 1, "col": 2, "inner": 3}
 
 I_FIRST = Param("i_first", int64)   # first row of this program's block
 I_LAST = Param("i_last", int64)     # last row of the block that exists (< N)
+BLOCK_N = Param("BLOCK_N", int64)   # the loop's tile size (a constexpr of the kernel)
+TILE_START = Param("j_start", int64)  # first loop index of the current tile
+LOOP_LO = Param("j_lo", int64)        # first loop index the program visits
+TILE_END = Param("j_end", int64)      # one past its last index inside the axis
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ from ..ir.traverse import walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
 from .ops import ATOM, literal, tl_dtype
-from .program import I_FIRST, I_LAST, TileProgram
+from .program import (
+    BLOCK_N,
+    I_FIRST,
+    I_LAST,
+    LOOP_LO,
+    TILE_END,
+    TILE_START,
+    TileProgram,
+)
 
 
 @dataclass(frozen=True)
@@ -113,21 +121,23 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
     if prog.grid:
         pre.emit("pid_grid = tl.program_id(1)")
     rest = "pid_grid"
-    low = None
+    low = Lowerer(prog, env, pre, None, frozenset())
     for k, a in enumerate(prog.grid):  # innermost first
         if k == len(prog.grid) - 1:
             pre.emit(f"{a.name} = {rest}")
         else:
-            if low is None:
-                low = Lowerer(prog, env, pre, None, frozenset())
             ext = low.value(_extent(a.extent))
             pre.emit(f"{a.name} = {rest} % {ext.code}")
-            nxt = pre.names.fresh("pid_rest")
-            pre.emit(f"{nxt} = {rest} // {ext.code}")
-            rest = nxt
+            if k == len(prog.grid) - 2:
+                rest = f"{rest} // {ext.code}"
+            else:
+                nxt = pre.names.fresh("pid_rest")
+                pre.emit(f"{nxt} = {rest} // {ext.code}")
+                rest = nxt
         env[a.var] = Val(a.name, (), "i32")
     pre.emit("i_first = pid_row * BLOCK_M")
     env[I_FIRST] = Val("i_first", (), "i32")
+    env[BLOCK_N] = Val("BLOCK_N", (), "i32")
     row = f"offs_{prog.row.name}"
     pre.emit(f"{row} = i_first + tl.arange(0, BLOCK_M)")
     env[prog.row.var] = Val(row, ("row",), "i32")
@@ -146,11 +156,8 @@ def _bounds(prog: TileProgram, pre: Block, low: Lowerer, env: dict) -> dict[str,
     low.uses = count_uses(exprs)
     out = {}
     for name, e in prog.bounds:
-        v = low.value(e)
-        if v.code.isidentifier() or v.prec == ATOM and "(" not in v.code:
-            out[name] = v.code
-        else:
-            out[name] = pre.bind(f"{prog.loop.name}_{name}", v.code)
+        out[name] = low.lower(e, force=f"{prog.loop.name}_{name}").code
+    env[LOOP_LO] = Val(out["lo"], (), "i32")
     return out
 
 
@@ -164,8 +171,12 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
         body.emit(f"{offs} = {j0} + tl.arange(0, BLOCK_N)")
         local = dict(env)
         local[prog.loop.var] = Val(offs, ("loop",), "i32")
+        local[TILE_START] = Val(j0, (), "i32")
+        ext = Lowerer(prog, env, body, None, frozenset()).value(_extent(prog.loop.extent))
+        local[TILE_END] = Val(f"tl.minimum({j0} + BLOCK_N, {ext.code})", (), "i32")
         roots = [e for _, e in seg.body]
-        low = Lowerer(prog, local, body, pre, state_params, guard=seg.guard,
+        low = Lowerer(prog, local, body, pre, state_params | {TILE_START, TILE_END},
+                      guard=seg.guard,
                       uses=count_uses(roots), hints=hints)
         news = [low.lower(e, force=f"{s.name}_new") for s, e in seg.body]
         if prog.schedule.count_visits:
@@ -178,7 +189,8 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
 
 def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params) -> None:
     post.comment("epilogue: outputs from the final state")
-    low = Lowerer(prog, env, post, pre, state_params,
+    # nothing is hoisted out of the epilogue: it would stay live through the loops
+    low = Lowerer(prog, env, post, None, state_params,
                   uses=count_uses([o.body for o in prog.outputs]))
     for o in prog.outputs:
         axes = tuple(a for a in ("row", "col")
@@ -188,12 +200,12 @@ def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params) -> 
         if not o.arg.tensor.dtype.is_float:
             raise CodegenError(f"output {o.arg.name} is {o.arg.tensor.dtype}; float outputs "
                                "are supported")
-        offset, mask, _ = low.address(o.arg.tensor, o.axes, axes)
+        base, offset, mask = low.address(o.arg.tensor, o.axes)
         off = low.value(offset, axes)
         data = low.expand(val, axes)
         if data == val.code and val.prec < ATOM:
             data = f"({data})"
-        store = f"tl.store({o.arg.name}_ptr + {low.operand(off, axes, 5)}, " \
+        store = f"tl.store({base} + {low.operand(off, axes, 5)}, " \
                 f"{data}.to({tl_dtype(o.arg.tensor.dtype)})"
         if mask is not None:
             store += f", mask={low.expand(low.value(mask, axes), axes)}"

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from ..ir.fold import IDENTITY, RULES, bconst, fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary, Where
-from ..ir.traverse import substitute, walk
+from ..ir.traverse import rewrite, substitute, walk
 from ..schedule.partition import Partition, conjuncts, constraint, loop_bounds
 from ..schedule.schedule import Schedule
-from .program import I_FIRST, I_LAST, Segment, StateVar
+from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar
 
 NINF = -float("inf")
 
@@ -34,17 +34,21 @@ def _push_rules(loop: IndexVar):
         return loop not in e.free_vars
 
     def push(e: Expr) -> Expr | None:
-        if not isinstance(e, Where):
+        # only selects on the loop index (masks, the guard): they are the ones whose
+        # other branch makes a contribution vanish; a select on values (the non-finite
+        # guard of a running value) must stay where it is
+        if not isinstance(e, Where) or free(e.cond):
             return None
         c, a, b = e.cond, e.a, e.b
         # where(c, exp(x), 0) = exp(where(c, x, -inf))
         if is_const(b, 0.0) and isinstance(a, Unary) and a.op in ("exp", "exp2"):
             return Unary(a.op, Where(c, a.x, fconst(NINF)))
-        # where(c, x * v, 0) = where(c, x, 0) * v   (v a finite load)
+        # where(c, x * y, 0) = where(c, x, 0) * y = x * where(c, y, 0)  (x, y finite): mask
+        # the computed factor, not the load (attention's p, not v)
         if is_const(b, 0.0) and isinstance(a, Binary) and a.op == "mul":
             if _loadish(a.b) and not _loadish(a.a):
                 return Binary("mul", Where(c, a.a, b), a.b)
-            if _loadish(a.a) and not _loadish(a.b):
+            if not _loadish(a.b):
                 return Binary("mul", a.a, Where(c, a.b, b))
         if is_const(b, NINF) and isinstance(a, Binary) and a.op in ("add", "sub"):
             # where(c, x - y, -inf) = where(c, x, -inf) - y   (y finite, free of j)
@@ -109,14 +113,17 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     extent = loop.extent
     ext = Const(extent, row.dtype) if isinstance(extent, int) else extent
     even = isinstance(extent, int) and extent % schedule.block_n == 0
-    reduces = tile_reduces(exprs, loop)
     rules = _push_rules(loop)
     guard = Binary("lt", loop, ext)
-    masking = {r: Reduce(r.op, Where(guard, r.body, fconst(IDENTITY[r.op])), r.axes)
-               for r in reduces} if not even else {}
+
+    def guarded(x: Expr) -> Expr | None:
+        # op(body, j) -> op(where(j < extent, body, identity), j), innermost first
+        if isinstance(x, Reduce) and x.axes == (loop,) and not even:
+            return Reduce(x.op, Where(guard, x.body, fconst(IDENTITY[x.op])), x.axes)
+        return None
 
     def masked(e: Expr) -> Expr:
-        return fold(substitute(e, masking), rules)
+        return fold(rewrite(e, guarded), rules)
 
     def segment(lo: str, hi: str, fn, is_masked: bool) -> Segment:
         return Segment(lo, hi, is_masked, tuple((s, fn(e)) for s, e in body),
@@ -130,7 +137,7 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     def interior(e: Expr) -> Expr:
         return fold(substitute(e, proven))
 
-    named = loop_bounds(part, I_FIRST, I_LAST, ext, schedule.block_n)
+    named = loop_bounds(part, I_FIRST, I_LAST, ext, BLOCK_N)
     segs = []
     if part.has_lower:
         segs.append(segment("lo", "full_lo", masked, True))

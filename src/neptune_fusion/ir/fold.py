@@ -155,6 +155,12 @@ def _neutral(e: Expr) -> Expr | None:
 
 def _absorb(e: Expr) -> Expr | None:
     # 0 * x = x * 0 = 0;  x +- inf = +-inf;  -inf - x = -inf;  max(x, -inf) = x  (x finite)
+    # integers: 0 * x = x * 0 = 0;  0 // x = 0  (x a nonzero divisor)
+    if isinstance(e, Binary) and e.dtype.is_int:
+        if (e.op == "mul" and (is_const(e.a, 0) or is_const(e.b, 0))) or \
+                (e.op == "floordiv" and is_const(e.a, 0)):
+            return iconst(0)
+        return None
     if not isinstance(e, Binary) or not e.dtype.is_float:
         return None
     a, b = e.a, e.b
@@ -175,6 +181,27 @@ def _absorb(e: Expr) -> Expr | None:
     return None
 
 
+def _signs(e: Expr) -> Expr | None:
+    # -1 * x = x * -1 = -x;  a + -b = a - b;  -a + b = b - a;  a - -b = a + b;  --x = x
+    if isinstance(e, Unary) and e.op == "neg" and isinstance(e.x, Unary) and e.x.op == "neg":
+        return e.x.x
+    if not isinstance(e, Binary):
+        return None
+    a, b = e.a, e.b
+    if e.op == "mul":
+        for c, x in ((a, b), (b, a)):
+            if is_const(c, -1) and x.dtype == e.dtype:
+                return Unary("neg", x)
+    neg = lambda x: isinstance(x, Unary) and x.op == "neg"  # noqa: E731
+    if e.op == "add" and neg(b):
+        return Binary("sub", a, b.x)
+    if e.op == "add" and neg(a):
+        return Binary("sub", b, a.x)
+    if e.op == "sub" and neg(b):
+        return Binary("add", a, b.x)
+    return None
+
+
 def _reduce_identity(e: Expr) -> Expr | None:
     # op(identity, j) = identity
     if isinstance(e, Reduce) and isinstance(e.body, Const) and \
@@ -184,7 +211,7 @@ def _reduce_identity(e: Expr) -> Expr | None:
 
 
 RULES: tuple[Callable[[Expr], Expr | None], ...] = (
-    _fold_unary, _fold_binary, _fold_cast, _fold_where, _logic, _neutral, _absorb,
+    _fold_unary, _fold_binary, _fold_cast, _fold_where, _logic, _neutral, _absorb, _signs,
     _reduce_identity)
 
 

@@ -51,6 +51,39 @@ def interpreter_mode(on: bool):
                 os.environ[_ENV] = old
 
 
+@contextlib.contextmanager
+def interpreted_launch():
+    """Run interpreted kernels: ``TRITON_INTERPRET=1`` and Triton's standard library
+    (``tl.max``, ``tl.sum``, ...) interpreted too.
+
+    Triton builds ``triton.language.standard`` once, compiled or interpreted, when it is
+    first imported; a process that imported it for CUDA cannot call those functions from
+    an interpreted kernel. For the duration of the launch they are swapped for
+    interpreted twins of the same Python functions, then restored.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    # kernels compute with -inf and exp2(-inf) on purpose: NumPy need not warn about it
+    with interpreter_mode(True), np.errstate(all="ignore"):
+        twins: dict[int, object] = {}
+        saved: list[tuple[object, str, object]] = []
+        for mod in (tl.standard, tl):
+            for name, value in list(vars(mod).items()):
+                if isinstance(value, JITFunction):
+                    twin = twins.get(id(value))
+                    if twin is None:
+                        twin = twins[id(value)] = InterpretedFunction(value.fn)
+                    saved.append((mod, name, value))
+                    setattr(mod, name, twin)
+        try:
+            yield
+        finally:
+            for mod, name, value in reversed(saved):
+                setattr(mod, name, value)
+
+
 def write_source(source: str, stem: str) -> Path:
     """Write ``source`` to ``<cache>/<stem>_<hash>.py`` (once) and return the path."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
@@ -71,9 +104,9 @@ def write_source(source: str, stem: str) -> Path:
 def import_kernel_module(path: Path, interpret: bool) -> ModuleType:
     """Import the generated module at ``path`` in one mode (a fresh module object)."""
     name = f"_nf_kernel_{path.stem}_{'interp' if interpret else 'cuda'}"
+    if interpret:
+        _preload_for_interpreter()
     with interpreter_mode(interpret):
-        if interpret:
-            _preload_for_interpreter()
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # Triton's interpreter looks functions up by module

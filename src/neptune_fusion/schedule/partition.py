@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.fold import fold, iconst
-from ..ir.nodes import Binary, Const, Expr, IndexVar, Param, Unary
-from ..ir.traverse import substitute
+from ..ir.fold import RULES, fold, iconst
+from ..ir.nodes import Binary, Const, Expr, IndexVar, Param, Size, Unary
+from ..ir.traverse import rewrite, substitute
 
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
 
@@ -163,11 +163,12 @@ def _min(xs: list[Expr]) -> Expr:
     return out
 
 
-def loop_bounds(part: Partition, i_first: Expr, i_last: Expr, extent: Expr, block: int
+def loop_bounds(part: Partition, i_first: Expr, i_last: Expr, extent: Expr, block: Expr
                 ) -> dict[str, Expr]:
     """The loop bounds (integer IR): tiles ``[lo, hi)`` are visited, ``[full_lo, full_hi)``
-    are interior; ``lo``, ``full_lo`` and ``full_hi`` are multiples of ``block``."""
-    zero, bn = iconst(0), iconst(block)
+    are interior; ``lo``, ``full_lo`` and ``full_hi`` are multiples of ``block`` (the tile
+    size, a positive leaf such as ``Param("BLOCK_N")``)."""
+    zero, bn = iconst(0), block
     lows = _extreme(part.gating, False, True, i_first, i_last)
     ups = _extreme(part.gating, True, False, i_first, i_last)
     visit_lo = _max([zero] + lows)
@@ -176,13 +177,99 @@ def loop_bounds(part: Partition, i_first: Expr, i_last: Expr, extent: Expr, bloc
     f_lo = _max([zero] + _extreme(part.exact, False, False, i_first, i_last))
     f_hi = _min([extent] + [Binary("add", u, iconst(1))
                             for u in _extreme(part.exact, True, True, i_first, i_last)])
-    f_lo_t = Binary("mul", Binary("floordiv", Binary("add", f_lo, iconst(block - 1)), bn), bn)
+    f_lo_t = Binary("mul", Binary("floordiv", Binary("add", f_lo, Binary("sub", bn, iconst(1))),
+                                  bn), bn)
     f_hi_t = Binary("mul", Binary("floordiv", Binary("maximum", f_hi, zero), bn), bn)
     # lo <= full_lo <= full_hi and, when nothing is visited, no interior tile either
     full_lo = Binary("maximum", lo, Binary("minimum", f_lo_t, visit_hi))
+    if not part.has_lower:  # then lo = f_lo_t = 0 and full_lo = lo exactly
+        full_lo = lo
     full_hi = Binary("maximum", f_hi_t, full_lo)
-    return {name: fold(e) for name, e in
+    return {name: tidy(e) for name, e in
             (("lo", lo), ("hi", visit_hi), ("full_lo", full_lo), ("full_hi", full_hi))}
+
+
+def _linear(e: Expr) -> tuple[dict[Expr, int], int] | None:
+    """An integer expression as ``sum(coeff * leaf) + const`` (None if it is not one)."""
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return {}, e.value
+    if isinstance(e, Unary) and e.op == "neg":
+        got = _linear(e.x)
+        return None if got is None else ({k: -v for k, v in got[0].items()}, -got[1])
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        s = 1 if e.op == "add" else -1
+        terms = dict(a[0])
+        for k, v in b[0].items():
+            terms[k] = terms.get(k, 0) + s * v
+        return terms, a[1] + s * b[1]
+    if isinstance(e, Binary) and e.op == "mul":
+        for k, x in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(k, Const) and isinstance(k.value, int):
+                got = _linear(x)
+                if got is None:
+                    return None
+                return {t: v * k.value for t, v in got[0].items()}, got[1] * k.value
+    if e.dtype.is_int and not isinstance(e, Const):
+        return {e: 1}, 0
+    return None
+
+
+def _rebuild(terms: dict[Expr, int], const: int) -> Expr:
+    pos = [(k, v) for k, v in terms.items() if v > 0]
+    neg = [(k, -v) for k, v in terms.items() if v < 0]
+
+    def term(k: Expr, v: int) -> Expr:
+        return k if v == 1 else Binary("mul", k, iconst(v))
+    out: Expr | None = None
+    for k, v in pos:
+        out = term(k, v) if out is None else Binary("add", out, term(k, v))
+    for k, v in neg:
+        out = Binary("sub", iconst(0) if out is None else out, term(k, v))
+    if out is None:
+        return iconst(const)
+    if const:
+        out = Binary("add" if const > 0 else "sub", out, iconst(abs(const)))
+    return out
+
+
+def nonneg(e: Expr) -> bool:
+    """Whether the integer ``e`` is provably >= 0 (sizes, rows and tile starts are)."""
+    if isinstance(e, Const):
+        return e.value >= 0
+    if isinstance(e, (Size, Param)):
+        return True  # sizes, i_first and i_last (a block exists only for rows < N)
+    if isinstance(e, Binary):
+        if e.op == "maximum":
+            return nonneg(e.a) or nonneg(e.b)
+        if e.op in ("minimum", "add", "mul", "floordiv"):
+            return nonneg(e.a) and nonneg(e.b)
+    return False
+
+
+def _drop_clamp(e: Expr) -> Expr | None:
+    # max(x, 0) = max(0, x) = x for x >= 0
+    if isinstance(e, Binary) and e.op == "maximum":
+        for c, x in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(c, Const) and c.value == 0 and nonneg(x):
+                return x
+    return None
+
+
+def tidy(e: Expr) -> Expr:
+    """Integer arithmetic in a canonical, readable form: ``i_last + 1``, not
+    ``0 - (i_last * -1 + -1) + 0``."""
+    def fn(x: Expr) -> Expr | None:
+        if isinstance(x, (Binary, Unary)) and x.dtype.is_int and \
+                getattr(x, "op", "") in ("add", "sub", "mul", "neg"):
+            got = _linear(x)
+            if got is not None:
+                new = _rebuild({k: v for k, v in got[0].items() if v}, got[1])
+                return new if new is not x else None
+        return None
+    return fold(rewrite(e, fn), RULES + (_drop_clamp,))
 
 
 def evaluate(bounds: dict[str, Expr], env: dict[Expr, int]) -> dict[str, int]:
@@ -199,6 +286,5 @@ def evaluate(bounds: dict[str, Expr], env: dict[Expr, int]) -> dict[str, int]:
 
 
 def _leaves(e: Expr):
-    from ..ir.nodes import Size
     from ..ir.traverse import walk
     return [x for x in walk(e) if isinstance(x, (Param, Size, IndexVar))]

@@ -98,14 +98,18 @@ def make_schedule(schedule: Schedule | None = None, **options) -> Schedule:
     return replace(base, **options).check() if options else base.check()
 
 
-def default_schedule(head_dim: int, query_len: int | None = None) -> Schedule:
+def default_schedule(head_dim: int, query_len: int | None = None,
+                     itemsize: int = 2) -> Schedule:
     """The default schedule for a head dimension (and a known query length, for decode).
 
     Head dim <= 128: BLOCK_M=128, BLOCK_N=64, 8 warps, 3 stages (FlashAttention-2 on Hopper).
-    Larger heads halve BLOCK_N to keep the tiles in registers. A query length <= 16 (decode)
-    uses BLOCK_M=16: one program per head, the smallest ``tl.dot`` tile.
+    Larger heads halve BLOCK_N to keep the tiles in registers; 4-byte inputs use 2 stages
+    (3 stages of fp32 K and V tiles nearly fill an H200's shared memory). A query length
+    <= 16 (decode) uses BLOCK_M=16: one program per head, the smallest ``tl.dot`` tile.
     """
     s = Schedule() if head_dim <= 128 else Schedule(block_n=32)
+    if itemsize >= 4:
+        s = replace(s, num_stages=2)
     if query_len is not None and query_len <= 16:
-        s = replace(s, block_m=16, num_warps=4, num_stages=3)
+        s = replace(s, block_m=16, num_warps=4)
     return s

@@ -1,0 +1,213 @@
+"""``compile``: plain operator in, callable fused kernel out.
+
+    outputs -> plan (fusion) -> schedule -> tile program (codegen.lower)
+            -> Triton source (codegen.source) -> Kernel
+
+A :class:`Kernel` runs on torch tensors: CUDA tensors launch the compiled Triton kernel,
+CPU tensors run the *same* generated kernel under Triton's interpreter. Inputs are checked
+at call time (count, type, dtype, rank, device, unit stride in the last dimension, sizes
+bound consistently); every failure is a :class:`~neptune_fusion.errors.FeedError` naming
+the argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..codegen.lower import lower, next_pow2
+from ..codegen.program import TileProgram
+from ..codegen.source import KernelArg, generate, kernel_args
+from ..errors import FeedError, NeptuneError
+from ..ir.graph import placeholders
+from ..ir.nodes import Placeholder, Size
+from ..reference.evaluate import as_outputs
+from ..reference.feeds import bind_sizes
+from ..schedule.schedule import Schedule, make_schedule
+from .loader import import_kernel_module, interpreted_launch, write_source
+
+_SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """One generated Triton kernel (one launch per call)."""
+
+    name: str
+    source: str
+    program: TileProgram
+    args: tuple[KernelArg, ...]
+    path: Path
+
+    @property
+    def grid(self) -> str:
+        grid = " * ".join(a.name for a in self.program.grid) or "1"
+        return f"(cdiv({self.program.row.extent}, BLOCK_M), {grid})"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The result of :meth:`Kernel.launch`: outputs, grid, and the visit counts if asked."""
+
+    outputs: list
+    grid: tuple[int, int]
+    visits: object | None   # int32 tensor (programs, 2): masked and interior tiles visited
+
+
+class Kernel:
+    """A compiled operator. Call it with torch tensors in the order of ``inputs``."""
+
+    def __init__(self, outputs, inputs, plan, program: TileProgram, schedule: Schedule,
+                 single: bool) -> None:
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        self.plan = plan
+        self.schedule = schedule
+        self.program = program
+        self.source = generate(program)
+        path = write_source(self.source, program.name)
+        self.kernels = [GeneratedKernel(program.name, self.source, program,
+                                        kernel_args(program), path)]
+        self._single = single
+        self._modules: dict[bool, object] = {}
+
+    def __repr__(self) -> str:
+        ins = ", ".join(p.name for p in self.inputs)
+        outs = ", ".join(o.name for o in self.outputs)
+        return f"<Kernel {self.program.name}({ins}) -> {outs}; {self.schedule}>"
+
+    def _function(self, interpret: bool):
+        mod = self._modules.get(interpret)
+        if mod is None:
+            mod = self._modules[interpret] = import_kernel_module(self.kernels[0].path,
+                                                                  interpret)
+        return getattr(mod, self.program.name)
+
+    def __call__(self, *tensors):
+        out = self.launch(*tensors).outputs
+        return out[0] if self._single else out
+
+    def launch(self, *tensors) -> Launch:
+        """Run the kernel; returns outputs, grid and (with ``count_visits``) visits."""
+        import torch
+        sizes, device = self._check(tensors)
+        prog = self.program
+        outs = []
+        for o in prog.outputs:
+            shape = tuple(sizes[s] if isinstance(s, Size) else s for s in o.arg.tensor.shape)
+            outs.append(torch.empty(shape, dtype=_torch_dtype(o.arg.tensor.dtype),
+                                    device=device))
+        rows = _value(prog.row.extent, sizes)
+        grid1 = 1
+        for a in prog.grid:
+            grid1 *= _value(a.extent, sizes)
+        grid = (-(-rows // prog.schedule.block_m), grid1)
+        visits = None
+        if prog.schedule.count_visits:
+            visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
+        if grid[0] * grid[1] == 0:
+            return Launch(outs, grid, visits)
+        interpret = device.type != "cuda"
+        by_tensor = dict(zip(self.inputs, tensors))
+        by_tensor.update({o.arg.tensor: t for o, t in zip(prog.outputs, outs)})
+        args = []
+        for a in self.kernels[0].args:
+            if a.kind == "tensor":
+                args.append(by_tensor[a.ref.tensor])
+            elif a.kind == "stride":
+                t, d = a.ref
+                args.append(by_tensor[t.tensor].stride(d))
+            elif a.kind == "size":
+                args.append(sizes[a.ref])
+            elif a.kind == "visits":
+                args.append(visits)
+            elif a.kind == "block":
+                ax = a.ref
+                args.append(ax.block_size if ax.block_size is not None
+                            else next_pow2(_value(ax.extent, sizes)))
+            else:
+                args.append(interpret)
+        fn = self._function(interpret)
+        opts = dict(num_warps=prog.schedule.num_warps, num_stages=prog.schedule.num_stages)
+        if interpret:
+            with interpreted_launch():
+                fn[grid](*args, **opts)
+        else:
+            fn[grid](*args, **opts)
+        return Launch(outs, grid, visits)
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, tensors):
+        import torch
+        if len(tensors) != len(self.inputs):
+            names = ", ".join(p.name for p in self.inputs)
+            raise FeedError(f"kernel {self.program.name} takes {len(self.inputs)} tensor(s) "
+                            f"({names}), got {len(tensors)}")
+        sizes: dict[Size, int] = {}
+        origin: dict[Size, str] = {}
+        device = None
+        for k, (p, t) in enumerate(zip(self.inputs, tensors)):
+            what = f"argument {k} ({p.name!r})"
+            if not isinstance(t, torch.Tensor):
+                raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
+            got = str(t.dtype).removeprefix("torch.")
+            if got != p.dtype.name:
+                raise FeedError(f"{what} must be {p.dtype}, got {got}")
+            if device is None:
+                device, first = t.device, p.name
+            elif t.device != device:
+                raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
+                                "all inputs must be on one device")
+            bind_sizes(p, tuple(t.shape), sizes, origin)
+            if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+                raise FeedError(f"{what} must have unit stride in its last dimension, got "
+                                f"strides {tuple(t.stride())}; call .contiguous()")
+        if device is not None and device.type not in ("cuda", "cpu"):
+            raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
+        return sizes, device
+
+
+def _value(ext, sizes: dict) -> int:
+    return sizes[ext] if isinstance(ext, Size) else int(ext)
+
+
+def _torch_dtype(d):
+    import torch
+    return getattr(torch, d.name)
+
+
+def compile(outputs, inputs=None, *, schedule: Schedule | None = None, name: str | None = None,
+            **options) -> Kernel:  # noqa: A001 - the natural name (nf.compile)
+    """Compile plain ``outputs`` into one fused kernel.
+
+    ``inputs`` fixes the order of the kernel's tensor arguments (default: the
+    placeholders in dependency order). ``schedule`` and ``options`` (fields of
+    :class:`~neptune_fusion.schedule.schedule.Schedule`, e.g. ``block_m=64``) set tile
+    sizes and speed rules. Raises :class:`~neptune_fusion.errors.CodegenError` when the
+    plan is not a single rolling loop the code generator covers.
+    """
+    from ..fusion.plan import plan as make_plan
+    outs, single = as_outputs(outputs)
+    needed = placeholders(outs)
+    if inputs is None:
+        inputs = needed
+    inputs = list(inputs)
+    for k, p in enumerate(inputs):
+        if not isinstance(p, Placeholder):
+            raise NeptuneError(f"inputs[{k}] must be a placeholder, got {p!r}")
+        if p.dtype.name not in _SUPPORTED:
+            raise NeptuneError(f"input {p.name!r} is {p.dtype}; kernels take "
+                               f"{', '.join(sorted(_SUPPORTED))}")
+    if len(set(inputs)) != len(inputs):
+        raise NeptuneError("inputs lists a placeholder twice")
+    sched = make_schedule(schedule, **options)
+    the_plan = make_plan(outs)
+    kname = name or "nf_" + "_".join(o.name for o in outs)
+    prog = lower(the_plan, inputs, sched, name=_identifier(kname))
+    return Kernel(outs, inputs, the_plan, prog, sched, single)
+
+
+def _identifier(name: str) -> str:
+    import re
+    out = re.sub(r"\W", "_", name)
+    return out if out and not out[0].isdigit() else "k_" + out
