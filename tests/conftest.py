@@ -1,8 +1,9 @@
-"""Shared fixtures: a fresh, seeded random generator per test."""
+"""Shared fixtures: a fresh, seeded random generator per test; golden files."""
 
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,3 +13,30 @@ import pytest
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test's name: fresh data per test, reproducible runs."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite the golden files under tests/golden from current output")
+
+
+@pytest.fixture
+def golden(request):
+    """``golden(name, text)``: compare ``text`` with tests/golden/<name> (or rewrite it
+    under ``--update-golden``)."""
+    update = request.config.getoption("--update-golden")
+
+    def check(name: str, text: str) -> None:
+        path = GOLDEN / name
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return
+        assert path.exists(), f"no golden file {path}; run pytest --update-golden"
+        want = path.read_text()
+        assert text == want, (f"{name} differs from its golden file; inspect the diff and "
+                              "run pytest --update-golden if the change is intended")
+    return check

@@ -12,6 +12,7 @@ from rich.syntax import Syntax
 from ._version import __version__
 
 DEMO_TOLERANCE = 1e-10
+KERNEL_TOLERANCE = 1e-4  # the kernel computes in float32 (fp32 inputs, fp32 accumulation)
 
 
 def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -42,11 +43,44 @@ def run_demo(args: argparse.Namespace, console: Console) -> int:
     console.rule("[bold]reference evaluation (float64)")
     console.print(f"sizes: N={n} M={m} D={d}  seed={args.seed}", markup=False)
     console.print(f"max abs error vs hand-written NumPy attention: {err:.3e}", markup=False)
-    if not err <= DEMO_TOLERANCE:  # also catches NaN
+    ok = err <= DEMO_TOLERANCE  # also catches NaN
+    if not ok:
         console.print(f"[bold red]FAIL[/]: error exceeds {DEMO_TOLERANCE:g}")
-        return 1
-    console.print(f"[bold green]OK[/]: within {DEMO_TOLERANCE:g}")
-    return 0
+    else:
+        console.print(f"[bold green]OK[/]: within {DEMO_TOLERANCE:g}")
+    return 0 if (ok and _demo_kernel(args, console, o, [q, k, v], feeds, got)) else 1
+
+
+def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
+    """Compile the same definition, show the plan and the kernel's outline, run it and
+    compare with ``want``, the float64 reference."""
+    import torch
+
+    from .codegen.outline import outline
+    from .runtime.kernel import compile as nf_compile
+    kernel = nf_compile(o, inputs, block_m=16, block_n=16)
+    console.rule("[bold]derived fusion plan")
+    console.print(str(kernel.plan), markup=False, soft_wrap=True)
+    console.rule("[bold]generated Triton kernel (outline)")
+    for line in outline(kernel.program):
+        console.print(line, markup=False, soft_wrap=True)
+    if args.source:
+        console.print(Syntax(kernel.source, "python", theme="ansi_dark"), soft_wrap=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tensors = [torch.tensor(feeds[p], dtype=torch.float32, device=device) for p in inputs]
+    got = kernel(*tensors).double().cpu().numpy()
+    err = float(np.max(np.abs(got - want))) if got.size else 0.0
+    console.rule("[bold]kernel run (float32)")
+    how = "compiled for CUDA" if device == "cuda" else "Triton interpreter on CPU"
+    console.print(f"device: {device} ({how}); 1 kernel, {kernel.source.count(chr(10))} "
+                  "lines of Triton", markup=False)
+    console.print(f"max abs error of the kernel vs the float64 reference: {err:.3e}",
+                  markup=False)
+    if not err <= KERNEL_TOLERANCE:
+        console.print(f"[bold red]FAIL[/]: kernel error exceeds {KERNEL_TOLERANCE:g}")
+        return False
+    console.print(f"[bold green]OK[/]: kernel within {KERNEL_TOLERANCE:g}")
+    return True
 
 
 def _positive(text: str) -> int:
@@ -65,14 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
-        "demo", help="define plain attention, evaluate it, check it against NumPy",
+        "demo", help="define plain attention, evaluate it, compile it, run the kernel",
         description="Define plain attention in the language, print it, evaluate it with the "
-                    "float64 reference on random inputs and compare with NumPy. Exits 1 if "
-                    f"the max abs error exceeds {DEMO_TOLERANCE:g}.")
+                    "float64 reference on random inputs and compare with NumPy; then print "
+                    "the derived fusion plan and the generated kernel's outline, run the "
+                    "kernel (CUDA if present, else Triton's interpreter) and compare. Exits "
+                    f"1 if the reference error exceeds {DEMO_TOLERANCE:g} or the kernel's "
+                    f"exceeds {KERNEL_TOLERANCE:g}.")
     demo.add_argument("--n", type=_positive, default=16, help="queries (default 16)")
     demo.add_argument("--m", type=_positive, default=64, help="keys and values (default 64)")
     demo.add_argument("--d", type=_positive, default=32, help="head dimension (default 32)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--source", action="store_true",
+                      help="also print the generated Triton source")
     demo.set_defaults(handler=run_demo)
     return parser
 

@@ -1,0 +1,203 @@
+"""``nf.attention``: FlexAttention-style attention, written plainly and compiled.
+
+``score_mod(score, b, h, i, j)`` and ``mask_mod(b, h, i, j)`` are written with nf
+expressions (``i`` is the absolute query position, ``j`` the key position)::
+
+    causal = lambda b, h, i, j: j <= i
+    softcap = lambda s, b, h, i, j: 30.0 * nf.tanh(s / 30.0)
+    out = nf.attention(q, k, v, score_mod=softcap, mask_mod=causal)
+
+The definition built is the *plain* one (max, exp, sum, matmul, divide); the compiler
+derives the online softmax. Kernels are cached per *shape class* -- dtypes, head counts,
+head dims, the mods, the scale, the query-offset mode and the schedule -- never per
+sequence length or batch: those are symbolic sizes bound at call time. The cache is an
+explicit :class:`AttentionCache`; :data:`DEFAULT_CACHE` is the one used when none is given.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..errors import FeedError
+from ..ir.nodes import Compute, Placeholder
+from . import lang as nf
+
+INF = float("inf")
+_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """The shape class of an attention kernel: everything a kernel is specialised on."""
+
+    dtype: str
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    scale: float
+    score_mod: Callable | None = None
+    mask_mod: Callable | None = None
+    q_offset: int | str = 0          # an int, or "end": queries are the last M - N rows
+    buffers: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (name, shape, dtype)
+
+
+def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Placeholder]]:
+    """The plain attention of ``spec`` over (B, H, N, D) tensors: ``([o], [q, k, v, ...])``.
+
+    Sizes B (batch), N (queries) and M (keys) are symbolic. Score of query ``i`` (absolute
+    position ``i + offset``) and key ``j``: ``s = scale * q_i . k_j``, then ``score_mod``,
+    then ``-inf`` where ``mask_mod`` is false; ``o = softmax_j(s) @ v`` written as
+    ``sum_j exp(s - max_j s) v_j / sum_j exp(s - max_j s)``.
+    """
+    if spec.q_heads % spec.kv_heads:
+        raise FeedError(f"{spec.q_heads} query heads are not a multiple of "
+                        f"{spec.kv_heads} key/value heads")
+    B, N, M = nf.sizes("B N M")
+    hq, hkv, d, dv = spec.q_heads, spec.kv_heads, spec.head_dim, spec.v_head_dim
+    q = nf.placeholder((B, hq, N, d), spec.dtype, name="q")
+    k = nf.placeholder((B, hkv, M, d), spec.dtype, name="k")
+    v = nf.placeholder((B, hkv, M, dv), spec.dtype, name="v")
+    bufs = {n: nf.placeholder(shape, dt, name=n) for n, shape, dt in spec.buffers}
+    group = hq // hkv
+    offset = M - N if spec.q_offset == "end" else spec.q_offset
+    c = nf.reduce_axis(d, "c")
+    j = nf.reduce_axis(M, "j")
+
+    def kv_head(h):
+        return h // group if group > 1 else h
+
+    def score(b, h, i, jj):
+        s = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c) * spec.scale
+        pos = i + offset if not (isinstance(offset, int) and offset == 0) else i
+        if spec.score_mod is not None:
+            s = spec.score_mod(s, b, h, pos, jj, **bufs)
+        if spec.mask_mod is not None:
+            s = nf.where(spec.mask_mod(b, h, pos, jj, **bufs), s, -INF)
+        return s
+
+    s = nf.compute((B, hq, N, M), score, name="s")
+    mx = nf.compute((B, hq, N), lambda b, h, i: nf.max(s[b, h, i, j], j), name="m")
+    p = nf.compute((B, hq, N, M), lambda b, h, i, jj: nf.exp(s[b, h, i, jj] - mx[b, h, i]),
+                   name="p")
+    l = nf.compute((B, hq, N), lambda b, h, i: nf.sum(p[b, h, i, j], j), name="l")  # noqa: E741
+    # the output has the inputs' dtype, whatever a score_mod computes in
+    o = nf.compute((B, hq, N, dv), lambda b, h, i, e:
+                   nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], name="o",
+                   dtype=spec.dtype)
+    return [o], [q, k, v] + list(bufs.values())
+
+
+class AttentionCache:
+    """Compiled attention kernels keyed by shape class (and schedule). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._kernels: dict = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kernels.clear()
+            self.hits = self.misses = 0
+
+    def kernel(self, spec: AttentionSpec, schedule):
+        """The kernel of ``spec`` under ``schedule``, compiled on first use."""
+        key = (spec, schedule)
+        with self._lock:
+            got = self._kernels.get(key)
+            if got is not None:
+                self.hits += 1
+                return got
+        from ..runtime.kernel import compile as nf_compile
+        outs, ins = attention_definition(spec)
+        kern = nf_compile(outs[0], ins, schedule=schedule, name="attention")
+        with self._lock:
+            self.misses += 1
+            return self._kernels.setdefault(key, kern)
+
+
+DEFAULT_CACHE = AttentionCache()
+"""The cache :func:`attention` uses when it is given none (the only module-level state)."""
+
+
+def _check(q, k, v, enable_gqa: bool) -> None:
+    import torch
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise FeedError(f"attention: {name} must be a torch tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise FeedError(f"attention: {name} must be 4-d (B, H, S, D), got shape "
+                            f"{tuple(t.shape)}")
+        if str(t.dtype).removeprefix("torch.") not in _DTYPES:
+            raise FeedError(f"attention: {name} is {t.dtype}; use float16, bfloat16 or float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise FeedError(f"attention: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, "
+                        f"{v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise FeedError(f"attention: q, k, v must be on one device, got {q.device}, "
+                        f"{k.device}, {v.device}")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise FeedError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, "
+                        f"v {v.shape[0]}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise FeedError(f"attention: k {tuple(k.shape)} and v {tuple(v.shape)} must agree in "
+                        "heads and sequence length")
+    if q.shape[3] != k.shape[3]:
+        raise FeedError(f"attention: q has head dim {q.shape[3]} but k has {k.shape[3]}")
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise FeedError(f"attention: q has {hq} heads and k/v {hkv}; pass enable_gqa=True "
+                        "for grouped-query attention")
+    if hkv == 0 or hq % hkv:
+        raise FeedError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
+
+
+def _offset_mode(q_offset, n: int, m: int) -> int | str:
+    if q_offset is None:
+        return 0
+    if q_offset == "end":
+        return "end"
+    if not isinstance(q_offset, int) or isinstance(q_offset, bool):
+        raise FeedError(f"attention: q_offset must be an int, 'end' or None, got {q_offset!r}")
+    # the common offsets get one kernel for every length: 0, and M - N (decode, chunks)
+    return "end" if q_offset == m - n and q_offset != 0 else q_offset
+
+
+def attention(q, k, v, *, score_mod: Callable | None = None,
+              mask_mod: Callable | None = None, scale: float | None = None,
+              enable_gqa: bool = False, q_offset: int | str | None = None,
+              buffers: Mapping | None = None, cache: AttentionCache | None = None,
+              schedule=None):
+    """Attention of (B, Hq, N, D) ``q`` over (B, Hkv, M, D) ``k`` and (B, Hkv, M, Dv) ``v``.
+
+    ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
+    row 0 (default 0; ``"end"`` or ``M - N`` puts the queries at the end: decode).
+    ``buffers`` maps names to extra tensors the mods index (passed to them as keyword
+    arguments, as placeholders), e.g. per-head ALiBi slopes. ``schedule`` overrides the
+    default :func:`~neptune_fusion.schedule.schedule.default_schedule`. Returns a tensor
+    of ``q``'s dtype, computed by one generated kernel (interpreted for CPU tensors).
+    """
+    from ..schedule.schedule import default_schedule
+    _check(q, k, v, enable_gqa)
+    n, m, d = q.shape[2], k.shape[2], q.shape[3]
+    bufs = dict(buffers or {})
+    spec = AttentionSpec(
+        dtype=str(q.dtype).removeprefix("torch."), q_heads=q.shape[1], kv_heads=k.shape[1],
+        head_dim=d, v_head_dim=v.shape[3],
+        scale=float(1.0 / math.sqrt(d) if scale is None else scale),
+        score_mod=score_mod, mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m),
+        buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                      for name, t in bufs.items()))
+    sched = schedule if schedule is not None else default_schedule(d, n, q.element_size())
+    kern = (cache if cache is not None else DEFAULT_CACHE).kernel(spec, sched)
+    tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
+               for t in [q, k, v] + list(bufs.values())]
+    return kern(*tensors)

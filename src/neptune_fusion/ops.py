@@ -1,0 +1,220 @@
+"""Ready definitions of the ten attention operators of BENCHMARKS.md.
+
+Each operator is plain data (:class:`OpSpec`); :func:`definition` gives its plain nf
+definition (for plans, the reference, the generated source) and :func:`run` (or the
+per-operator functions ``pf_global`` ... ``dc_softcap``) computes it on torch tensors
+through :func:`neptune_fusion.frontend.attention.attention`.
+
+Score semantics (shared with :mod:`neptune_fusion.bench.operators`), query position ``i``
+and key ``j``: ``s = scale * q_i . k_j``; soft-cap ``s = cap * tanh(s / cap)``; ALiBi
+``s = s + slope_h * (j - i)`` with ``slope_h = 2^(-8 (h + 1) / H)``; ``-inf`` where
+``j > i`` (causal) or ``i - j >= window``. Decode: one query at position ``S - 1``.
+
+:func:`attention` is the entry point the benchmark harness calls
+(:mod:`neptune_fusion.bench.providers.neptune`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .frontend import lang as nf
+from .frontend.attention import AttentionCache, AttentionSpec, attention_definition
+from .frontend.attention import attention as _attention
+
+HEAD_DIM = 128
+
+
+# ------------------------------------------------------------------ mods (plain data)
+
+
+@dataclass(frozen=True)
+class Causal:
+    """mask_mod: key ``j`` at or before query ``i``."""
+
+    def __call__(self, b, h, i, j, **_):
+        return j <= i
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """mask_mod: causal, and at most ``window - 1`` positions back (``i - j < window``)."""
+
+    window: int
+
+    def __call__(self, b, h, i, j, **_):
+        return (j <= i) & (i - j < self.window)
+
+
+@dataclass(frozen=True)
+class SoftCap:
+    """score_mod: ``cap * tanh(s / cap)``."""
+
+    cap: float
+
+    def __call__(self, s, b, h, i, j, **_):
+        return self.cap * nf.tanh(s / self.cap)
+
+
+@dataclass(frozen=True)
+class Alibi:
+    """score_mod: ``s + 2^(-8 (h + 1) / heads) * (j - i)``."""
+
+    heads: int
+
+    def __call__(self, s, b, h, i, j, **_):
+        slope = nf.exp2(-8.0 * nf.cast(h + 1, "float32") / self.heads)
+        return s + slope * nf.cast(j - i, "float32")
+
+
+@dataclass(frozen=True)
+class AlibiSlopes:
+    """score_mod: ``s + slopes[h] * (j - i)`` with the slopes given as a buffer."""
+
+    def __call__(self, s, b, h, i, j, slopes=None, **_):
+        return s + slopes[h] * nf.cast(j - i, "float32")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """score_mod: ``mods`` applied in order."""
+
+    mods: tuple
+
+    def __call__(self, s, b, h, i, j, **bufs):
+        for mod in self.mods:
+            s = mod(s, b, h, i, j, **bufs)
+        return s
+
+
+def score_mod_of(softcap: float | None, alibi: Alibi | AlibiSlopes | None):
+    """The score_mod of a soft-cap then an ALiBi bias (either may be absent)."""
+    mods = tuple(m for m in (SoftCap(softcap) if softcap is not None else None, alibi)
+                 if m is not None)
+    return None if not mods else mods[0] if len(mods) == 1 else Chain(mods)
+
+
+def mask_mod_of(causal: bool, window: int | None):
+    if window is not None:
+        if not causal:
+            raise ValueError("a sliding window is only defined for causal attention")
+        return SlidingWindow(int(window))
+    return Causal() if causal else None
+
+
+# ------------------------------------------------------------------ the operators
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One benchmark operator (batch 1, head dim 128, scale 1/sqrt(128))."""
+
+    name: str
+    phase: str          # "PF" prefill (N = M = S) | "DC" decode (N = 1 at S - 1)
+    q_heads: int
+    kv_heads: int
+    causal: bool = True
+    alibi: bool = False
+    softcap: float | None = None
+    window: int | None = None
+
+    def score_mod(self):
+        return score_mod_of(self.softcap, Alibi(self.q_heads) if self.alibi else None)
+
+    def mask_mod(self):
+        return mask_mod_of(self.causal, self.window)
+
+
+OPERATORS: dict[str, OpSpec] = {op.name: op for op in (
+    OpSpec("PF-Global", "PF", 32, 32, causal=False),
+    OpSpec("PF-Causal", "PF", 32, 32),
+    OpSpec("PF-GQA", "PF", 64, 8),
+    OpSpec("PF-ALiBi", "PF", 32, 32, alibi=True),
+    OpSpec("PF-SoftCap", "PF", 32, 16, softcap=50.0),
+    OpSpec("PF-Window", "PF", 32, 8, softcap=50.0, window=4096),
+    OpSpec("DC-Causal", "DC", 32, 32),
+    OpSpec("DC-GQA", "DC", 64, 8),
+    OpSpec("DC-ALiBi", "DC", 32, 32, alibi=True),
+    OpSpec("DC-SoftCap", "DC", 32, 16, softcap=50.0),
+)}
+PREFILL = tuple(n for n, op in OPERATORS.items() if op.phase == "PF")
+DECODE = tuple(n for n, op in OPERATORS.items() if op.phase == "DC")
+
+
+def _op(name: str) -> OpSpec:
+    try:
+        return OPERATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown operator {name!r}; choose from "
+                         f"{', '.join(OPERATORS)}") from None
+
+
+def definition(name: str, dtype: str = "float16", head_dim: int = HEAD_DIM,
+               q_heads: int | None = None, kv_heads: int | None = None):
+    """The plain nf definition of operator ``name``: ``([o], [q, k, v])``.
+
+    Head counts default to the operator's; pass smaller ones for small tests.
+    """
+    op = _op(name)
+    hq = op.q_heads if q_heads is None else q_heads
+    hkv = op.kv_heads if kv_heads is None else kv_heads
+    spec = AttentionSpec(
+        dtype=dtype, q_heads=hq, kv_heads=hkv, head_dim=head_dim, v_head_dim=head_dim,
+        scale=head_dim ** -0.5,
+        score_mod=score_mod_of(op.softcap, Alibi(hq) if op.alibi else None),
+        mask_mod=op.mask_mod(), q_offset="end" if op.phase == "DC" else 0)
+    return attention_definition(spec)
+
+
+def run(name: str, q, k, v, *, cache: AttentionCache | None = None, schedule=None):
+    """Operator ``name`` on (B, Hq, N, D) ``q`` and (B, Hkv, M, D) ``k``, ``v``.
+
+    Decode operators take the query as the last position (``q_offset = M - N``). The
+    ALiBi slopes follow the heads of ``q``.
+    """
+    op = _op(name)
+    alibi = Alibi(q.shape[1]) if op.alibi else None
+    return _attention(q, k, v, score_mod=score_mod_of(op.softcap, alibi),
+                      mask_mod=op.mask_mod(), enable_gqa=q.shape[1] != k.shape[1],
+                      q_offset="end" if op.phase == "DC" else 0, cache=cache,
+                      schedule=schedule)
+
+
+def _runner(name: str):
+    def fn(q, k, v, **kw):
+        return run(name, q, k, v, **kw)
+    fn.__name__ = fn.__qualname__ = name.lower().replace("-", "_")
+    fn.__doc__ = f"Operator {name} on torch tensors (see :data:`OPERATORS`, :func:`run`)."
+    return fn
+
+
+pf_global = _runner("PF-Global")
+pf_causal = _runner("PF-Causal")
+pf_gqa = _runner("PF-GQA")
+pf_alibi = _runner("PF-ALiBi")
+pf_softcap = _runner("PF-SoftCap")
+pf_window = _runner("PF-Window")
+dc_causal = _runner("DC-Causal")
+dc_gqa = _runner("DC-GQA")
+dc_alibi = _runner("DC-ALiBi")
+dc_softcap = _runner("DC-SoftCap")
+
+
+def attention(q, k, v, *, scale: float, causal: bool, q_start: int = 0,
+              alibi_slopes=None, softcap: float | None = None, window: int | None = None,
+              cache: AttentionCache | None = None, schedule=None):
+    """The benchmark harness's entry point (see :mod:`neptune_fusion.bench.providers.neptune`).
+
+    ``q_start`` is the absolute position of query row 0 (``S - 1`` in decode);
+    ``alibi_slopes`` a (Hq,) float32 tensor of per-head slopes (bias ``slope * (j - i)``).
+    ``cache`` and ``schedule`` as for :func:`neptune_fusion.frontend.attention.attention`.
+    """
+    buffers = None
+    alibi = None
+    if alibi_slopes is not None:
+        buffers = {"slopes": alibi_slopes.to(device=q.device).float().contiguous()}
+        alibi = AlibiSlopes()
+    return _attention(q, k, v, score_mod=score_mod_of(softcap, alibi),
+                      mask_mod=mask_mod_of(causal, window), scale=scale,
+                      enable_gqa=q.shape[1] != k.shape[1], q_offset=q_start,
+                      buffers=buffers, cache=cache, schedule=schedule)

@@ -1,0 +1,20 @@
+"""Golden tests of the generated Triton source (rewrite with ``pytest --update-golden``)."""
+
+from __future__ import annotations
+
+from neptune_fusion import ops
+from neptune_fusion.codegen.lower import lower
+from neptune_fusion.codegen.source import generate
+from neptune_fusion.frontend.examples import plain_attention
+from neptune_fusion.fusion.plan import plan
+from neptune_fusion.schedule.schedule import Schedule
+
+
+def test_plain_attention_source(golden):
+    [o], ins = plain_attention("N", "M", 64, "float16")
+    golden("plain_attention.py", generate(lower(plan(o), ins, Schedule(), "attention")))
+
+
+def test_window_softcap_gqa_source(golden):
+    [o], ins = ops.definition("PF-Window", "float16", 128)
+    golden("pf_window.py", generate(lower(plan(o), ins, Schedule(), "pf_window")))

@@ -1,0 +1,141 @@
+"""The tile program: roles, accumulators, speed rules and the loop partition, on the IR."""
+
+from __future__ import annotations
+
+import pytest
+
+from algebra.chains import FUSABLE, tanh_chain
+from neptune_fusion import ops
+from neptune_fusion.algebra.synth import running
+from neptune_fusion.codegen.exp2 import LOG2E, to_exp2
+from neptune_fusion.codegen.lower import lower
+from neptune_fusion.codegen.patterns import match_contraction, tile_roles
+from neptune_fusion.codegen.program import Accumulator, StateVar
+from neptune_fusion.errors import CodegenError, ScheduleError
+from neptune_fusion.frontend.examples import plain_attention
+from neptune_fusion.fusion.plan import plan
+from neptune_fusion.ir.fold import fconst
+from neptune_fusion.ir.nodes import Binary, Load, Param, Reduce, Unary, Where
+from neptune_fusion.ir.traverse import walk
+from neptune_fusion.schedule.schedule import Schedule, default_schedule, make_schedule
+
+DEFAULT = Schedule()
+
+
+def program(name="PF-Causal", schedule=DEFAULT, head_dim=64):
+    [o], ins = ops.definition(name, "float16", head_dim, 4, 2 if name != "PF-Global" else 4)
+    return lower(plan(o), ins, schedule)
+
+
+def loop_wheres(expr, loop):
+    return {w for w in walk(expr) if isinstance(w, Where) and loop in w.cond.free_vars}
+
+
+def test_roles_state_and_exp2_domain():
+    p = program("PF-GQA")
+    assert {a.name: a.role for a in p.axes} == {
+        "h": "grid", "b": "grid", "i": "row", "j": "loop", "e": "col", "c": "inner"}
+    assert [(s.name, s.roles, s.init) for s in p.state] == [
+        ("m", ("row",), float("-inf")), ("o_sum", ("row", "col"), 0.0), ("l", ("row",), 0.0)]
+    m, o_sum, l = p.accumulators  # noqa: E741
+    assert (m.op, m.producers, m.scaled) == ("max", (), LOG2E)
+    assert o_sum.producers == l.producers == (0,)
+    assert any("exp2 domain" in r for r in p.rules)
+    # every exp became exp2, with log2(e) folded into the score scale
+    for seg in p.segments:
+        for _, e in seg.body:
+            assert not any(isinstance(x, Unary) and x.op == "exp" for x in walk(e))
+
+
+def test_repair_factor_is_computed_once_per_row():
+    p = program()
+    seg = p.segments[0]
+    body = dict((s.name, e) for s, e in seg.body)
+    factors = []
+    for name in ("l", "o_sum"):
+        add = body[name]
+        update = add.a if isinstance(add.b, Reduce) else add.b
+        assert isinstance(update, Binary) and update.op == "mul"
+        factors.append(update.b if update.a is p.state[[s.name for s in p.state].index(name)]
+                       .param else update.a)
+    assert factors[0] is factors[1]  # one alpha for l and o_sum (CSE keys on the node)
+    assert p.loop.var not in factors[0].free_vars  # per row: it touches only the state
+
+
+@pytest.mark.parametrize("name, segments", [
+    ("PF-Global", [False, True]), ("PF-Causal", [False, True]),
+    ("PF-Window", [True, False, True])])
+def test_segments_and_masks(name, segments):
+    p = program(name)
+    assert [s.masked for s in p.segments] == segments
+    for s in p.segments:
+        wheres = set().union(*(loop_wheres(e, p.loop.var) for _, e in s.body))
+        if s.masked:  # one select per tile serves every member
+            assert len({w for w in wheres if w.dtype.is_float}) == 1
+        else:         # interior tiles: no mask arithmetic at all
+            assert wheres == set()
+
+
+def test_even_extent_needs_no_boundary_loop():
+    [o], ins = plain_attention(64, 128, 32, "float16")
+    p = lower(plan(o), ins, Schedule(block_m=32, block_n=32))
+    assert [s.masked for s in p.segments] == [False]
+    p = lower(plan(o), ins, Schedule(block_m=32, block_n=32, partition=False))
+    assert [s.masked for s in p.segments] == [True]
+
+
+def test_contraction_patterns():
+    p = program()
+    role = {a.var: a.role for a in p.axes}.get
+    found = []
+    for _, e in p.segments[0].body:
+        for x in walk(e):
+            if isinstance(x, Reduce):
+                c = match_contraction(x, role, lambda y: tile_roles(y, role))
+                if c is not None:
+                    found.append((c.x, c.y, role(c.k)))
+    assert ("row", "loop", "inner") in found  # q . k
+    assert ("row", "col", "loop") in found    # p . v
+    loads = [x for x in walk(p.segments[0].body[1][1]) if isinstance(x, Load)]
+    assert {ld.tensor.name for ld in loads} == {"q", "k", "v"}
+
+
+def test_exp2_rule_refuses_a_producer_read_outside_exp():
+    st = lambda n: (StateVar(n, Param(f"state:{n}", fconst(0).dtype), ("row",), 0.0),)  # noqa
+    x = Param("x", fconst(0).dtype)
+    prod = Accumulator("m", "max", (), (x,), (), st("m"))
+    cons = Accumulator("t", "sum", (0,), (Binary("mul", x, running(0)),), (), st("t"))
+    accs, _, notes = to_exp2((prod, cons), ())
+    assert accs[0].scaled == 1.0 and not any("domain" in n for n in notes)
+
+
+@pytest.mark.parametrize("chain, why", [
+    (tanh_chain, "not single-pass"), (FUSABLE["prod_chain"], "reducer prod")])
+def test_unsupported_plans_say_why(chain, why):
+    outs, _ = chain()
+    from neptune_fusion.ir.graph import placeholders
+    with pytest.raises(CodegenError, match=why):
+        lower(plan(outs), placeholders(outs), Schedule())
+
+
+@pytest.mark.parametrize("options, text", [
+    (dict(block_m=24), "block_m must be a power of two"),
+    (dict(block_n=8), "block_n must be a power of two >= 16"),
+    (dict(num_warps=3), "num_warps"),
+    (dict(num_stages=0), "num_stages"),
+    (dict(fp32_precision="tf64"), "fp32_precision"),
+    (dict(blocks=3), "unknown option"),
+])
+def test_schedule_errors(options, text):
+    with pytest.raises(ScheduleError, match=text):
+        make_schedule(**options)
+
+
+def test_schedule_is_plain_data():
+    s = Schedule(block_m=64, exp2=False)
+    assert Schedule.from_dict(s.to_dict()) == s
+    assert default_schedule(128) == Schedule()
+    assert default_schedule(128, 1).block_m == 16
+    assert default_schedule(64, itemsize=4).num_stages == 2
+    with pytest.raises(ScheduleError, match="unknown field"):
+        Schedule.from_dict({"block_k": 3})
