@@ -43,7 +43,7 @@ def pf_window(
         mask = (offs_j[None, :] <= offs_i[:, None]) & (offs_i[:, None] - offs_j[None, :] < 4096)
         kT = tl.load(k_base + (offs_c[:, None] + (offs_j * k_s2)[None, :]), mask=(offs_j < M)[None, :], other=0.0)
         qk = tl.dot(q, kT)
-        x = qk * 0.08838834764831845 / 50.0
+        x = qk * 0.001767766952966369
         if INTERPRET:
             tanh = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
         else:
@@ -64,7 +64,7 @@ def pf_window(
         offs_j = j0_2 + tl.arange(0, BLOCK_N)
         kT_2 = tl.load(k_base + (offs_c[:, None] + (offs_j * k_s2)[None, :]))
         qk_2 = tl.dot(q, kT_2)
-        x_2 = qk_2 * 0.08838834764831845 / 50.0
+        x_2 = qk_2 * 0.001767766952966369
         if INTERPRET:
             tanh_2 = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
         else:
@@ -86,7 +86,7 @@ def pf_window(
         mask_2 = (offs_j[None, :] <= offs_i[:, None]) & (offs_i[:, None] - offs_j[None, :] < 4096)
         kT_3 = tl.load(k_base + (offs_c[:, None] + (offs_j * k_s2)[None, :]), mask=(offs_j < M)[None, :], other=0.0)
         qk_3 = tl.dot(q, kT_3)
-        x_3 = qk_3 * 0.08838834764831845 / 50.0
+        x_3 = qk_3 * 0.001767766952966369
         if INTERPRET:
             tanh_3 = 1.0 - 2.0 / (tl.exp2(x_3 * 2.8853900817779268) + 1.0)
         else:

@@ -72,7 +72,7 @@ def test_operator_matches_float64_reference(name, dtype, head_dim, seq):
     err = rel_err(got, reference_attention(op, q, k, v))
     assert err < TOL[dtype], f"{name} {dtype}: relative error {err:.2e}"
     assert len(cache) == 1
-    (kernel,) = cache._kernels.values()
+    (kernel,) = cache.kernels()
     assert len(kernel.kernels) == 1  # one generated kernel, one launch
 
 

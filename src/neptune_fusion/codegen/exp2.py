@@ -68,9 +68,11 @@ def exp_to_exp2(e: Expr, markers: frozenset = frozenset()) -> Expr:
 
 
 def _cancelled(e: Expr, markers: frozenset) -> bool:
-    """No marker is left inside a ``marker / L`` (each was multiplied back by ``L``)."""
+    """Every marker stands bare: none is left scaled (``m2 / L`` or ``m2 * (1/L)``), which
+    is what a read outside an ``exp`` leaves behind."""
     for x in walk(e):
-        if isinstance(x, Binary) and x.op == "div" and x.a in markers:
+        if isinstance(x, Binary) and x.op in ("mul", "div") and \
+                (x.a in markers or x.b in markers):
             return False
     return True
 

@@ -103,6 +103,11 @@ class AttentionCache:
     def __len__(self) -> int:
         return len(self._kernels)
 
+    def kernels(self) -> list:
+        """The compiled kernels, in no particular order."""
+        with self._lock:
+            return list(self._kernels.values())
+
     def clear(self) -> None:
         with self._lock:
             self._kernels.clear()

@@ -202,6 +202,21 @@ def _signs(e: Expr) -> Expr | None:
     return None
 
 
+def _constants(e: Expr) -> Expr | None:
+    # x / c = x * (1/c);  (x * c1) * c2 = x * (c1*c2)  (floats, finite nonzero constants:
+    # a multiply is cheaper than a divide and folds into the scale already there)
+    if not (isinstance(e, Binary) and e.dtype.is_float and isinstance(e.b, Const)):
+        return None
+    c = e.b.value
+    if e.op == "div" and c != 0 and math.isfinite(c) and e.a.dtype.is_float:
+        return Binary("mul", e.a, fconst(1.0 / c))
+    a = e.a
+    if e.op == "mul" and isinstance(a, Binary) and a.op == "mul" and isinstance(a.b, Const) \
+            and a.b.dtype.is_float and math.isfinite(c) and math.isfinite(a.b.value):
+        return Binary("mul", a.a, fconst(a.b.value * c))
+    return None
+
+
 def _reduce_identity(e: Expr) -> Expr | None:
     # op(identity, j) = identity
     if isinstance(e, Reduce) and isinstance(e.body, Const) and \
@@ -212,7 +227,7 @@ def _reduce_identity(e: Expr) -> Expr | None:
 
 RULES: tuple[Callable[[Expr], Expr | None], ...] = (
     _fold_unary, _fold_binary, _fold_cast, _fold_where, _logic, _neutral, _absorb, _signs,
-    _reduce_identity)
+    _constants, _reduce_identity)
 
 
 def fold(root: Expr, rules: tuple = RULES, limit: int = 64) -> Expr:
