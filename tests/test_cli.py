@@ -66,3 +66,14 @@ def test_python_dash_m():
                          capture_output=True, text=True, env=env, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == f"neptune-fusion {nf.__version__}"
+
+
+def test_demo_compiles_and_runs_the_kernel(capsys):
+    assert cli.main(["demo", "--n", "7", "--m", "21", "--d", "8", "--source"]) == 0
+    out = capsys.readouterr().out
+    assert "FusionPlan:" in out and "o_sum' = o_sum*exp(m - m')" in out
+    assert "# interior tiles, no masks" in out and "# boundary tiles, masked" in out
+    assert "@triton.jit" in out  # --source prints the kernel
+    err = float(out.split("kernel vs the float64 reference:")[1].split()[0])
+    assert err <= cli.KERNEL_TOLERANCE
+    assert "OK: kernel within" in out
