@@ -14,11 +14,9 @@ hoisted to the prologue.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
-from ..ir.fold import fold
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
 from ..ir.traverse import walk
 from .emitter import Block
@@ -26,33 +24,17 @@ from .ops import (
     ADD,
     ATOM,
     BINARY_OPS,
-    KIND,
     KIND_TL,
     MUL,
-    REDUCE_OPS,
     TANH_PORTABLE,
     TANH_PTX,
     UNARY_OPS,
     literal,
     wrap,
 )
-from .patterns import canonical, loaded, match_contraction
-from .program import Axis, TileProgram
-
-
-def _sum(terms: list[Expr]) -> Expr:
-    out = terms[0]
-    for t in terms[1:]:
-        out = Binary("add", out, t)
-    return out
-
-
-@dataclass(frozen=True)
-class Val:
-    code: str
-    axes: tuple[str, ...]
-    kind: str          # f32 f16 bf16 f64 i32 i64 bool
-    prec: int = ATOM
+from .patterns import canonical, match_contraction
+from .program import TileProgram
+from .tiles import TileOps, Val
 
 
 def count_uses(roots: Iterable[Expr]) -> dict[Expr, int]:
@@ -69,7 +51,7 @@ def count_uses(roots: Iterable[Expr]) -> dict[Expr, int]:
     return uses
 
 
-class Lowerer:
+class Lowerer(TileOps):
     """Lowers expressions of one block (a loop body, the prologue or the epilogue)."""
 
     def __init__(self, prog: TileProgram, env: dict[Expr, Val], block: Block,
@@ -304,111 +286,3 @@ class Lowerer:
             return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
         kind = "i64" if e.dtype == int64 else "i32"
         return x if x.kind == kind else self.convert(x, kind)
-
-    # ------------------------------------------------------------------ memory
-    def needs_mask(self, ax: Axis) -> bool:
-        ext = ax.extent
-        if ax.role == "loop":
-            return self.guard
-        if ax.role == "row":
-            return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
-        return not (isinstance(ext, int) and ext == ax.block_size)
-
-    def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
-        """``tensor[indices]`` as a base pointer (the scalar indices folded in, int64),
-        a tile offset (IR, invariant part first) and a mask (IR, or None)."""
-        arg = self.args[tensor]
-        scalar: list[Expr] = []
-        inv: list[Expr] = []
-        var: list[Expr] = []
-        mask: Expr | None = None
-        last = len(indices) - 1
-        for d, idx in enumerate(indices):
-            ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
-            if ax is not None and ax.role != "grid":
-                term = idx if d == last else Binary("mul", idx, arg.stride(d))
-                (var if self.is_variant(term) else inv).append(term)
-                if self.needs_mask(ax):
-                    ext = ax.extent if isinstance(ax.extent, Size) else Const(ax.extent, int64)
-                    cond = Binary("lt", idx, ext)
-                    mask = cond if mask is None else Binary("and", mask, cond)
-            else:
-                if self.tile_roles(idx):
-                    raise CodegenError(
-                        f"index {idx} of {tensor.name!r} mixes tile axes in arithmetic; "
-                        "index tiles with bare variables")
-                # 64-bit: batch * stride overflows int32 on large tensors
-                term = fold(Cast(idx, int64))
-                scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
-        base = f"{arg.name}_ptr"
-        if scalar:
-            off = self.value(_sum(scalar))
-            key = ("base", arg.name, _sum(scalar))
-            blk = self.hoist if (self.hoist is not None
-                                 and not self.is_variant(_sum(scalar))) else self.cur
-            got = blk.lookup(key)
-            if got is None:
-                got = blk.bind(f"{arg.name}_base", f"{base} + {off.code}")
-                blk.remember(key, got)
-            base = got
-        return base, fold(_sum(inv + var) if inv or var else Const(0, int64)), mask
-
-    def load(self, e: Load, axes) -> Val:
-        base, offset, mask = self.address(e.tensor, e.indices)
-        off = self.value(offset, axes)
-        code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
-        if mask is not None:
-            code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
-        return Val(code + ")", axes, KIND[e.tensor.dtype.name])
-
-    # ------------------------------------------------------------------ reductions
-    def reduce(self, e: Reduce, axes) -> Val:
-        c = match_contraction(e, self.role_of, self.tile_roles)
-        if c is not None:
-            return self.dot(c, None)
-        if len(e.axes) != 1:
-            raise CodegenError(f"{e}: a reduction over several axes is not lowered")
-        role = self.role_of(e.axes[0])
-        body = self.f32(self.value(e.body))
-        if role not in body.axes:
-            # constant along the tile, every element of which is inside the axis here (a
-            # boundary tile's guard makes the body vary): a sum counts, max/min keep it
-            if role != "loop" or e.op not in REDUCE_OPS:
-                raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
-            if e.op != "sum":
-                return body
-            return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
-        out = tuple(a for a in body.axes if a != role)
-        return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
-
-    def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
-        ld = loaded(e)
-        return self.lower(ld, order) if ld is not None else self.value(e, order)
-
-    def dot(self, c, acc: Val | None, hint: str | None = None) -> Val:
-        k = self.role_of(c.k)
-        a = self.dot_operand(c.lhs, (c.x, k))
-        b = self.dot_operand(c.rhs, (k, c.y))
-        narrow = {"f16", "bf16"}
-        if a.kind == b.kind and a.kind in narrow | {"f32"}:
-            kind = a.kind
-        elif {a.kind, b.kind} <= narrow | {"f32"} and len({a.kind, b.kind} & narrow) == 1:
-            kind = ({a.kind, b.kind} & narrow).pop()
-            a, b = (x if x.kind == kind else Val(f"{wrap(x.code, x.prec, ATOM)}.to("
-                                                   f"{KIND_TL[kind]})", x.axes, kind)
-                    for x in (a, b))
-        else:
-            kind, a, b = "f32", self.f32(a), self.f32(b)
-        tail = "" if acc is None else f", acc={acc.code}"
-        if kind == "f32":
-            tail += f', input_precision="{self.prog.schedule.fp32_precision}"'
-        code = f"tl.dot({a.code}, {b.code}{tail})"
-        if kind != "bf16":
-            return Val(code, (c.x, c.y), "f32")
-        # The Triton interpreter multiplies bfloat16 as raw integers: upcast there.
-        name = self.cur.names.fresh(hint or "dot")
-        with self.cur.nested("if INTERPRET:") as br:
-            br.emit(f"{name} = tl.dot({self.f32(a).code}, {self.f32(b).code}{tail})")
-        with self.cur.nested("else:") as br:
-            br.emit(f"{name} = {code}")
-        return Val(name, (c.x, c.y), "f32")

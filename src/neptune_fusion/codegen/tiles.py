@@ -1,0 +1,149 @@
+"""Memory and reductions of the lowerer: loads, stores' addresses, tile reductions and
+contractions to ``tl.dot``.
+
+A mixin of :class:`neptune_fusion.codegen.exprs.Lowerer`, which provides ``value``,
+``lower``, ``f32``, ``expand``, ``operand``, ``tile_roles``, ``role_of``, ``is_variant``
+and the blocks (``cur``, ``hoist``) these methods emit into.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CodegenError
+from ..ir.dtypes import int64
+from ..ir.fold import fold
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Size
+from .ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
+from .patterns import loaded, match_contraction
+from .program import Axis
+
+
+def sum_of(terms: list[Expr]) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = Binary("add", out, t)
+    return out
+
+
+@dataclass(frozen=True)
+class Val:
+    """A lowered value: Triton code, the tile axes it spans (layout order), its kind
+    (f32 f16 bf16 f64 i32 i64 bool) and the precedence of its code."""
+
+    code: str
+    axes: tuple[str, ...]
+    kind: str
+    prec: int = ATOM
+
+
+class TileOps:
+    """Loads, addresses, masks, tile reductions and contractions (see module docstring)."""
+
+    # ------------------------------------------------------------------ memory
+    def needs_mask(self, ax: Axis) -> bool:
+        ext = ax.extent
+        if ax.role == "loop":
+            return self.guard
+        if ax.role == "row":
+            return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
+        return not (isinstance(ext, int) and ext == ax.block_size)
+
+    def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
+        """``tensor[indices]`` as a base pointer (the scalar indices folded in, int64),
+        a tile offset (IR, invariant part first) and a mask (IR, or None)."""
+        arg = self.args[tensor]
+        scalar: list[Expr] = []
+        inv: list[Expr] = []
+        var: list[Expr] = []
+        mask: Expr | None = None
+        last = len(indices) - 1
+        for d, idx in enumerate(indices):
+            ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
+            if ax is not None and ax.role != "grid":
+                term = idx if d == last else Binary("mul", idx, arg.stride(d))
+                (var if self.is_variant(term) else inv).append(term)
+                if self.needs_mask(ax):
+                    ext = ax.extent if isinstance(ax.extent, Size) else Const(ax.extent, int64)
+                    cond = Binary("lt", idx, ext)
+                    mask = cond if mask is None else Binary("and", mask, cond)
+            else:
+                if self.tile_roles(idx):
+                    raise CodegenError(
+                        f"index {idx} of {tensor.name!r} mixes tile axes in arithmetic; "
+                        "index tiles with bare variables")
+                # 64-bit: batch * stride overflows int32 on large tensors
+                term = fold(Cast(idx, int64))
+                scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
+        base = f"{arg.name}_ptr"
+        if scalar:
+            off = self.value(sum_of(scalar))
+            key = ("base", arg.name, sum_of(scalar))
+            blk = self.hoist if (self.hoist is not None
+                                 and not self.is_variant(sum_of(scalar))) else self.cur
+            got = blk.lookup(key)
+            if got is None:
+                got = blk.bind(f"{arg.name}_base", f"{base} + {off.code}")
+                blk.remember(key, got)
+            base = got
+        return base, fold(sum_of(inv + var) if inv or var else Const(0, int64)), mask
+
+    def load(self, e: Load, axes) -> Val:
+        base, offset, mask = self.address(e.tensor, e.indices)
+        off = self.value(offset, axes)
+        code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
+        if mask is not None:
+            code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
+        return Val(code + ")", axes, KIND[e.tensor.dtype.name])
+
+    # ------------------------------------------------------------------ reductions
+    def reduce(self, e: Reduce, axes) -> Val:
+        c = match_contraction(e, self.role_of, self.tile_roles)
+        if c is not None:
+            return self.dot(c, None)
+        if len(e.axes) != 1:
+            raise CodegenError(f"{e}: a reduction over several axes is not lowered")
+        role = self.role_of(e.axes[0])
+        body = self.f32(self.value(e.body))
+        if role not in body.axes:
+            # constant along the tile, every element of which is inside the axis here (a
+            # boundary tile's guard makes the body vary): a sum counts, max/min keep it
+            if role != "loop" or e.op not in REDUCE_OPS:
+                raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
+            if e.op != "sum":
+                return body
+            return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
+        out = tuple(a for a in body.axes if a != role)
+        return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
+
+    def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
+        ld = loaded(e)
+        return self.lower(ld, order) if ld is not None else self.value(e, order)
+
+    def dot(self, c, acc: Val | None, hint: str | None = None) -> Val:
+        k = self.role_of(c.k)
+        a = self.dot_operand(c.lhs, (c.x, k))
+        b = self.dot_operand(c.rhs, (k, c.y))
+        narrow = {"f16", "bf16"}
+        if a.kind == b.kind and a.kind in narrow | {"f32"}:
+            kind = a.kind
+        elif {a.kind, b.kind} <= narrow | {"f32"} and len({a.kind, b.kind} & narrow) == 1:
+            kind = ({a.kind, b.kind} & narrow).pop()
+            a, b = (x if x.kind == kind else Val(f"{wrap(x.code, x.prec, ATOM)}.to("
+                                                   f"{KIND_TL[kind]})", x.axes, kind)
+                    for x in (a, b))
+        else:
+            kind, a, b = "f32", self.f32(a), self.f32(b)
+        tail = "" if acc is None else f", acc={acc.code}"
+        if kind == "f32":
+            tail += f', input_precision="{self.prog.schedule.fp32_precision}"'
+        code = f"tl.dot({a.code}, {b.code}{tail})"
+        if kind != "bf16":
+            return Val(code, (c.x, c.y), "f32")
+        # The Triton interpreter multiplies bfloat16 as raw integers: upcast there.
+        name = self.cur.names.fresh(hint or "dot")
+        with self.cur.nested("if INTERPRET:") as br:
+            br.emit(f"{name} = tl.dot({self.f32(a).code}, {self.f32(b).code}{tail})")
+        with self.cur.nested("else:") as br:
+            br.emit(f"{name} = {code}")
+        return Val(name, (c.x, c.y), "f32")
