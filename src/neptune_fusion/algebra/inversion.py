@@ -37,6 +37,10 @@ def _candidates(g: sp.Expr, g1: sp.Expr, t: sp.Symbol, c_syms: set):
     if not (d.free_symbols & c_syms):
         yield t + d
     for c in sorted(g.free_symbols & c_syms, key=lambda s: s.name):
+        # Invertible "in c" means c occurs once, under a chain of invertible functions;
+        # solving polynomials of higher degree would be slow and multivalued.
+        if g.count(c) != 1:
+            continue
         try:
             sols = sp.solve(sp.Eq(t, g), c, dict=False)
         except (NotImplementedError, ValueError, TypeError):
