@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from ._version import __version__
 from .api import evaluate, plan
-from .errors import (AxisError, DTypeError, ExprError, FeedError, FusionError,
-                     IndexBoundsError, NeptuneError, ShapeError, SizeBindingError,
-                     VerificationError)
+from .errors import (AxisError, CodegenError, DTypeError, ExprError, FeedError, FusionError,
+                     IndexBoundsError, NeptuneError, ScheduleError, ShapeError,
+                     SizeBindingError, VerificationError)
 from .frontend.lang import (abs, cast, compute, const, exp, exp2, log, log2, max, maximum,
                             min, minimum, placeholder, prod, reduce_axis, rsqrt, sigmoid,
                             size, sizes, sqrt, sum, tanh, where)
@@ -21,20 +21,30 @@ from .ir.nodes import Compute, Expr, IndexVar, Placeholder, Size, Tensor
 from .ir.printer import program_str as show
 from .ir.verify import verify
 
-_LAZY = {"FusionPlan", "FusedGroup", "Member", "Unfused"}
+# Names whose modules pull in SymPy, Triton or torch: imported on first use, so that
+# `import neptune_fusion` stays fast.
+_LAZY = {
+    "FusionPlan": "fusion.plan", "FusedGroup": "fusion.plan", "Member": "fusion.plan",
+    "Unfused": "fusion.plan", "compile": "runtime.kernel", "Kernel": "runtime.kernel",
+    "attention": "frontend.attention", "AttentionCache": "frontend.attention",
+    "Schedule": "schedule",
+}
 
 
 def __getattr__(name: str):
-    # the plan types live with SymPy-backed code; import it only when asked for
-    if name in _LAZY:
-        from .fusion import plan as _plan_mod
-        return getattr(_plan_mod, name)
+    import importlib
+    if name == "ops":
+        return importlib.import_module(".ops", __name__)
+    where = _LAZY.get(name)
+    if where is not None:
+        return getattr(importlib.import_module(f".{where}", __name__), name)
     raise AttributeError(f"module 'neptune_fusion' has no attribute {name!r}")
 
 
 __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
+    "compile", "Kernel", "attention", "AttentionCache", "Schedule", "ops",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
     "sum", "max", "min", "prod",
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs",
@@ -43,4 +53,5 @@ __all__ = [
     "Expr", "Tensor", "Placeholder", "Compute", "IndexVar", "Size",
     "NeptuneError", "DTypeError", "ExprError", "ShapeError", "IndexBoundsError",
     "AxisError", "FeedError", "SizeBindingError", "VerificationError", "FusionError",
+    "ScheduleError", "CodegenError",
 ]
