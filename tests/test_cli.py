@@ -77,3 +77,13 @@ def test_demo_compiles_and_runs_the_kernel(capsys):
     err = float(out.split("kernel vs the float64 reference:")[1].split()[0])
     assert err <= cli.KERNEL_TOLERANCE
     assert "OK: kernel within" in out
+
+
+def test_bench_is_forwarded_and_refuses_without_a_gpu(capsys):
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the no-GPU refusal does not apply")
+    from neptune_fusion.cli import main
+    assert main(["bench", "--ops", "PF-Global"]) == 2
+    assert "--cpu-smoke" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -113,11 +114,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--source", action="store_true",
                       help="also print the generated Triton source")
     demo.set_defaults(handler=run_demo)
+    # The benchmark has its own parser (python -m neptune_fusion.bench); main() forwards.
+    sub.add_parser(
+        "bench", add_help=False,
+        help="benchmark the ten attention operators against SDPA, FlexAttention, Triton "
+             "and torch.compile (see: neptune-fusion bench --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        from .bench.cli import main as bench_main
+        return bench_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
