@@ -32,6 +32,7 @@ BLOCK_N = Param("BLOCK_N", int64)   # the loop's tile size (a constexpr of the k
 TILE_START = Param("j_start", int64)  # first loop index of the current tile
 LOOP_LO = Param("j_lo", int64)        # first loop index the program visits
 TILE_END = Param("j_end", int64)      # one past its last index inside the axis
+SPLIT_ID = Param("split_id", int64)   # split-k: the chunk of the loop axis (program_id(2))
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,20 @@ class Output:
 
 
 @dataclass(frozen=True)
+class Split:
+    """Split-k: which of the two kernels this program is, and the fp32 workspace.
+
+    ``workspace[k]`` holds state variable ``k`` of every split, indexed
+    ``[split, *grid, row, (col)]``; the partial kernel writes it, the combine reads it.
+    """
+
+    splits: int
+    stage: str                                   # "partial" | "combine"
+    workspace: tuple[tuple[StateVar, TensorArg], ...]
+    chunk: Expr                                  # loop elements per split (a BLOCK_N multiple)
+
+
+@dataclass(frozen=True)
 class TileProgram:
     """A rolling-update kernel (see module docstring)."""
 
@@ -130,6 +145,7 @@ class TileProgram:
     segments: tuple[Segment, ...]
     schedule: Schedule
     rules: tuple[str, ...] = ()             # speed/lowering rules applied, for reports
+    split: Split | None = None              # split-k stage (None: the rolling kernel)
 
     @property
     def state(self) -> tuple[StateVar, ...]:

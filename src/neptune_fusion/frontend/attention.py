@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import FeedError
 from ..ir.nodes import Compute, Placeholder
@@ -176,6 +176,20 @@ def _offset_mode(q_offset, n: int, m: int) -> int | str:
     return "end" if q_offset == m - n and q_offset != 0 else q_offset
 
 
+def _auto_schedule(sched, q, kv_len: int):
+    """Split-k for decode (query length 1), rolling otherwise. Programs per split: one
+    per (batch, query head) -- query heads of a GQA group are not packed yet."""
+    from ..schedule.schedule import decode_splits
+    if q.shape[2] != 1:
+        return sched
+    sms = None
+    if q.device.type == "cuda":
+        import torch
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    splits = decode_splits(kv_len, q.shape[0] * q.shape[1], sched.block_n, sms)
+    return replace(sched, strategy="split", splits=splits)
+
+
 def attention(q, k, v, *, score_mod: Callable | None = None,
               mask_mod: Callable | None = None, scale: float | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
@@ -201,7 +215,8 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
         score_mod=score_mod, mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m),
         buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
                       for name, t in bufs.items()))
-    sched = schedule if schedule is not None else default_schedule(d, n, q.element_size())
+    sched = schedule if schedule is not None else \
+        _auto_schedule(default_schedule(d, n, q.element_size()), q, m)
     kern = (cache if cache is not None else DEFAULT_CACHE).kernel(spec, sched)
     tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
                for t in [q, k, v] + list(bufs.values())]

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..codegen.lower import lower, next_pow2
 from ..codegen.program import TileProgram
 from ..codegen.source import KernelArg, generate, kernel_args
+from ..codegen.split import split_programs
 from ..errors import FeedError, NeptuneError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
@@ -42,7 +43,9 @@ class GeneratedKernel:
     @property
     def grid(self) -> str:
         grid = " * ".join(a.name for a in self.program.grid) or "1"
-        return f"(cdiv({self.program.row.extent}, BLOCK_M), {grid})"
+        split = self.program.split
+        tail = f", {split.splits}" if split is not None and split.stage == "partial" else ""
+        return f"(cdiv({self.program.row.extent}, BLOCK_M), {grid}{tail})"
 
 
 @dataclass(frozen=True)
@@ -50,68 +53,94 @@ class Launch:
     """The result of :meth:`Kernel.launch`: outputs, grid, and the visit counts if asked."""
 
     outputs: list
-    grid: tuple[int, int]
+    grid: tuple[int, ...]   # the first kernel's grid (split-k: with the split axis)
     visits: object | None   # int32 tensor (programs, 2): masked and interior tiles visited
 
 
 class Kernel:
-    """A compiled operator. Call it with torch tensors in the order of ``inputs``."""
+    """A compiled operator. Call it with torch tensors in the order of ``inputs``.
 
-    def __init__(self, outputs, inputs, plan, program: TileProgram, schedule: Schedule,
-                 single: bool) -> None:
+    ``kernels`` lists the generated kernels launched in order per call: one for the
+    rolling update, two for split-k (the partial kernel, then the combine).
+    """
+
+    def __init__(self, outputs, inputs, plan, programs: tuple[TileProgram, ...],
+                 schedule: Schedule, single: bool) -> None:
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.plan = plan
         self.schedule = schedule
-        self.program = program
-        self.source = generate(program)
-        path = write_source(self.source, program.name)
-        self.kernels = [GeneratedKernel(program.name, self.source, program,
-                                        kernel_args(program), path)]
+        self.program = programs[0]
+        self.kernels = []
+        for prog in programs:
+            src = generate(prog)
+            self.kernels.append(GeneratedKernel(prog.name, src, prog, kernel_args(prog),
+                                                write_source(src, prog.name)))
+        self.source = self.kernels[0].source if len(programs) == 1 else \
+            "\n\n".join(k.source for k in self.kernels)
         self._single = single
-        self._modules: dict[bool, object] = {}
+        self._modules: dict[tuple[int, bool], object] = {}
 
     def __repr__(self) -> str:
         ins = ", ".join(p.name for p in self.inputs)
         outs = ", ".join(o.name for o in self.outputs)
         return f"<Kernel {self.program.name}({ins}) -> {outs}; {self.schedule}>"
 
-    def _function(self, interpret: bool):
-        mod = self._modules.get(interpret)
+    def _function(self, k: int, interpret: bool):
+        mod = self._modules.get((k, interpret))
         if mod is None:
-            mod = self._modules[interpret] = import_kernel_module(self.kernels[0].path,
-                                                                  interpret)
-        return getattr(mod, self.program.name)
+            mod = self._modules[(k, interpret)] = import_kernel_module(self.kernels[k].path,
+                                                                       interpret)
+        return getattr(mod, self.kernels[k].name)
 
     def __call__(self, *tensors):
         out = self.launch(*tensors).outputs
         return out[0] if self._single else out
 
     def launch(self, *tensors) -> Launch:
-        """Run the kernel; returns outputs, grid and (with ``count_visits``) visits."""
+        """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
         import torch
         sizes, device = self._check(tensors)
-        prog = self.program
+        by_tensor = dict(zip(self.inputs, tensors))
         outs = []
-        for o in prog.outputs:
-            shape = tuple(sizes[s] if isinstance(s, Size) else s for s in o.arg.tensor.shape)
-            outs.append(torch.empty(shape, dtype=_torch_dtype(o.arg.tensor.dtype),
-                                    device=device))
+        first = None
+        for k, gk in enumerate(self.kernels):
+            prog = gk.program
+            fp32 = prog.split is not None and prog.split.stage == "partial"
+            made = []
+            for o in prog.outputs:
+                shape = tuple(sizes[s] if isinstance(s, Size) else s
+                              for s in o.arg.tensor.shape)
+                dt = torch.float32 if fp32 else _torch_dtype(o.arg.tensor.dtype)
+                made.append(torch.empty(shape, dtype=dt, device=device))
+                by_tensor[o.arg.tensor] = made[-1]
+            outs = made
+            run = self._launch_one(k, sizes, device, by_tensor)
+            first = run if first is None else first
+        return Launch(outs, first[0], first[1])
+
+    def _launch_one(self, k: int, sizes, device, by_tensor):
+        import torch
+        gk = self.kernels[k]
+        prog = gk.program
         rows = _value(prog.row.extent, sizes)
         grid1 = 1
         for a in prog.grid:
             grid1 *= _value(a.extent, sizes)
         grid = (-(-rows // prog.schedule.block_m), grid1)
+        if prog.split is not None and prog.split.stage == "partial":
+            grid += (prog.split.splits,)
         visits = None
-        if prog.schedule.count_visits:
-            visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
-        if grid[0] * grid[1] == 0:
-            return Launch(outs, grid, visits)
+        if prog.schedule.count_visits and k == 0:
+            n = 1
+            for g in grid:
+                n *= g
+            visits = torch.zeros((n, 2), dtype=torch.int32, device=device)
+        if 0 in grid:
+            return grid, visits
         interpret = device.type != "cuda"
-        by_tensor = dict(zip(self.inputs, tensors))
-        by_tensor.update({o.arg.tensor: t for o, t in zip(prog.outputs, outs)})
         args = []
-        for a in self.kernels[0].args:
+        for a in gk.args:
             if a.kind == "tensor":
                 args.append(by_tensor[a.ref.tensor])
             elif a.kind == "stride":
@@ -127,14 +156,14 @@ class Kernel:
                             else next_pow2(_value(ax.extent, sizes)))
             else:
                 args.append(interpret)
-        fn = self._function(interpret)
+        fn = self._function(k, interpret)
         opts = dict(num_warps=prog.schedule.num_warps, num_stages=prog.schedule.num_stages)
         if interpret:
             with interpreted_launch():
                 fn[grid](*args, **opts)
         else:
             fn[grid](*args, **opts)
-        return Launch(outs, grid, visits)
+        return grid, visits
 
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
@@ -204,7 +233,8 @@ def compile(outputs, inputs=None, *, schedule: Schedule | None = None, name: str
     the_plan = make_plan(outs)
     kname = name or "nf_" + "_".join(o.name for o in outs)
     prog = lower(the_plan, inputs, sched, name=_identifier(kname))
-    return Kernel(outs, inputs, the_plan, prog, sched, single)
+    programs = (prog,) if sched.strategy == "rolling" else split_programs(prog, sched.splits)
+    return Kernel(outs, inputs, the_plan, programs, sched, single)
 
 
 def _identifier(name: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from ..errors import ScheduleError
 
 FP32_PRECISIONS = ("ieee", "tf32")
+STRATEGIES = ("rolling", "split")
 
 
 def _pow2(x: int) -> bool:
@@ -35,6 +36,9 @@ class Schedule:
       uses a portable formula);
     * ``fp32_precision``: ``tl.dot`` precision for float32 operands (``"ieee"`` exact,
       ``"tf32"`` faster on tensor cores);
+    * ``strategy``: ``"rolling"`` (one program walks the whole fused axis) or ``"split"``
+      (split-k: ``splits`` programs each walk one chunk of it and write their partial state
+      to a float32 workspace; a second kernel merges the partials with the derived repairs);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
     """
@@ -48,6 +52,8 @@ class Schedule:
     fast_tanh: bool = True
     fp32_precision: str = "ieee"
     count_visits: bool = False
+    strategy: str = "rolling"
+    splits: int = 1
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -66,6 +72,14 @@ class Schedule:
             raise ScheduleError(
                 f"schedule: fp32_precision must be one of {', '.join(FP32_PRECISIONS)}, "
                 f"got {self.fp32_precision!r}")
+        if self.strategy not in STRATEGIES:
+            raise ScheduleError(f"schedule: strategy must be one of {', '.join(STRATEGIES)}, "
+                                f"got {self.strategy!r}")
+        if not isinstance(self.splits, int) or isinstance(self.splits, bool) \
+                or self.splits < 1:
+            raise ScheduleError(f"schedule: splits must be an int >= 1, got {self.splits!r}")
+        if self.strategy == "rolling" and self.splits != 1:
+            raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
         for name in ("exp2", "partition", "fast_tanh", "count_visits"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
@@ -113,3 +127,12 @@ def default_schedule(head_dim: int, query_len: int | None = None,
     if query_len is not None and query_len <= 16:
         s = replace(s, block_m=16, num_warps=4)
     return s
+
+
+def decode_splits(kv_len: int, programs: int, block_n: int, sms: int | None) -> int:
+    """Split count of a decode kernel: enough programs to fill the GPU twice over,
+    ``clamp(ceil(2 * SMs / programs), 1, ceil(kv_len / block_n))``; ``sms=None`` (no GPU:
+    the interpreter) gives a small fixed 3 (still clamped to the tile count)."""
+    tiles = max(1, -(-kv_len // block_n))
+    want = 3 if sms is None else -(-2 * sms // max(1, programs))
+    return max(1, min(want, tiles))

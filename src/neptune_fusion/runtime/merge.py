@@ -1,0 +1,169 @@
+"""``merge_partials``: merge partial states of a fused group, computed anywhere.
+
+A partial state covers some elements of the group's fused axis (one split of a split-k
+kernel, one GPU's share of the key/value sequence). For attention it is ``(m, l, o_sum)``
+with ``l`` and ``o_sum`` expressed at that partial's own ``m``. Merging is the fused
+reference's split-k combine (:meth:`neptune_fusion.fusion.reference.GroupRunner.merge`)
+on torch tensors: for each member in plan order, the producers' merged values first; then
+every partial's consumer components repaired from the producer values they were computed
+at (``running(k)``: the partial's own producer value, non-finite read as 0) to the merged
+ones (``moved(k)``), by evaluating the plan's derived ``update`` IR with torch ops; then
+combined with the member's reducer. The result is again a :class:`Partial`, so merging is
+associative and order-independent up to rounding: ``merge([merge(A), merge(B)]) ==
+merge(A + B)``.
+
+States are in the plan's natural domain (``exp``, not the kernels' ``exp2``-scaled maxima).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..algebra.synth import moved, running, state
+from ..errors import NeptuneError
+from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
+
+_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The state of a fused group over ``count`` elements of its fused axis.
+
+    ``states[name]`` is the tuple of state components of member ``name`` (component 0 is
+    the member's value: ``m``, ``l``, ``o_sum`` for attention; augmented members carry
+    more); consumers' components are expressed at the producers' values in the same
+    partial. A component's dimensions are the member's free axes in the order of the
+    plan's first output, then the rest of the plan's context (attention's output ``[i, e]``:
+    ``m`` and ``l`` are ``[i]``, ``o_sum`` is ``[i, e]``); extra leading dimensions (batch, heads) are allowed if all share them. ``count == 0`` marks an empty partial (it is ignored).
+    """
+
+    states: Mapping[str, tuple]
+    count: int
+
+
+def _group(plan):
+    if len(plan.groups) != 1:
+        raise NeptuneError(f"merge_partials: the plan has {len(plan.groups)} fused groups; "
+                           "one is supported")
+    return plan.groups[0]
+
+
+def _as_partial(p, members) -> Partial:
+    if isinstance(p, Partial):
+        return p
+    if isinstance(p, Mapping):
+        return Partial({k: v if isinstance(v, tuple) else (v,) for k, v in p.items()}, 1)
+    raise NeptuneError(f"merge_partials: a partial must be a Partial or a dict, got {p!r}")
+
+
+def evaluate(e: Expr, env: Mapping[Param, object]):
+    """``e`` on torch tensors: Params from ``env``; the ops of repair IR."""
+    import torch
+    if isinstance(e, Param):
+        if e not in env:
+            raise NeptuneError(f"merge_partials: the repair reads {e.name}, not bound")
+        return env[e]
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Cast):
+        return evaluate(e.x, env)
+    if isinstance(e, Unary):
+        x = torch.as_tensor(evaluate(e.x, env), dtype=torch.float64)
+        fn = {"neg": torch.neg, "rsqrt": torch.rsqrt, "not": torch.logical_not}.get(e.op)
+        return (fn or getattr(torch, e.op))(x)
+    if isinstance(e, Binary):
+        a, b = evaluate(e.a, env), evaluate(e.b, env)
+        names = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow",
+                 "maximum": "maximum", "minimum": "minimum", "lt": "lt", "le": "le",
+                 "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "logical_and",
+                 "or": "logical_or"}
+        if e.op not in names:
+            raise NeptuneError(f"merge_partials: op {e.op} in a repair is not evaluated")
+        a, b = torch.as_tensor(a), torch.as_tensor(b)
+        return getattr(torch, names[e.op])(a, b)
+    if isinstance(e, Where):
+        return torch.where(torch.as_tensor(evaluate(e.cond, env)),
+                           torch.as_tensor(evaluate(e.a, env)),
+                           torch.as_tensor(evaluate(e.b, env)))
+    raise NeptuneError(f"merge_partials: {type(e).__name__} in a repair is not evaluated")
+
+
+def _safe(x):
+    import torch
+    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype))
+
+
+def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Partial:
+    """Merge ``partials`` (:class:`Partial` or dicts name -> tensor(s)) of ``plan``'s one
+    fused group with the derived repairs (see module docstring). ``extent`` is the length
+    of the whole fused axis (default: the partials' total count); a ``sum`` producer's
+    running value is extrapolated to it, as in the kernels and the fused reference."""
+    import torch
+    g = _group(plan)
+    parts = [q for q in (_as_partial(p, g.members) for p in partials) if q.count > 0]
+    if not parts:
+        raise NeptuneError("merge_partials: no non-empty partial to merge")
+    total = sum(p.count for p in parts)
+    n = total if extent is None else extent
+    by_node = {id(m.node): m for m in g.members}
+    first = tuple(plan.out_axes[0]) if plan.out_axes else ()
+    ctx = first + tuple(v for v in plan.context if all(v is not a for a in first))
+
+    def axes_of(m):
+        return [k for k, v in enumerate(ctx) if v in m.node.free_vars]
+
+    def full(m, t):
+        """``t`` with size-1 dimensions for the context axes ``m`` does not have."""
+        t = torch.as_tensor(t)
+        have = axes_of(m)
+        lead = t.dim() - len(have)
+        shape = list(t.shape[:lead]) + [1] * len(ctx)
+        for k, d in zip(have, t.shape[lead:]):
+            shape[lead + k] = d
+        return t.reshape(shape)
+
+    def back(m, t):
+        drop = [k for k in range(len(ctx)) if k not in axes_of(m)]
+        lead = t.dim() - len(ctx)
+        for k in reversed(drop):
+            t = t.squeeze(lead + k)
+        return t
+
+    def value(m, st, count):
+        v = full(m, st[m.name][0])
+        if m.node.op == "sum" and 0 < count < n:
+            v = v * (n / count)
+        return v
+
+    merged: dict[str, tuple] = {}
+    for m in g.members:
+        missing = [k for k, p in enumerate(parts) if m.name not in p.states]
+        if missing:
+            raise NeptuneError(f"merge_partials: partial {missing[0]} has no state for "
+                               f"{m.name!r}; members are {[x.name for x in g.members]}")
+        if m.repair is None:
+            acc = None
+            for p in parts:
+                c = torch.as_tensor(p.states[m.name][0])
+                acc = c if acc is None else getattr(torch, _COMBINE[m.node.op])(acc, c)
+            merged[m.name] = (acc,)
+            continue
+        prods = [by_node[id(p)] for p in m.repair.producers]
+        goal = [_safe(torch.as_tensor(value(p, merged, total))) for p in prods]
+        op = m.node.op if m.repair.method == "inversion" else "sum"
+        acc = None
+        for p in parts:
+            env = {state(i): full(m, c) for i, c in enumerate(p.states[m.name])}
+            env.update({running(k): _safe(torch.as_tensor(value(q, p.states, p.count)))
+                        for k, q in enumerate(prods)})
+            env.update({moved(k): v for k, v in enumerate(goal)})
+            fixed = [torch.as_tensor(evaluate(u, env)) for u in m.repair.update]
+            acc = fixed if acc is None else \
+                [getattr(torch, _COMBINE[op])(a, b) for a, b in zip(acc, fixed)]
+        merged[m.name] = tuple(back(m, a) for a in acc)
+    return Partial(merged, total)
+
+
+__all__ = ["Partial", "evaluate", "merge_partials"]

@@ -1,0 +1,79 @@
+"""Split-k decode kernels (partial + combine) against the float64 reference, on CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from neptune_fusion import ops
+from neptune_fusion.frontend.attention import AttentionCache
+from neptune_fusion.schedule.schedule import Schedule, decode_splits
+
+
+def _ref(q, k, v, *, scale, alibi=None, softcap=None):
+    q, k, v = q.double(), k.double(), v.double()
+    hq, hk = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(hq // hk, 1)
+    v = v.repeat_interleave(hq // hk, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    n = k.shape[2]
+    if alibi is not None:
+        j = torch.arange(n, dtype=torch.float64)
+        s = s + alibi.double()[None, :, None, None] * (j - (n - 1))
+    return torch.softmax(s, -1) @ v
+
+
+CASES = {"DC-Causal": {}, "DC-GQA": {"gqa": True}, "DC-ALiBi": {"alibi": True},
+         "DC-SoftCap": {"softcap": 20.0}}
+
+
+def _inputs(n, dtype, gqa, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hq, hk = (4, 2) if gqa else (2, 2)
+    q = torch.randn(1, hq, 1, 64, generator=g).to(dtype)
+    k = torch.randn(1, hk, n, 64, generator=g).to(dtype)
+    v = torch.randn(1, hk, n, 64, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("n,splits,dtype", [(37, 1, torch.float32), (100, 2, torch.float16),
+                                            (64, 7, torch.float32), (100, 7, torch.float16)])
+def test_decode_split(name, n, splits, dtype):
+    opt = CASES[name]
+    q, k, v = _inputs(n, dtype, opt.get("gqa", False))
+    slopes = torch.tensor([0.5, 0.25]) if opt.get("alibi") else None
+    sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=splits)
+    cache = AttentionCache()
+    out = ops.attention(q, k, v, scale=1 / math.sqrt(64), causal=True, q_start=n - 1,
+                        alibi_slopes=slopes, softcap=opt.get("softcap"), cache=cache,
+                        schedule=sched)
+    [kern] = cache.kernels()
+    assert [g.program.split.stage for g in kern.kernels] == ["partial", "combine"]
+    ref = _ref(q, k, v, scale=1 / math.sqrt(64), alibi=slopes, softcap=opt.get("softcap"))
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert (out.double() - ref).abs().max().item() < tol
+
+
+def test_auto_choice():
+    q, k, v = _inputs(50, torch.float32, False)
+    cache = AttentionCache()
+    ops.attention(q, k, v, scale=0.125, causal=True, q_start=49, cache=cache)
+    ops.attention(k[:, :, :20], k, v, scale=0.125, causal=True, q_start=30, cache=cache)
+    strategies = sorted(kern.schedule.strategy for kern in cache.kernels())
+    assert strategies == ["rolling", "split"]
+    split = next(kern for kern in cache.kernels() if kern.schedule.strategy == "split")
+    assert len(split.kernels) == 2
+    assert split.schedule.splits == decode_splits(50, 2, split.schedule.block_n, None)
+
+
+def test_decode_splits_rule():
+    assert decode_splits(16384, 32, 64, 132) == 9
+    assert decode_splits(100, 1, 64, 132) == 2      # at most one split per tile
+    assert decode_splits(10, 4, 64, None) == 1
+    assert decode_splits(4096, 4, 64, None) == 3
