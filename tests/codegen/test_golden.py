@@ -18,3 +18,12 @@ def test_plain_attention_source(golden):
 def test_window_softcap_gqa_source(golden):
     [o], ins = ops.definition("PF-Window", "float16", 128)
     golden("pf_window.py", generate(lower(plan(o), ins, Schedule(), "pf_window")))
+
+
+def test_decode_split_source(golden):
+    from neptune_fusion.codegen.split import split_programs
+    [o], ins = ops.definition("DC-GQA", "float16", 128)
+    sched = Schedule(block_m=16, num_warps=4, strategy="split", splits=4)
+    progs = split_programs(lower(plan(o), ins, sched, "dc_gqa"), sched.splits)
+    assert [p.split.stage for p in progs] == ["partial", "combine"]
+    golden("dc_gqa_split.py", "\n\n".join(generate(p) for p in progs))
