@@ -15,12 +15,12 @@ from neptune_fusion.reference.evaluate import evaluate_unfused
 from neptune_fusion.runtime.merge import Partial, merge_partials
 
 N, M, D = 3, 23, 8
-[O], INS = plain_attention("N", "M", D, "float32")
-PLAN = plan(O)
+[OUT], INS = plain_attention("N", "M", D, "float32")
+PLAN = plan(OUT)
 RNG = np.random.default_rng(0)
 Q, K, V = (RNG.standard_normal((n, D)) * 2 for n in (N, M, M))
 SCALE = D ** -0.5
-EXPECTED = evaluate_unfused([O], dict(zip([p.name for p in INS], (Q, K, V))))[0]
+EXPECTED = evaluate_unfused([OUT], dict(zip([p.name for p in INS], (Q, K, V))))[0]
 
 
 def _partial(lo: int, hi: int) -> Partial:

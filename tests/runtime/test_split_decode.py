@@ -77,3 +77,26 @@ def test_decode_splits_rule():
     assert decode_splits(100, 1, 64, 132) == 2      # at most one split per tile
     assert decode_splits(10, 4, 64, None) == 1
     assert decode_splits(4096, 4, 64, None) == 3
+
+
+@pytest.mark.parametrize("opts,msg", [
+    ({"strategy": "tiles"}, "strategy must be one of rolling, split"),
+    ({"strategy": "split", "splits": 0}, "splits must be an int >= 1"),
+    ({"splits": 3}, "splits=3 needs strategy='split'"),
+])
+def test_schedule_errors(opts, msg):
+    from neptune_fusion.errors import ScheduleError
+    with pytest.raises(ScheduleError, match=msg):
+        Schedule(**opts).check()
+
+
+def test_split_needs_max_producers():
+    import neptune_fusion as nf
+    from neptune_fusion.errors import CodegenError
+    from neptune_fusion.runtime.kernel import compile as nf_compile
+    x = nf.placeholder([8, 32], "float32", name="x")
+    j = nf.reduce_axis(32, "j")
+    mean = nf.compute([8], lambda i: nf.sum(x[i, j], j) / 32, name="mean")
+    var = nf.compute([8], lambda i: nf.sum((x[i, j] - mean[i]) ** 2, j), name="var")
+    with pytest.raises(CodegenError, match="supports max and min producers"):
+        nf_compile(var, [x], strategy="split", splits=2, block_m=16, block_n=16)

@@ -36,7 +36,9 @@ class Partial:
     more); consumers' components are expressed at the producers' values in the same
     partial. A component's dimensions are the member's free axes in the order of the
     plan's first output, then the rest of the plan's context (attention's output ``[i, e]``:
-    ``m`` and ``l`` are ``[i]``, ``o_sum`` is ``[i, e]``); extra leading dimensions (batch, heads) are allowed if all share them. ``count == 0`` marks an empty partial (it is ignored).
+    ``m`` and ``l`` are ``[i]``, ``o_sum`` is ``[i, e]``); extra leading dimensions
+    (batch, heads) are allowed when every component has them. ``count == 0`` marks an
+    empty partial (it is ignored).
     """
 
     states: Mapping[str, tuple]
