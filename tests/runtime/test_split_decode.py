@@ -100,3 +100,27 @@ def test_split_needs_max_producers():
     var = nf.compute([8], lambda i: nf.sum((x[i, j] - mean[i]) ** 2, j), name="var")
     with pytest.raises(CodegenError, match="supports max and min producers"):
         nf_compile(var, [x], strategy="split", splits=2, block_m=16, block_n=16)
+
+
+def test_masked_splits_batch_and_visits():
+    """A sliding window leaves whole splits fully masked (state at the identity, m=-inf):
+    they must contribute nothing and never NaN; batch 2; visits counted over splits."""
+    g = torch.Generator().manual_seed(1)
+    n, w = 90, 20
+    q = torch.randn(2, 2, 1, 64, generator=g)
+    k = torch.randn(2, 2, n, 64, generator=g)
+    v = torch.randn(2, 2, n, 64, generator=g)
+    sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=6,
+                     count_visits=True)
+    cache = AttentionCache()
+    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=n - 1, window=w,
+                        cache=cache, schedule=sched)
+    s = (q.double() @ k.double().transpose(-1, -2)) * 0.125
+    s[..., : n - w] = -math.inf
+    ref = torch.softmax(s, -1) @ v.double()
+    assert torch.isfinite(out).all()
+    assert (out.double() - ref).abs().max().item() < 1e-5
+    [kern] = cache.kernels()
+    run = kern.launch(q, k, v)
+    assert run.grid == (1, 4, 6)
+    assert int(run.visits.sum()) < 4 * 6   # fully masked tiles are skipped

@@ -115,11 +115,12 @@ class Kernel:
                 made.append(torch.empty(shape, dtype=dt, device=device))
                 by_tensor[o.arg.tensor] = made[-1]
             outs = made
-            run = self._launch_one(k, sizes, device, by_tensor)
+            run = self._launch_one(k, sizes, device, by_tensor,
+                                   None if first is None else first[1])
             first = run if first is None else first
         return Launch(outs, first[0], first[1])
 
-    def _launch_one(self, k: int, sizes, device, by_tensor):
+    def _launch_one(self, k: int, sizes, device, by_tensor, visits=None):
         import torch
         gk = self.kernels[k]
         prog = gk.program
@@ -130,12 +131,9 @@ class Kernel:
         grid = (-(-rows // prog.schedule.block_m), grid1)
         if prog.split is not None and prog.split.stage == "partial":
             grid += (prog.split.splits,)
-        visits = None
-        if prog.schedule.count_visits and k == 0:
-            n = 1
-            for g in grid:
-                n *= g
-            visits = torch.zeros((n, 2), dtype=torch.int32, device=device)
+        if prog.schedule.count_visits and visits is None:
+            # per (row block, grid point); split-k partial programs add into the same slot
+            visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
         if 0 in grid:
             return grid, visits
         interpret = device.type != "cuda"
