@@ -189,7 +189,7 @@ def _repairs(graph: ReductionGraph, outer: frozenset, names: dict):
                 for p in bad:
                     banned[(id(p), id(c))] = alone[id(p)] if isinstance(alone[id(p)], str) \
                         else got
-                cands = [p for p in cands if p not in bad]
+                cands = [p for p in cands if all(p is not b for b in bad)]
         fused = {(p, c) for c, rep in repairs.items() for p in rep.producers}
         conflict = False
         for p, c in fused:
