@@ -124,3 +124,16 @@ def test_masked_splits_batch_and_visits():
     run = kern.launch(q, k, v)
     assert run.grid == (1, 4, 6)
     assert int(run.visits.sum()) < 4 * 6   # fully masked tiles are skipped
+
+
+def test_gqa_decode_packs_the_group():
+    """DC-GQA decode: the query heads of a KV group share one row block (rows = group)."""
+    q, k, v = _inputs(40, torch.float32, True)          # 4 query heads over 2 KV heads
+    cache = AttentionCache()
+    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=39, cache=cache)
+    [kern] = cache.kernels()
+    assert kern.program.row.extent == 2
+    assert [g.program.split.stage for g in kern.kernels] == ["partial", "combine"]
+    run = kern.launch(q.reshape(1, 2, 2, 64), k, v)
+    assert run.grid[:2] == (1, 2)                      # one program per (batch, KV head)
+    assert (out.double() - _ref(q, k, v, scale=0.125)).abs().max().item() < 1e-5

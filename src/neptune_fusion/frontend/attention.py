@@ -43,6 +43,10 @@ class AttentionSpec:
     mask_mod: Callable | None = None
     q_offset: int | str = 0          # an int, or "end": queries are the last M - N rows
     buffers: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (name, shape, dtype)
+    # decode (one query) with the query heads of a key/value group packed into the row
+    # axis: q is (B, Hkv, group, D), row r is query head hkv * group + r, at position
+    # ``offset``; so one program's row block serves the whole group (tl.dot's M >= 16)
+    packed: bool = False
 
 
 def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Placeholder]]:
@@ -58,34 +62,42 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
                         f"{spec.kv_heads} key/value heads")
     B, N, M = nf.sizes("B N M")
     hq, hkv, d, dv = spec.q_heads, spec.kv_heads, spec.head_dim, spec.v_head_dim
-    q = nf.placeholder((B, hq, N, d), spec.dtype, name="q")
+    group = hq // hkv
+    # (heads, rows) of q and o: (Hq, N), or packed decode (Hkv, group)
+    heads, rows = (hkv, group) if spec.packed else (hq, N)
+    q = nf.placeholder((B, heads, rows, d), spec.dtype, name="q")
     k = nf.placeholder((B, hkv, M, d), spec.dtype, name="k")
     v = nf.placeholder((B, hkv, M, dv), spec.dtype, name="v")
     bufs = {n: nf.placeholder(shape, dt, name=n) for n, shape, dt in spec.buffers}
-    group = hq // hkv
     offset = M - N if spec.q_offset == "end" else spec.q_offset
+    if spec.packed and spec.q_offset == "end":
+        offset = M - 1
     c = nf.reduce_axis(d, "c")
     j = nf.reduce_axis(M, "j")
 
     def kv_head(h):
-        return h // group if group > 1 else h
+        return h // group if group > 1 and not spec.packed else h
 
     def score(b, h, i, jj):
         s = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c) * spec.scale
-        pos = i + offset if not (isinstance(offset, int) and offset == 0) else i
+        if spec.packed:  # row i is query head h * group + i, the one query at ``offset``
+            h, pos = h * group + i, offset
+        else:
+            pos = i + offset if not (isinstance(offset, int) and offset == 0) else i
         if spec.score_mod is not None:
             s = spec.score_mod(s, b, h, pos, jj, **bufs)
         if spec.mask_mod is not None:
             s = nf.where(spec.mask_mod(b, h, pos, jj, **bufs), s, -INF)
         return s
 
-    s = nf.compute((B, hq, N, M), score, name="s")
-    mx = nf.compute((B, hq, N), lambda b, h, i: nf.max(s[b, h, i, j], j), name="m")
-    p = nf.compute((B, hq, N, M), lambda b, h, i, jj: nf.exp(s[b, h, i, jj] - mx[b, h, i]),
-                   name="p")
-    l = nf.compute((B, hq, N), lambda b, h, i: nf.sum(p[b, h, i, j], j), name="l")  # noqa: E741
+    s = nf.compute((B, heads, rows, M), score, name="s")
+    mx = nf.compute((B, heads, rows), lambda b, h, i: nf.max(s[b, h, i, j], j), name="m")
+    p = nf.compute((B, heads, rows, M),
+                   lambda b, h, i, jj: nf.exp(s[b, h, i, jj] - mx[b, h, i]), name="p")
+    l = nf.compute((B, heads, rows), lambda b, h, i: nf.sum(p[b, h, i, j], j),  # noqa: E741
+                   name="l")
     # the output has the inputs' dtype, whatever a score_mod computes in
-    o = nf.compute((B, hq, N, dv), lambda b, h, i, e:
+    o = nf.compute((B, heads, rows, dv), lambda b, h, i, e:
                    nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], name="o",
                    dtype=spec.dtype)
     return [o], [q, k, v] + list(bufs.values())
@@ -176,9 +188,8 @@ def _offset_mode(q_offset, n: int, m: int) -> int | str:
     return "end" if q_offset == m - n and q_offset != 0 else q_offset
 
 
-def _auto_schedule(sched, q, kv_len: int):
-    """Split-k for decode (query length 1), rolling otherwise. Programs per split: one
-    per (batch, query head) -- query heads of a GQA group are not packed yet."""
+def _auto_schedule(sched, q, kv_len: int, programs: int):
+    """Split-k for decode (query length 1), rolling otherwise; ``programs`` per split."""
     from ..schedule.schedule import decode_splits
     if q.shape[2] != 1:
         return sched
@@ -186,7 +197,7 @@ def _auto_schedule(sched, q, kv_len: int):
     if q.device.type == "cuda":
         import torch
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    splits = decode_splits(kv_len, q.shape[0] * q.shape[1], sched.block_n, sms)
+    splits = decode_splits(kv_len, programs, sched.block_n, sms)
     return replace(sched, strategy="split", splits=splits)
 
 
@@ -208,16 +219,23 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
     bufs = dict(buffers or {})
+    group = q.shape[1] // k.shape[1]
+    # packing needs the mods to see the head as a row expression: only without buffers
+    # (a per-head buffer such as ALiBi slopes would be gathered by a row index)
+    packed = n == 1 and group > 1 and not bufs
     spec = AttentionSpec(
         dtype=str(q.dtype).removeprefix("torch."), q_heads=q.shape[1], kv_heads=k.shape[1],
         head_dim=d, v_head_dim=v.shape[3],
         scale=float(1.0 / math.sqrt(d) if scale is None else scale),
         score_mod=score_mod, mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m),
         buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-                      for name, t in bufs.items()))
+                      for name, t in bufs.items()), packed=packed)
+    programs = q.shape[0] * (k.shape[1] if packed else q.shape[1])
     sched = schedule if schedule is not None else \
-        _auto_schedule(default_schedule(d, n, q.element_size()), q, m)
+        _auto_schedule(default_schedule(d, n, q.element_size()), q, m, programs)
     kern = (cache if cache is not None else DEFAULT_CACHE).kernel(spec, sched)
+    qin = q.reshape(q.shape[0], k.shape[1], group, d) if packed else q
     tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
-               for t in [q, k, v] + list(bufs.values())]
-    return kern(*tensors)
+               for t in [qin, k, v] + list(bufs.values())]
+    out = kern(*tensors)
+    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if packed else out
