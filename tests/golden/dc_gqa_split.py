@@ -27,7 +27,7 @@ def dc_gqa_partial(
     i_last = tl.minimum(i_first + BLOCK_M, N) - 1
     t = 4 * BLOCK_N
     t_2 = (M + t - 1) // t * BLOCK_N
-    t_3 = t_2 * pid_split
+    t_3 = pid_split * t_2
     t_4 = t_3 + t_2
     j_lo = tl.minimum(tl.maximum(0, t_3), t_4)
     j_hi = tl.minimum(tl.maximum(tl.minimum(M, i_last + M - N + 1), t_3), t_4)
@@ -119,7 +119,7 @@ def dc_gqa_combine(
         t_2 = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
         ws_m_base = ws_m_ptr + t_2
         ws_m = tl.load(ws_m_base + offs_i, mask=offs_i < N, other=0.0)
-        m_new = tl.where((M + t - 1) // t * BLOCK_N * split_id < M, tl.maximum(m, ws_m), m)
+        m_new = tl.where(split_id * ((M + t - 1) // t * BLOCK_N) < M, tl.maximum(m, ws_m), m)
         m = m_new
     # merge o_sum over the splits
     for split_id_2 in range(0, 4):
@@ -131,7 +131,7 @@ def dc_gqa_combine(
         ws_m_base_2 = ws_m_ptr + t_5
         ws_m_2 = tl.load(ws_m_base_2 + offs_i, mask=offs_i < N, other=0.0)
         t_6 = tl.where(tl.abs(ws_m_2) < float("inf"), ws_m_2, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
-        o_sum_new = tl.where((M + t_3 - 1) // t_3 * BLOCK_N * split_id_2 < M, o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * tl.exp2(t_6)[:, None]), o_sum)
+        o_sum_new = tl.where(split_id_2 * ((M + t_3 - 1) // t_3 * BLOCK_N) < M, o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * tl.exp2(t_6)[:, None]), o_sum)
         o_sum = o_sum_new
     # merge l over the splits
     for split_id_3 in range(0, 4):
@@ -143,7 +143,7 @@ def dc_gqa_combine(
         ws_m_base_3 = ws_m_ptr + t_9
         ws_m_3 = tl.load(ws_m_base_3 + offs_i, mask=offs_i < N, other=0.0)
         t_10 = tl.where(tl.abs(ws_m_3) < float("inf"), ws_m_3, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
-        l_new = tl.where((M + t_7 - 1) // t_7 * BLOCK_N * split_id_3 < M, l + tl.where(ws_l == 0.0, 0.0, ws_l * tl.exp2(t_10)), l)
+        l_new = tl.where(split_id_3 * ((M + t_7 - 1) // t_7 * BLOCK_N) < M, l + tl.where(ws_l == 0.0, 0.0, ws_l * tl.exp2(t_10)), l)
         l = l_new
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1

@@ -260,6 +260,9 @@ class Lowerer(TileOps):
             if e.op not in ("and", "or"):
                 a, b = self.f32(a), self.f32(b)
         tpl, prec, la, lb = BINARY_OPS[e.op]
+        if e.op == "mul" and not e.dtype.is_float and isinstance(e.b, Binary) \
+                and e.b.op in ("mul", "floordiv", "mod"):
+            lb = prec + 1  # a * (b // c * d) is not a * b // c * d on integers
         code = tpl.format(self.operand(a, axes, la), self.operand(b, axes, lb))
         return Val(code, axes if (a.axes or b.axes) else (), self._kind(e, [a, b]), prec)
 

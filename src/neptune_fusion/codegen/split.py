@@ -73,8 +73,7 @@ def partial_program(prog: TileProgram, splits: int) -> TileProgram:
     """Kernel 1: the rolling loop over chunk ``split_id`` only; stores the state."""
     _check(prog, splits)
     chunk = chunk_of(prog, splits)
-    # chunk first: the printer writes mul(a, floordiv(b, c)) as ``a * b // c``
-    lo = Binary("mul", chunk, SPLIT_ID)
+    lo = Binary("mul", SPLIT_ID, chunk)
     hi = Binary("add", lo, chunk)
     bounds = tuple((n, Binary("minimum", Binary("maximum", e, lo), hi))
                    for n, e in prog.bounds)
@@ -99,7 +98,7 @@ def combine_steps(prog: TileProgram):
     def load(s):
         return Load(ws[s].tensor, ws_axes(prog, s))
 
-    nonempty = Binary("lt", Binary("mul", prog.split.chunk, SPLIT_ID),
+    nonempty = Binary("lt", Binary("mul", SPLIT_ID, prog.split.chunk),
                       _extent(prog.loop.extent))
     passes = []
     for a in prog.accumulators:
