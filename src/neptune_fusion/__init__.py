@@ -27,7 +27,7 @@ _LAZY = {
     "FusionPlan": "fusion.plan", "FusedGroup": "fusion.plan", "Member": "fusion.plan",
     "Unfused": "fusion.plan", "compile": "runtime.kernel", "Kernel": "runtime.kernel",
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
-    "Schedule": "schedule",
+    "Schedule": "schedule", "merge_partials": "runtime.merge", "Partial": "runtime.merge",
 }
 
 
@@ -45,6 +45,7 @@ __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
     "compile", "Kernel", "attention", "AttentionCache", "Schedule", "ops",
+    "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
     "sum", "max", "min", "prod",
     "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "abs",
