@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir.nodes import Binary, Expr, Reduce, Unary
-from ..ir.traverse import rewrite
+from ..ir.traverse import factors, product, rewrite
 
 Rule = Callable[[Reduce, frozenset], Expr | None]
 
@@ -26,30 +26,16 @@ def _sub_reduce(r: Reduce, body: Expr) -> Reduce:
     return Reduce(r.op, body, r.axes)
 
 
-def _factors(e: Expr) -> list[Expr]:
-    """The factors of a product tree ``(a * b) * c``."""
-    if isinstance(e, Binary) and e.op == "mul":
-        return _factors(e.a) + _factors(e.b)
-    return [e]
-
-
-def _product(fs: list[Expr]) -> Expr:
-    out = fs[0]
-    for f in fs[1:]:
-        out = Binary("mul", out, f)
-    return out
-
-
 def _sum_scale(r: Reduce, ax: frozenset) -> Expr | None:
     # sum(a * b_j * c) = (a * c) * sum(b_j), for every factor free of the axes
     if r.op != "sum" or not (isinstance(r.body, Binary) and r.body.op == "mul"):
         return None
-    fs = _factors(r.body)
+    fs = factors(r.body)
     free = [f for f in fs if _free_of(f, ax)]
     if not free:
         return None
     rest = [f for f in fs if not _free_of(f, ax)]
-    return Binary("mul", _product(free), _sub_reduce(r, _product(rest)))
+    return Binary("mul", product(free), _sub_reduce(r, product(rest)))
 
 
 def _sum_divide(r: Reduce, ax: frozenset) -> Expr | None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir.nodes import Binary, Cast, Expr, IndexVar, Load, Reduce
+from ..ir.nodes import Cast, Expr, IndexVar, Load, Reduce
+from ..ir.traverse import factors, product
 from .program import TILE_ORDER
 
 
@@ -26,20 +27,6 @@ class Contraction:
     k: IndexVar
     x: str               # tile roles
     y: str
-
-
-def factors(e: Expr) -> list[Expr]:
-    """The factors of a product tree ``(a * b) * c``."""
-    if isinstance(e, Binary) and e.op == "mul":
-        return factors(e.a) + factors(e.b)
-    return [e]
-
-
-def product(fs: list[Expr]) -> Expr:
-    out = fs[0]
-    for f in fs[1:]:
-        out = Binary("mul", out, f)
-    return out
 
 
 def tile_roles(e: Expr, role_of: Callable[[IndexVar], str | None]) -> frozenset[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from .nodes import Compute, Expr, IndexVar, Load, Reduce, fresh_uid
+from .nodes import Binary, Compute, Expr, IndexVar, Load, Reduce, fresh_uid
 
 
 def walk(root: Expr) -> Iterator[Expr]:
@@ -112,3 +112,18 @@ def inline(root: Expr, memo: dict[Compute, Expr] | None = None) -> Expr:
             return substitute(memo[c], dict(zip(c.axes, e.indices)))
         return None
     return rewrite(root, fn)
+
+
+def factors(e: Expr) -> list[Expr]:
+    """The factors of a product tree ``(a * b) * c``, left to right."""
+    if isinstance(e, Binary) and e.op == "mul":
+        return factors(e.a) + factors(e.b)
+    return [e]
+
+
+def product(fs: list[Expr]) -> Expr:
+    """``fs[0] * fs[1] * ...`` as a left-leaning product tree (``fs`` non-empty)."""
+    out = fs[0]
+    for f in fs[1:]:
+        out = Binary("mul", out, f)
+    return out
