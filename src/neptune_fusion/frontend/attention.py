@@ -108,6 +108,9 @@ class AttentionCache:
 
     def __init__(self) -> None:
         self._kernels: dict = {}
+        # per-call derived objects (spec, schedule, kernel, packing) keyed by everything
+        # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
+        self._calls: dict[tuple, _CallPlan] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -123,7 +126,29 @@ class AttentionCache:
     def clear(self) -> None:
         with self._lock:
             self._kernels.clear()
+            self._calls.clear()
             self.hits = self.misses = 0
+
+    def _call_plan(self, key: tuple | None) -> _CallPlan | None:
+        """The cached plan of a call ``key``, counted as a kernel hit; None if unseen."""
+        if key is None:
+            return None
+        try:
+            plan = self._calls.get(key)
+        except TypeError:  # an unhashable mod: the full path reports it as before
+            return None
+        if plan is not None:
+            with self._lock:
+                self.hits += 1  # the kernel lookup this plan stands for
+        return plan
+
+    def _remember(self, key: tuple | None, plan: _CallPlan) -> None:
+        if key is None:
+            return
+        with self._lock:
+            if len(self._calls) >= _MAX_CALLS:  # e.g. a decode loop's growing key length
+                self._calls.pop(next(iter(self._calls)))
+            self._calls[key] = plan
 
     def kernel(self, spec: AttentionSpec, schedule):
         """The kernel of ``spec`` under ``schedule``, compiled on first use."""
@@ -139,6 +164,35 @@ class AttentionCache:
         with self._lock:
             self.misses += 1
             return self._kernels.setdefault(key, kern)
+
+
+@dataclass(frozen=True)
+class _CallPlan:
+    """What :func:`attention` derives from a call's key: the kernel and the packing."""
+
+    kernel: object
+    packed: bool
+    group: int
+
+
+_MAX_CALLS = 1024   # call plans kept per AttentionCache
+
+
+def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
+              schedule) -> tuple | None:
+    """Everything :func:`attention`'s checks and derived objects depend on, or None.
+
+    Plain tensors only (a subclass's attributes may not be plain data). ``q_offset``'s
+    type is part of it because ``True == 1`` but only the int is accepted.
+    """
+    import torch
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and all(type(t) is torch.Tensor for t in bufs.values())):
+        return None
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
+            v.device, score_mod, mask_mod, scale, bool(enable_gqa), type(q_offset),
+            q_offset, schedule,
+            tuple((n, t.shape, t.dtype, t.device) for n, t in bufs.items()))
 
 
 DEFAULT_CACHE = AttentionCache()
@@ -215,10 +269,32 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     default :func:`~neptune_fusion.schedule.schedule.default_schedule`. Returns a tensor
     of ``q``'s dtype, computed by one generated kernel (interpreted for CPU tensors).
     """
+    try:
+        bufs = dict(buffers or {})
+    except Exception:  # noqa: BLE001 - report bad q, k, v first, as the checks order it
+        _check(q, k, v, enable_gqa)
+        raise
+    cache = cache if cache is not None else DEFAULT_CACHE
+    key = _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
+                    schedule)
+    plan = cache._call_plan(key)
+    if plan is None:  # first call of this key: full checks, then remember what they gave
+        plan = _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
+                          cache, schedule)
+        cache._remember(key, plan)
+    qin = q.reshape(q.shape[0], k.shape[1], plan.group, q.shape[3]) if plan.packed else q
+    tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
+               for t in [qin, k, v] + list(bufs.values())]
+    out = plan.kernel(*tensors)
+    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if plan.packed else out
+
+
+def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
+               cache: AttentionCache, schedule) -> _CallPlan:
+    """Check a call and derive its spec, schedule and kernel (see :func:`attention`)."""
     from ..schedule.schedule import default_schedule
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
-    bufs = dict(buffers or {})
     group = q.shape[1] // k.shape[1]
     # packing needs the mods to see the head as a row expression: only without buffers
     # (a per-head buffer such as ALiBi slopes would be gathered by a row index)
@@ -233,9 +309,4 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     programs = q.shape[0] * (k.shape[1] if packed else q.shape[1])
     sched = schedule if schedule is not None else \
         _auto_schedule(default_schedule(d, n, q.element_size()), q, m, programs)
-    kern = (cache if cache is not None else DEFAULT_CACHE).kernel(spec, sched)
-    qin = q.reshape(q.shape[0], k.shape[1], group, d) if packed else q
-    tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
-               for t in [qin, k, v] + list(bufs.values())]
-    out = kern(*tensors)
-    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if packed else out
+    return _CallPlan(cache.kernel(spec, sched), packed, group)

@@ -57,6 +57,31 @@ class Launch:
     visits: object | None   # int32 tensor (programs, 2): masked and interior tiles visited
 
 
+_MAX_PLANS = 256    # launch plans kept per kernel (oldest dropped first)
+_VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One kernel launch with everything fixed by the input signature precomputed."""
+
+    outputs: tuple[tuple[tuple[int, ...], object], ...]  # (shape, torch dtype) to allocate
+    output_keys: tuple          # the IR tensors those outputs are (by_tensor keys)
+    grid: tuple[int, ...]
+    args: tuple[tuple[bool, object], ...]  # (True, by_tensor key) or (False, constant)
+    fn: object | None           # the Triton function; None when the grid is empty
+    interpret: bool
+    opts: dict
+
+
+@dataclass(frozen=True)
+class _LaunchPlan:
+    """The launches of one input signature: the device and one step per kernel."""
+
+    device: object
+    steps: tuple[_Step, ...]
+
+
 class Kernel:
     """A compiled operator. Call it with torch tensors in the order of ``inputs``.
 
@@ -80,6 +105,8 @@ class Kernel:
             "\n\n".join(k.source for k in self.kernels)
         self._single = single
         self._modules: dict[tuple[int, bool], object] = {}
+        # launch plans by input signature (see _plan); owned by this kernel, bounded
+        self._plans: dict[tuple, _LaunchPlan] = {}
 
     def __repr__(self) -> str:
         ins = ", ".join(p.name for p in self.inputs)
@@ -100,67 +127,114 @@ class Kernel:
     def launch(self, *tensors) -> Launch:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
         import torch
-        sizes, device = self._check(tensors)
+        plan = self._plan(tensors)
         by_tensor = dict(zip(self.inputs, tensors))
-        outs = []
+        outs: list = []
         first = None
-        for k, gk in enumerate(self.kernels):
-            prog = gk.program
-            fp32 = prog.split is not None and prog.split.stage == "partial"
-            made = []
-            for o in prog.outputs:
-                shape = tuple(sizes[s] if isinstance(s, Size) else s
-                              for s in o.arg.tensor.shape)
-                dt = torch.float32 if fp32 else _torch_dtype(o.arg.tensor.dtype)
-                made.append(torch.empty(shape, dtype=dt, device=device))
-                by_tensor[o.arg.tensor] = made[-1]
-            outs = made
-            run = self._launch_one(k, sizes, device, by_tensor,
+        for k, step in enumerate(plan.steps):
+            outs = [torch.empty(shape, dtype=dt, device=plan.device)
+                    for shape, dt in step.outputs]
+            by_tensor.update(zip(step.output_keys, outs))
+            run = self._launch_one(k, step, by_tensor, plan.device,
                                    None if first is None else first[1])
             first = run if first is None else first
         return Launch(outs, first[0], first[1])
 
-    def _launch_one(self, k: int, sizes, device, by_tensor, visits=None):
+    def _plan(self, tensors) -> _LaunchPlan:
+        """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
+
+        Everything a launch derives from its inputs besides their data -- bound sizes,
+        grids, output shapes, the non-tensor arguments, the Triton function -- depends
+        only on that signature, and the full :meth:`_check` passes or fails by it alone,
+        so a signature seen before skips both (this was most of the host time per call).
+        Tensor subclasses are never cached: their attributes may not be plain data.
+        """
+        import torch
+        sig = None
+        if all(type(t) is torch.Tensor for t in tensors):
+            sig = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+            plan = self._plans.get(sig)
+            if plan is not None:
+                return plan
+        sizes, device = self._check(tensors)
+        plan = _LaunchPlan(device, tuple(self._step(k, sizes, device, tensors)
+                                         for k in range(len(self.kernels))))
+        if sig is not None:
+            if len(self._plans) >= _MAX_PLANS:  # bound it: e.g. a decode loop's growing M
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[sig] = plan
+        return plan
+
+    def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
+        """The signature-dependent (per-call constant) part of launching kernel ``k``."""
         import torch
         gk = self.kernels[k]
         prog = gk.program
+        fp32 = prog.split is not None and prog.split.stage == "partial"
+        out_keys = tuple(o.arg.tensor for o in prog.outputs)
+        outputs = tuple(self._out_shape(k, t, sizes) for t in out_keys)
+        # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
+        # outputs' from a meta tensor of the same shape (torch.empty is contiguous)
+        strides = {p: t.stride() for p, t in zip(self.inputs, tensors)}
+        for kk in range(k + 1):
+            for o in self.kernels[kk].program.outputs:
+                shape, dt = self._out_shape(kk, o.arg.tensor, sizes)
+                strides[o.arg.tensor] = torch.empty(shape, dtype=dt, device="meta").stride()
         rows = _value(prog.row.extent, sizes)
         grid1 = 1
         for a in prog.grid:
             grid1 *= _value(a.extent, sizes)
         grid = (-(-rows // prog.schedule.block_m), grid1)
-        if prog.split is not None and prog.split.stage == "partial":
+        if fp32:
             grid += (prog.split.splits,)
-        if prog.schedule.count_visits and visits is None:
-            # per (row block, grid point); split-k partial programs add into the same slot
-            visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
-        if 0 in grid:
-            return grid, visits
         interpret = device.type != "cuda"
-        args = []
+        # (True, key): fill in the tensor of that key per call; (False, value): constant
+        args: list[tuple[bool, object]] = []
         for a in gk.args:
             if a.kind == "tensor":
-                args.append(by_tensor[a.ref.tensor])
+                args.append((True, a.ref.tensor))
             elif a.kind == "stride":
                 t, d = a.ref
-                args.append(by_tensor[t.tensor].stride(d))
+                args.append((False, strides[t.tensor][d]))
             elif a.kind == "size":
-                args.append(sizes[a.ref])
+                args.append((False, sizes[a.ref]))
             elif a.kind == "visits":
-                args.append(visits)
+                args.append((True, _VISITS))
             elif a.kind == "block":
                 ax = a.ref
-                args.append(ax.block_size if ax.block_size is not None
-                            else next_pow2(_value(ax.extent, sizes)))
+                args.append((False, ax.block_size if ax.block_size is not None
+                             else next_pow2(_value(ax.extent, sizes))))
             else:
-                args.append(interpret)
-        fn = self._function(k, interpret)
-        opts = dict(num_warps=prog.schedule.num_warps, num_stages=prog.schedule.num_stages)
-        if interpret:
+                args.append((False, interpret))
+        fn = self._function(k, interpret) if 0 not in grid else None
+        return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
+                     dict(num_warps=prog.schedule.num_warps,
+                          num_stages=prog.schedule.num_stages))
+
+    def _out_shape(self, k: int, tensor, sizes: dict) -> tuple[tuple[int, ...], object]:
+        """Shape and torch dtype of kernel ``k``'s output ``tensor`` under ``sizes``."""
+        import torch
+        split = self.kernels[k].program.split
+        fp32 = split is not None and split.stage == "partial"
+        shape = tuple(sizes[s] if isinstance(s, Size) else s for s in tensor.shape)
+        return shape, torch.float32 if fp32 else _torch_dtype(tensor.dtype)
+
+    def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):
+        """Launch kernel ``k`` per its ``step``; returns (grid, visits)."""
+        import torch
+        grid = step.grid
+        if self.kernels[k].program.schedule.count_visits and visits is None:
+            # per (row block, grid point); split-k partial programs add into the same slot
+            visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
+        if step.fn is None:  # an empty grid
+            return grid, visits
+        by_tensor[_VISITS] = visits
+        args = [by_tensor[v] if fill else v for fill, v in step.args]
+        if step.interpret:
             with interpreted_launch():
-                fn[grid](*args, **opts)
+                step.fn[grid](*args, **step.opts)
         else:
-            fn[grid](*args, **opts)
+            step.fn[grid](*args, **step.opts)
         return grid, visits
 
     # ------------------------------------------------------------------ checks
