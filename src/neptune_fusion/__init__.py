@@ -10,12 +10,45 @@ from __future__ import annotations
 
 from ._version import __version__
 from .api import evaluate, plan
-from .errors import (AxisError, CodegenError, DTypeError, ExprError, FeedError, FusionError,
-                     IndexBoundsError, NeptuneError, ScheduleError, ShapeError,
-                     SizeBindingError, VerificationError)
-from .frontend.lang import (abs, cast, compute, const, exp, exp2, log, log2, max, maximum,
-                            min, minimum, placeholder, prod, reduce_axis, rsqrt, sigmoid,
-                            size, sizes, sqrt, sum, tanh, where)
+from .errors import (
+    AxisError,
+    CodegenError,
+    DTypeError,
+    ExprError,
+    FeedError,
+    FusionError,
+    IndexBoundsError,
+    NeptuneError,
+    ScheduleError,
+    ShapeError,
+    SizeBindingError,
+    VerificationError,
+)
+from .frontend.lang import (
+    abs,
+    cast,
+    compute,
+    const,
+    exp,
+    exp2,
+    log,
+    log2,
+    max,
+    maximum,
+    min,
+    minimum,
+    placeholder,
+    prod,
+    reduce_axis,
+    rsqrt,
+    sigmoid,
+    size,
+    sizes,
+    sqrt,
+    sum,
+    tanh,
+    where,
+)
 from .ir.dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64
 from .ir.nodes import Compute, Expr, IndexVar, Placeholder, Size, Tensor
 from .ir.printer import program_str as show

@@ -10,8 +10,24 @@ import numbers
 
 from ..errors import AxisError, DTypeError, ExprError, IndexBoundsError, ShapeError
 from .dtypes import DType, as_dtype, bool_, float32, int64
-from .nodes import (ARITH_OPS, CMP_OPS, LOGIC_OPS, REDUCE_OPS, UNARY_OPS, Binary, Cast,
-                    Const, Expr, IndexVar, Load, Reduce, Size, Tensor, Unary, Where)
+from .nodes import (
+    ARITH_OPS,
+    CMP_OPS,
+    LOGIC_OPS,
+    REDUCE_OPS,
+    UNARY_OPS,
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IndexVar,
+    Load,
+    Reduce,
+    Size,
+    Tensor,
+    Unary,
+    Where,
+)
 
 _FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
 

@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import math
 
-from .nodes import (Binary, Cast, Compute, Const, Expr, IndexVar, Load, Param, Placeholder,
-                    Reduce, Size, Tensor, Unary, Where)
+from .nodes import (
+    Binary,
+    Cast,
+    Compute,
+    Const,
+    Expr,
+    IndexVar,
+    Load,
+    Param,
+    Placeholder,
+    Reduce,
+    Size,
+    Tensor,
+    Unary,
+    Where,
+)
 
 # Python's precedence, so printed text reads (and parses) as the user wrote it:
 # comparisons bind loosest, then |, then &.

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from ..errors import VerificationError
-from .nodes import (CMP_OPS, LOGIC_OPS, Binary, Compute, Expr, IndexVar, Load, Reduce, Tensor,
-                    Unary, Where)
 from .graph import tensors_in_order
+from .nodes import (
+    CMP_OPS,
+    LOGIC_OPS,
+    Binary,
+    Compute,
+    Expr,
+    IndexVar,
+    Load,
+    Reduce,
+    Tensor,
+    Unary,
+    Where,
+)
 from .traverse import walk
 
 

@@ -17,8 +17,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FeedError
-from ..ir.nodes import (Binary, Cast, Compute, Const, Expr, IndexVar, Load, Param, Reduce,
-                        Size, Tensor, Unary, Where)
+from ..ir.nodes import (
+    Binary,
+    Cast,
+    Compute,
+    Const,
+    Expr,
+    IndexVar,
+    Load,
+    Param,
+    Reduce,
+    Size,
+    Tensor,
+    Unary,
+    Where,
+)
 
 _UNARY = {
     "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
