@@ -30,36 +30,13 @@ from neptune_fusion.bench.gate import relative_error, threshold_for
 from neptune_fusion.bench.operators import OPERATORS, make_inputs, prefill_flops, smoke_variant
 from neptune_fusion.bench.providers.base import Prepared, RunContext
 from neptune_fusion.bench.providers.sdpa import CUDNN, EFFICIENT, FLASH
-from neptune_fusion.bench.reference import additive_bias
+from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.bench.timing import gpu_timer, synchronize, wall_timer
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.schedule.schedule import default_schedule
 
 PREFILL = [op for op in OPERATORS if op.phase == "PF"]
 SDPA = (FLASH, CUDNN, EFFICIENT)
-
-
-def reference_heads(op, q, k, v, heads: list[int]) -> torch.Tensor:
-    """Float64 attention of ``op`` for the query heads ``heads``: (B, len(heads), S, D)."""
-    seq = k.shape[2]
-    out = []
-    block = max(1, (1 << 27) // seq)  # score rows per step: 1 GiB of float64
-    for h in heads:
-        kh = k[:, h // op.group].double()
-        vh = v[:, h // op.group].double()
-        rows = []
-        for r0 in range(0, q.shape[2], block):
-            r1 = min(q.shape[2], r0 + block)
-            s = (q[:, h, r0:r1].double() @ kh.transpose(-1, -2)) * op.scale
-            if op.softcap is not None:
-                s = op.softcap * torch.tanh(s / op.softcap)
-            bias = additive_bias(op, seq, dtype=torch.float64, device=q.device,
-                                 heads=slice(h, h + 1), rows=(r0, r1))
-            if bias is not None:
-                s = s + bias
-            rows.append(torch.softmax(s, dim=-1) @ vh)
-        out.append(torch.cat(rows, dim=1))
-    return torch.stack(out, dim=1)
 
 
 def run_neptune(op, q, k, v, cache: AttentionCache):
@@ -79,7 +56,7 @@ def measure(op, seq: int, dtype, timer, check_heads: int, sdpa: bool,
     synchronize(device)
     compile_s = time.perf_counter() - t0
     heads = sorted({0, 1, op.q_heads // 2, op.q_heads - 1})[:max(1, check_heads)]
-    ref = reference_heads(op, q, k, v, heads)
+    ref = reference_attention(op, q, k, v, heads)
     err = relative_error(out[:, heads], ref)
     del ref
     ms = timer(call)

@@ -59,16 +59,21 @@ def dense_bias(op: Operator, seq: int, *, dtype: torch.dtype,
 
 
 def reference_attention(op: Operator, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor) -> torch.Tensor:
-    """Float64 attention of ``op`` on (B, H, S, D) inputs, on the inputs' device."""
+                        v: torch.Tensor, heads: list[int] | None = None) -> torch.Tensor:
+    """Float64 attention of ``op`` on (B, H, S, D) inputs, on the inputs' device.
+
+    ``heads`` restricts it to those query heads: the result is (B, len(heads), S, D).
+    """
     batch, q_heads, q_len, head_dim = q.shape
     seq = k.shape[2]
     if q_heads != op.q_heads or k.shape[1] != op.kv_heads or q_len != op.q_len(seq):
         raise ValueError(f"{op.name}: inputs q{tuple(q.shape)} k{tuple(k.shape)} do not match "
                          f"the operator ({op.q_heads} q heads, {op.kv_heads} kv heads)")
-    out = torch.empty((batch, q_heads, q_len, head_dim), dtype=torch.float64, device=q.device)
+    heads = list(range(q_heads)) if heads is None else list(heads)
+    out = torch.empty((batch, len(heads), q_len, head_dim), dtype=torch.float64,
+                      device=q.device)
     block = max(1, MAX_BLOCK_ELEMENTS // max(1, batch * seq))
-    for h in range(q_heads):
+    for slot, h in enumerate(heads):
         kh = k[:, h // op.group].to(torch.float64)
         vh = v[:, h // op.group].to(torch.float64)
         for r0 in range(0, q_len, block):
@@ -80,5 +85,5 @@ def reference_attention(op: Operator, q: torch.Tensor, k: torch.Tensor,
                                  heads=slice(h, h + 1), rows=(r0, r1))
             if bias is not None:
                 s = s + bias
-            out[:, h, r0:r1] = torch.softmax(s, dim=-1) @ vh
+            out[:, slot, r0:r1] = torch.softmax(s, dim=-1) @ vh
     return out
