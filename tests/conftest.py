@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Kernels and tuned schedules go to a per-run directory, never the user's cache."""
+    old = os.environ.get("NEPTUNE_FUSION_CACHE_DIR")
+    os.environ["NEPTUNE_FUSION_CACHE_DIR"] = str(tmp_path_factory.mktemp("nf-cache"))
+    yield
+    if old is None:
+        os.environ.pop("NEPTUNE_FUSION_CACHE_DIR", None)
+    else:
+        os.environ["NEPTUNE_FUSION_CACHE_DIR"] = old
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from .errors import (
     ScheduleError,
     ShapeError,
     SizeBindingError,
+    UnschedulableError,
     VerificationError,
 )
 from .frontend.lang import (
@@ -60,7 +61,8 @@ _LAZY = {
     "FusionPlan": "fusion.plan", "FusedGroup": "fusion.plan", "Member": "fusion.plan",
     "Unfused": "fusion.plan", "compile": "runtime.kernel", "Kernel": "runtime.kernel",
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
-    "Schedule": "schedule", "merge_partials": "runtime.merge", "Partial": "runtime.merge",
+    "Schedule": "schedule", "ScheduleStore": "schedule.store", "AutoKernel": "runtime.auto",
+    "merge_partials": "runtime.merge", "Partial": "runtime.merge",
 }
 
 
@@ -77,7 +79,8 @@ def __getattr__(name: str):
 __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
-    "compile", "Kernel", "attention", "AttentionCache", "Schedule", "ops",
+    "compile", "Kernel", "AutoKernel", "ScheduleStore", "attention", "AttentionCache",
+    "Schedule", "ops",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
     "sum", "max", "min", "prod",
@@ -87,5 +90,5 @@ __all__ = [
     "Expr", "Tensor", "Placeholder", "Compute", "IndexVar", "Size",
     "NeptuneError", "DTypeError", "ExprError", "ShapeError", "IndexBoundsError",
     "AxisError", "FeedError", "SizeBindingError", "VerificationError", "FusionError",
-    "ScheduleError", "CodegenError",
+    "ScheduleError", "CodegenError", "UnschedulableError",
 ]

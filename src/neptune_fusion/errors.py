@@ -52,3 +52,8 @@ class ScheduleError(NeptuneError, ValueError):
 
 class CodegenError(NeptuneError):
     """A plan the code generator cannot lower to a kernel; the message names the reason."""
+
+
+class UnschedulableError(ScheduleError, CodegenError):
+    """A schedule's strategy the plan does not allow (rolling for a chain that is not one
+    fused loop, split-k for a running-sum producer). Both a schedule and a codegen error."""

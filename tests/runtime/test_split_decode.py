@@ -9,7 +9,7 @@ import torch
 
 from neptune_fusion import ops
 from neptune_fusion.frontend.attention import AttentionCache
-from neptune_fusion.schedule.schedule import Schedule, decode_splits
+from neptune_fusion.schedule.schedule import Schedule
 
 
 def _ref(q, k, v, *, scale, alibi=None, softcap=None):
@@ -61,22 +61,19 @@ def test_decode_split(name, n, splits, dtype):
 
 
 def test_auto_choice():
-    q, k, v = _inputs(50, torch.float32, False)
-    cache = AttentionCache()
-    ops.attention(q, k, v, scale=0.125, causal=True, q_start=49, cache=cache)
-    ops.attention(k[:, :, :20], k, v, scale=0.125, causal=True, q_start=30, cache=cache)
-    strategies = sorted(kern.schedule.strategy for kern in cache.kernels())
-    assert strategies == ["rolling", "split"]
-    split = next(kern for kern in cache.kernels() if kern.schedule.strategy == "split")
-    assert len(split.kernels) == 2
-    assert split.schedule.splits == decode_splits(50, 2, split.schedule.block_n, None)
-
-
-def test_decode_splits_rule():
-    assert decode_splits(16384, 32, 64, 132) == 9
-    assert decode_splits(100, 1, 64, 132) == 2      # at most one split per tile
-    assert decode_splits(10, 4, 64, None) == 1
-    assert decode_splits(4096, 4, 64, None) == 3
+    """schedule="auto": split-k for one query over a long KV axis, rolling for many rows;
+    both correct against float64."""
+    q, k, v = _inputs(200, torch.float32, False)
+    cache = AttentionCache(store=False)
+    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=199, cache=cache)
+    assert (out.double() - _ref(q, k, v, scale=0.125)).abs().max() < 1e-5
+    rows = torch.randn(1, 2, 120, 64)
+    ops.attention(rows, k, v, scale=0.125, causal=True, q_start=80, cache=cache)
+    (kern,) = cache.kernels()      # one shape class: both put the queries at the end
+    assert kern.last_choice.source == "model"       # CPU: the cost model alone chooses
+    split, rolling = kern.schedule_for(q, k, v), kern.schedule_for(rows, k, v)
+    assert (split.strategy, rolling.strategy) == ("split", "rolling")
+    assert 2 <= split.splits <= -(-200 // split.block_n)
 
 
 @pytest.mark.parametrize("opts,msg", [
@@ -128,11 +125,12 @@ def test_masked_splits_batch_and_visits():
 
 def test_gqa_decode_packs_the_group():
     """DC-GQA decode: the query heads of a KV group share one row block (rows = group)."""
-    q, k, v = _inputs(40, torch.float32, True)          # 4 query heads over 2 KV heads
-    cache = AttentionCache()
-    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=39, cache=cache)
-    [kern] = cache.kernels()
-    assert kern.program.row.extent == 2
+    q, k, v = _inputs(100, torch.float32, True)         # 4 query heads over 2 KV heads
+    cache = AttentionCache(store=False)
+    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=99, cache=cache)
+    [auto] = cache.kernels()
+    assert auto.program.row.extent == 2
+    kern = auto.kernel_for(q.reshape(1, 2, 2, 64), k, v)
     assert [g.program.split.stage for g in kern.kernels] == ["partial", "combine"]
     run = kern.launch(q.reshape(1, 2, 2, 64), k, v)
     assert run.grid[:2] == (1, 2)                      # one program per (batch, KV head)

@@ -17,7 +17,7 @@ import math
 import re
 
 from ..algebra.synth import moved, running, state
-from ..errors import CodegenError
+from ..errors import CodegenError, UnschedulableError
 from ..fusion.plan import FusedGroup, FusionPlan
 from ..ir.dtypes import float32, int64
 from ..ir.fold import IDENTITY, fconst, fold
@@ -83,13 +83,13 @@ def safe(x: Expr) -> Expr:
 def _the_group(plan: FusionPlan) -> FusedGroup:
     if not plan.single_pass:
         u = plan.unfused[0]
-        raise CodegenError(
-            f"the plan is not single-pass ({u.consumer} reads the final {u.producer}: "
-            f"{u.reason}); the rolling kernel needs one fused loop")
+        raise UnschedulableError(
+            f"schedule strategy 'rolling': the plan is not single-pass ({u.consumer} reads "
+            f"the final {u.producer}: {u.reason}); the rolling kernel needs one fused loop")
     if len(plan.groups) != 1:
-        raise CodegenError(
-            f"the plan has {len(plan.groups)} fused groups; the rolling kernel lowers one "
-            "group (one loop over one reduction axis)")
+        raise UnschedulableError(
+            f"schedule strategy 'rolling': the plan has {len(plan.groups)} fused groups; the "
+            "rolling kernel lowers one group (one loop over one reduction axis)")
     g = plan.groups[0]
     if len(g.axes) != 1:
         raise CodegenError(f"group 0 reduces over {len(g.axes)} axes; one is supported")

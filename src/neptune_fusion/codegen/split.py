@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..algebra.synth import moved, running, state
-from ..errors import CodegenError
+from ..errors import CodegenError, UnschedulableError
 from ..ir.dtypes import float32, int64
 from ..ir.fold import fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Size, Where, fresh_uid
@@ -64,9 +64,10 @@ def _check(prog: TileProgram, splits: int) -> None:
     for a in prog.accumulators:
         for p in a.producers:
             if prog.accumulators[p].op == "sum":
-                raise CodegenError(
-                    f"{a.name} reads the running sum {prog.accumulators[p].name}; split-k "
-                    "supports max and min producers (a sum's running value needs the count)")
+                raise UnschedulableError(
+                    f"schedule strategy 'split': {a.name} reads the running sum "
+                    f"{prog.accumulators[p].name}; split-k supports max and min "
+                    "producers (a sum's running value needs the count)")
 
 
 def partial_program(prog: TileProgram, splits: int) -> TileProgram:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..errors import FeedError
 from ..ir.nodes import Compute, Placeholder
@@ -104,9 +104,15 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
 
 
 class AttentionCache:
-    """Compiled attention kernels keyed by shape class (and schedule). Thread-safe."""
+    """Compiled attention kernels keyed by shape class (and schedule). Thread-safe.
 
-    def __init__(self) -> None:
+    ``store`` is where auto-scheduled kernels remember their tuned schedules across
+    processes (a :class:`~neptune_fusion.schedule.store.ScheduleStore` or a directory;
+    ``None``: the default ``~/.cache/neptune-fusion``; ``False``: nowhere).
+    """
+
+    def __init__(self, store=None) -> None:
+        self.store = store
         self._kernels: dict = {}
         # per-call derived objects (spec, schedule, kernel, packing) keyed by everything
         # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
@@ -160,7 +166,7 @@ class AttentionCache:
                 return got
         from ..runtime.kernel import compile as nf_compile
         outs, ins = attention_definition(spec)
-        kern = nf_compile(outs[0], ins, schedule=schedule, name="attention")
+        kern = nf_compile(outs[0], ins, schedule=schedule, name="attention", cache=self.store)
         with self._lock:
             self.misses += 1
             return self._kernels.setdefault(key, kern)
@@ -242,19 +248,6 @@ def _offset_mode(q_offset, n: int, m: int) -> int | str:
     return "end" if q_offset == m - n and q_offset != 0 else q_offset
 
 
-def _auto_schedule(sched, q, kv_len: int, programs: int):
-    """Split-k for decode (query length 1), rolling otherwise; ``programs`` per split."""
-    from ..schedule.schedule import decode_splits
-    if q.shape[2] != 1:
-        return sched
-    sms = None
-    if q.device.type == "cuda":
-        import torch
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    splits = decode_splits(kv_len, programs, sched.block_n, sms)
-    return replace(sched, strategy="split", splits=splits)
-
-
 def attention(q, k, v, *, score_mod: Callable | None = None,
               mask_mod: Callable | None = None, scale: float | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
@@ -265,9 +258,10 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
     row 0 (default 0; ``"end"`` or ``M - N`` puts the queries at the end: decode).
     ``buffers`` maps names to extra tensors the mods index (passed to them as keyword
-    arguments, as placeholders), e.g. per-head ALiBi slopes. ``schedule`` overrides the
-    default :func:`~neptune_fusion.schedule.schedule.default_schedule`. Returns a tensor
-    of ``q``'s dtype, computed by one generated kernel (interpreted for CPU tensors).
+    arguments, as placeholders), e.g. per-head ALiBi slopes. ``schedule`` is ``"auto"``
+    (default: chosen, on a GPU tuned, per shape class and remembered; split-k for decode)
+    or an explicit :class:`~neptune_fusion.schedule.schedule.Schedule`. Returns a tensor
+    of ``q``'s dtype, computed by generated kernels (interpreted for CPU tensors).
     """
     try:
         bufs = dict(buffers or {})
@@ -292,7 +286,6 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
 def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
                cache: AttentionCache, schedule) -> _CallPlan:
     """Check a call and derive its spec, schedule and kernel (see :func:`attention`)."""
-    from ..schedule.schedule import default_schedule
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
     group = q.shape[1] // k.shape[1]
@@ -306,7 +299,5 @@ def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: 
         score_mod=score_mod, mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m),
         buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
                       for name, t in bufs.items()), packed=packed)
-    programs = q.shape[0] * (k.shape[1] if packed else q.shape[1])
-    sched = schedule if schedule is not None else \
-        _auto_schedule(default_schedule(d, n, q.element_size()), q, m, programs)
+    sched = "auto" if schedule is None else schedule
     return _CallPlan(cache.kernel(spec, sched), packed, group)

@@ -19,7 +19,7 @@ from ..codegen.lower import lower, next_pow2
 from ..codegen.program import TileProgram
 from ..codegen.source import KernelArg, generate, kernel_args
 from ..codegen.split import split_programs
-from ..errors import FeedError, NeptuneError
+from ..errors import FeedError, NeptuneError, ScheduleError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
 from ..reference.evaluate import as_outputs
@@ -239,33 +239,41 @@ class Kernel:
 
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
-        import torch
-        if len(tensors) != len(self.inputs):
-            names = ", ".join(p.name for p in self.inputs)
-            raise FeedError(f"kernel {self.program.name} takes {len(self.inputs)} tensor(s) "
-                            f"({names}), got {len(tensors)}")
-        sizes: dict[Size, int] = {}
-        origin: dict[Size, str] = {}
-        device = None
-        for k, (p, t) in enumerate(zip(self.inputs, tensors)):
-            what = f"argument {k} ({p.name!r})"
-            if not isinstance(t, torch.Tensor):
-                raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
-            got = str(t.dtype).removeprefix("torch.")
-            if got != p.dtype.name:
-                raise FeedError(f"{what} must be {p.dtype}, got {got}")
-            if device is None:
-                device, first = t.device, p.name
-            elif t.device != device:
-                raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
-                                "all inputs must be on one device")
-            bind_sizes(p, tuple(t.shape), sizes, origin)
-            if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-                raise FeedError(f"{what} must have unit stride in its last dimension, got "
-                                f"strides {tuple(t.stride())}; call .contiguous()")
-        if device is not None and device.type not in ("cuda", "cpu"):
-            raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
-        return sizes, device
+        return check_inputs(self.program.name, self.inputs, tensors)
+
+
+def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
+    """Check ``tensors`` against the placeholders ``inputs`` of kernel ``name``; return
+    the bound sizes and the device. Every failure is a :class:`FeedError` naming the
+    argument."""
+    import torch
+    if len(tensors) != len(inputs):
+        names = ", ".join(p.name for p in inputs)
+        raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s) "
+                        f"({names}), got {len(tensors)}")
+    sizes: dict[Size, int] = {}
+    origin: dict[Size, str] = {}
+    device = None
+    for k, (p, t) in enumerate(zip(inputs, tensors)):
+        what = f"argument {k} ({p.name!r})"
+        if not isinstance(t, torch.Tensor):
+            raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
+        got = str(t.dtype).removeprefix("torch.")
+        if got != p.dtype.name:
+            raise FeedError(f"{what} must be {p.dtype}, got {got}")
+        if device is None:
+            device, first = t.device, p.name
+        elif t.device != device:
+            raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
+                            "all inputs must be on one device")
+        bind_sizes(p, tuple(t.shape), sizes, origin)
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise FeedError(f"{what} must have unit stride in its last dimension, got "
+                            f"strides {tuple(t.stride())}; call .contiguous()")
+    if device is not None and device.type not in ("cuda", "cpu"):
+        raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
+    return sizes, device
+
 
 
 def _value(ext, sizes: dict) -> int:
@@ -277,22 +285,34 @@ def _torch_dtype(d):
     return getattr(torch, d.name)
 
 
-def compile(outputs, inputs=None, *, schedule: Schedule | None = None, name: str | None = None,
-            **options) -> Kernel:  # noqa: A001 - the natural name (nf.compile)
-    """Compile plain ``outputs`` into one fused kernel.
+_TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
 
-    ``inputs`` fixes the order of the kernel's tensor arguments (default: the
-    placeholders in dependency order). ``schedule`` and ``options`` (fields of
-    :class:`~neptune_fusion.schedule.schedule.Schedule`, e.g. ``block_m=64``) set tile
-    sizes and speed rules. Raises :class:`~neptune_fusion.errors.CodegenError` when the
-    plan is not a single rolling loop the code generator covers.
+
+def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
+            name: str | None = None, cache=None, log: bool | None = None, top_k: int = 6,
+            **options):
+    """Compile plain ``outputs`` into one fused operator.
+
+    ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
+    dependency order). ``schedule``:
+
+    * ``"auto"`` (default): an :class:`~neptune_fusion.runtime.auto.AutoKernel` that
+      chooses the schedule per shape class at the first call (cost model; on a GPU the
+      best ``top_k`` candidates measured), remembered in ``cache`` (a
+      :class:`~neptune_fusion.schedule.store.ScheduleStore`, a directory, ``None`` for
+      the default ``~/.cache/neptune-fusion``, ``False`` for none). ``log`` (default:
+      ``$NEPTUNE_FUSION_LOG``) prints the candidates and their times.
+    * a :class:`~neptune_fusion.schedule.schedule.Schedule` (or its dict/JSON form): that
+      schedule exactly, validated -- :class:`~neptune_fusion.errors.ScheduleError` names
+      the field and the violated invariant. Returns a :class:`Kernel`.
+
+    ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
+    ``"auto"`` means an explicit schedule (the defaults plus ``options``).
     """
     from ..fusion.plan import plan as make_plan
     outs, single = as_outputs(outputs)
     needed = placeholders(outs)
-    if inputs is None:
-        inputs = needed
-    inputs = list(inputs)
+    inputs = list(needed if inputs is None else inputs)
     for k, p in enumerate(inputs):
         if not isinstance(p, Placeholder):
             raise NeptuneError(f"inputs[{k}] must be a placeholder, got {p!r}")
@@ -301,12 +321,32 @@ def compile(outputs, inputs=None, *, schedule: Schedule | None = None, name: str
                                f"{', '.join(sorted(_SUPPORTED))}")
     if len(set(inputs)) != len(inputs):
         raise NeptuneError("inputs lists a placeholder twice")
-    sched = make_schedule(schedule, **options)
+    auto = isinstance(schedule, str) and schedule == "auto" \
+        and not any(f in options for f in _TILE_FIELDS)
+    if isinstance(schedule, str) and schedule != "auto":
+        raise ScheduleError(f"schedule must be 'auto', a Schedule or its dict, got "
+                            f"{schedule!r}")
+    if isinstance(schedule, dict):
+        schedule = Schedule.from_dict(schedule)
+    sched = make_schedule(None if isinstance(schedule, str) else schedule, **options)
     the_plan = make_plan(outs)
-    kname = name or "nf_" + "_".join(o.name for o in outs)
-    prog = lower(the_plan, inputs, sched, name=_identifier(kname))
-    programs = (prog,) if sched.strategy == "rolling" else split_programs(prog, sched.splits)
-    return Kernel(outs, inputs, the_plan, programs, sched, single)
+    kname = _identifier(name or "nf_" + "_".join(o.name for o in outs))
+
+    def build(s: Schedule) -> Kernel:
+        prog = lower(the_plan, inputs, s, name=kname)
+        programs = (prog,) if s.strategy == "rolling" else split_programs(prog, s.splits)
+        return Kernel(outs, inputs, the_plan, programs, s, single)
+
+    if not auto:
+        return build(sched)
+    from ..schedule.store import ScheduleStore
+    from .auto import AutoKernel
+    if cache is None or isinstance(cache, (str, Path)):
+        store = ScheduleStore(cache)
+    else:
+        store = cache or None
+    return AutoKernel(outs, inputs, the_plan, single, kname, sched, build, store=store,
+                      top_k=top_k, log=log)
 
 
 def _identifier(name: str) -> str:

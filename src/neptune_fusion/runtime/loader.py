@@ -28,12 +28,11 @@ _LOCK = threading.RLock()
 
 
 def cache_dir() -> Path:
-    """Where generated kernel sources live: ``$NEPTUNE_FUSION_CACHE_DIR`` or a user cache."""
-    env = os.environ.get("NEPTUNE_FUSION_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "neptune_fusion" / "kernels"
+    """Where generated kernel sources live: ``<cache root>/kernels`` (see
+    :func:`~neptune_fusion.schedule.store.cache_root`: ``$NEPTUNE_FUSION_CACHE_DIR`` or
+    ``~/.cache/neptune-fusion``)."""
+    from ..schedule.store import cache_root
+    return cache_root() / "kernels"
 
 
 @contextlib.contextmanager

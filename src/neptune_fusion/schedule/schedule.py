@@ -127,12 +127,3 @@ def default_schedule(head_dim: int, query_len: int | None = None,
     if query_len is not None and query_len <= 16:
         s = replace(s, block_m=16, num_warps=4)
     return s
-
-
-def decode_splits(kv_len: int, programs: int, block_n: int, sms: int | None) -> int:
-    """Split count of a decode kernel: enough programs to fill the GPU twice over,
-    ``clamp(ceil(2 * SMs / programs), 1, ceil(kv_len / block_n))``; ``sms=None`` (no GPU:
-    the interpreter) gives a small fixed 3 (still clamped to the tile count)."""
-    tiles = max(1, -(-kv_len // block_n))
-    want = 3 if sms is None else -(-2 * sms // max(1, programs))
-    return max(1, min(want, tiles))

@@ -1,0 +1,311 @@
+"""``schedule="auto"``: the schedule chosen per shape class at the first call, remembered.
+
+``nf.compile`` cannot choose tiles without sizes (they are symbolic until a call binds
+them), so an auto-scheduled operator is an :class:`AutoKernel`: at the first call of a
+shape class it
+
+1. builds the :class:`~neptune_fusion.schedule.space.Problem` from the bound sizes and
+   asks the schedule store (``~/.cache/neptune-fusion/schedules``) for a tuned schedule;
+2. on a miss, ranks the search space with the cost model; on CPU (the interpreter) the
+   model's best is taken as is, on a GPU the best ``top_k`` are measured
+   (:mod:`.tune`: each checked against the float64 reference first) with a progress bar;
+3. stores the winner (atomically; a corrupt entry is rewritten) and compiles it.
+
+The shape class is the program's fingerprint, input dtypes, every symbolic size rounded
+up to a power of two, the base speed rules, the device (name, multiprocessors) and the
+versions of the package, Triton and torch. Later calls of the same input signature go
+straight to the compiled :class:`~neptune_fusion.runtime.kernel.Kernel`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from ..errors import CodegenError, NeptuneError, ScheduleError
+from ..schedule.schedule import Schedule
+
+LOG_ENV = "NEPTUNE_FUSION_LOG"
+_MAX_SIGS = 256
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How a shape class got its schedule: ``source`` is "cache" (the store), "model"
+    (the cost model alone: CPU) or "measured" (the fastest measured candidate)."""
+
+    schedule: Schedule
+    source: str
+    trials: tuple = ()
+    key: dict | None = None
+
+
+def fingerprint(outputs) -> str:
+    """A stable hash of the program: its printed form plus every constant exactly."""
+    from ..ir.graph import tensors_in_order
+    from ..ir.nodes import Compute, Const
+    from ..ir.printer import program_str
+    from ..ir.traverse import walk
+    h = hashlib.sha256(program_str(list(outputs)).encode())
+    for t in tensors_in_order(list(outputs)):
+        if isinstance(t, Compute):
+            for node in walk(t.body):
+                if isinstance(node, Const):
+                    h.update(repr(node.value).encode() + b";")
+    return h.hexdigest()[:32]
+
+
+def _bucket(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def log_enabled(flag: bool | None) -> bool:
+    if flag is not None:
+        return bool(flag)
+    return os.environ.get(LOG_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+class AutoKernel:
+    """A compiled operator whose schedule is chosen per shape class (module docstring).
+
+    Call it like a :class:`Kernel`. :meth:`kernel_for` returns the concrete kernel of
+    some inputs; :attr:`last_choice` says how the latest new shape class was scheduled.
+    """
+
+    def __init__(self, outputs, inputs, plan, single: bool, name: str, base: Schedule,
+                 build, *, store=None, top_k: int = 6, log: bool | None = None) -> None:
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        self.plan = plan
+        self.name = name
+        self.base = base
+        self._build = build            # Schedule -> Kernel (checked, not yet launched)
+        self._store = store            # a ScheduleStore, or None: no disk cache
+        self.top_k = top_k
+        self._log = log
+        self._single = single
+        self._fingerprint = fingerprint(self.outputs)
+        self._kernels: dict[Schedule, object] = {}
+        self._by_class: dict[str, Choice] = {}
+        self._by_sig: dict[tuple, object] = {}
+        # lowering under the base schedule now reports a plan no kernel can run at compile
+        # time, and gives the axes the cost model needs
+        self._prog0 = self._kernel(base).program
+        self._splittable: bool | None = None
+        self._lock = threading.RLock()
+        self.last_choice: Choice | None = None
+
+    def __repr__(self) -> str:
+        ins = ", ".join(p.name for p in self.inputs)
+        outs = ", ".join(o.name for o in self.outputs)
+        return f"<AutoKernel {self.name}({ins}) -> {outs}; schedule chosen per shape class>"
+
+    def __call__(self, *tensors):
+        return self.kernel_for(*tensors)(*tensors)
+
+    def launch(self, *tensors):
+        return self.kernel_for(*tensors).launch(*tensors)
+
+    def schedule_for(self, *tensors) -> Schedule:
+        return self.kernel_for(*tensors).schedule
+
+    def kernel_for(self, *tensors):
+        """The compiled kernel for ``tensors``' shape class (chosen, maybe tuned, once)."""
+        import torch
+        sig = None
+        if all(type(t) is torch.Tensor for t in tensors):
+            sig = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+            got = self._by_sig.get(sig)
+            if got is not None:
+                return got
+        with self._lock:
+            kern = self._choose(tensors)
+            if sig is not None:
+                if len(self._by_sig) >= _MAX_SIGS:
+                    self._by_sig.pop(next(iter(self._by_sig)))
+                self._by_sig[sig] = kern
+        return kern
+
+    def kernel_of(self, schedule: Schedule):
+        """The concrete kernel of an explicit ``schedule`` (built once, validated)."""
+        with self._lock:
+            return self._kernel(schedule)
+
+    def space_for(self, *tensors):
+        """``(problem, device, candidates)``: what the auto-scheduler searches for
+        ``tensors`` (the whole space, before the cost model ranks it)."""
+        from ..schedule.space import candidates, device_of
+        from .kernel import check_inputs
+        from .problem import problem_of
+        sizes, tdev = check_inputs(self.name, self.inputs, tensors)
+        device = device_of(tdev)
+        problem = problem_of(self._program(), self.inputs, tensors, sizes, self._can_split())
+        return problem, device, candidates(problem, device, self.base)
+
+    # ------------------------------------------------------------------ choosing
+    def _kernel(self, s: Schedule):
+        k = self._kernels.get(s)
+        if k is None:
+            k = self._kernels[s] = self._build(s)
+        return k
+
+    @property
+    def program(self):
+        """The tile program under the base schedule: its axes and their roles (rows, loop,
+        grid) are those of every schedule; tiles and splits are not."""
+        return self._prog0
+
+    def _program(self):
+        return self._prog0
+
+    def _can_split(self) -> bool:
+        if self._splittable is None:
+            from ..codegen.split import split_programs
+            try:
+                split_programs(self._program(), 2)
+                self._splittable = True
+            except CodegenError:
+                self._splittable = False
+        return self._splittable
+
+    def _key(self, sizes: dict, device) -> dict:
+        import torch
+        import triton
+
+        from .._version import __version__
+        return {
+            "what": "neptune-fusion schedule", "program": self._fingerprint,
+            "inputs": [[p.name, p.dtype.name] for p in self.inputs],
+            "sizes": sorted([s.name, _bucket(v)] for s, v in sizes.items()),
+            "base": {k: v for k, v in self.base.to_dict().items()
+                     if k in ("exp2", "partition", "fast_tanh", "fp32_precision",
+                              "count_visits")},
+            "device": device.name, "sms": device.sms,
+            "versions": {"neptune_fusion": __version__, "triton": triton.__version__,
+                         "torch": torch.__version__.split("+")[0]},
+        }
+
+    def _choose(self, tensors):
+        from ..schedule.cost import rank
+        from ..schedule.space import candidates, device_of
+        from ..schedule.store import canonical_json
+        from .kernel import check_inputs
+        from .problem import problem_of
+        sizes, tdev = check_inputs(self.name, self.inputs, tensors)
+        device = device_of(tdev)
+        key = self._key(sizes, device)
+        ckey = canonical_json(key)
+        choice = self._by_class.get(ckey)
+        if choice is None:
+            choice = self._cached(key)
+        if choice is None:
+            problem = problem_of(self._program(), self.inputs, tensors, sizes,
+                                 self._can_split())
+            ranked = rank(problem, candidates(problem, device, self.base), device)
+            if not ranked:
+                raise CodegenError(f"{self.name}: no schedule of the search space fits "
+                                   f"{device.name} for this shape")
+            if tdev.type == "cuda":
+                choice = self._measure(ranked, tensors, sizes, key)
+            else:
+                choice = self._first_buildable(ranked, key)
+            if self._store is not None:
+                self._store.put(key, {"schedule": choice.schedule.to_dict(),
+                                      "source": choice.source,
+                                      "trials": [_trial_json(t) for t in choice.trials]})
+        self._by_class[ckey] = choice
+        self.last_choice = choice
+        return self._kernel(choice.schedule)
+
+    def _cached(self, key: dict) -> Choice | None:
+        if self._store is None:
+            return None
+        record = self._store.get(key)
+        if record is None:
+            if log_enabled(self._log) and self._store.last_miss not in (None, "missing"):
+                print(f"neptune-fusion: schedule cache entry ignored "
+                      f"({self._store.last_miss}); re-tuning", file=sys.stderr)
+            return None
+        try:
+            s = Schedule.from_dict(record["schedule"])
+            self._kernel(s)
+        except (KeyError, TypeError, NeptuneError) as err:
+            if log_enabled(self._log):
+                print(f"neptune-fusion: schedule cache entry unusable ({err}); re-tuning",
+                      file=sys.stderr)
+            return None
+        if log_enabled(self._log):
+            print(f"neptune-fusion: {self.name}: schedule from the cache "
+                  f"({self._store.path(key)}): {_brief(s)}", file=sys.stderr)
+        return Choice(s, "cache", (), key)
+
+    def _first_buildable(self, ranked, key: dict) -> Choice:
+        from .tune import Trial
+        errors = []
+        for est in ranked:
+            try:
+                self._kernel(est.schedule)
+            except (CodegenError, ScheduleError) as err:
+                errors.append(str(err))
+                continue
+            trial = Trial(est.schedule, est.seconds)
+            if log_enabled(self._log):
+                from .tune import log_trials
+                log_trials(f"{self.name}: cost model only (no GPU)", [trial], est.schedule)
+            return Choice(est.schedule, "model", (trial,), key)
+        raise CodegenError(f"{self.name}: no candidate schedule builds: {errors[0]}")
+
+    def _measure(self, ranked, tensors, sizes: dict, key: dict) -> Choice:
+        from .tune import best, log_trials, measure
+        top = ranked[: self.top_k]
+        with _progress(f"tuning {self.name}", len(top)) as step:
+            trials = measure(self._kernel, top, tensors, inputs=self.inputs,
+                             outputs=self.outputs, sizes=sizes, top_k=self.top_k,
+                             on_step=step)
+        win = best(trials)
+        if log_enabled(self._log):
+            log_trials(f"{self.name}: {len(trials)} candidates measured", trials,
+                       win.schedule if win else None)
+        if win is None:
+            reasons = "; ".join(f"{_brief(t.schedule)}: {t.error}" for t in trials)
+            raise CodegenError(f"{self.name}: every candidate schedule failed: {reasons}")
+        return Choice(win.schedule, "measured", tuple(trials), key)
+
+
+def _brief(s: Schedule) -> str:
+    split = f" splits={s.splits}" if s.strategy == "split" else ""
+    return (f"{s.strategy} {s.block_m}x{s.block_n} warps={s.num_warps} "
+            f"stages={s.num_stages}{split}")
+
+
+def _trial_json(t) -> dict:
+    return {"schedule": _brief(t.schedule), "model_ms": t.predicted_s * 1e3,
+            "measured_ms": None if t.measured_s is None else t.measured_s * 1e3,
+            "error": t.error}
+
+
+class _progress:
+    """A transient rich progress bar on a terminal; silent otherwise."""
+
+    def __init__(self, what: str, total: int) -> None:
+        self.what, self.total = what, total
+        self.bar = None
+
+    def __enter__(self):
+        if sys.stdout.isatty() and sys.stderr.isatty():
+            from rich.progress import Progress
+            self.bar = Progress(transient=True)
+            self.bar.start()
+            task = self.bar.add_task(self.what, total=self.total)
+            return lambda trial: self.bar.advance(task)
+        return lambda trial: None
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

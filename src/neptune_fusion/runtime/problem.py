@@ -1,0 +1,35 @@
+"""A kernel at a shape, as the cost model sees it (:class:`~..schedule.space.Problem`)."""
+
+from __future__ import annotations
+
+import math
+
+from ..codegen.program import TileProgram
+from ..ir.nodes import Size
+
+
+def _value(ext, sizes: dict) -> int:
+    return sizes[ext] if isinstance(ext, Size) else int(ext)
+
+
+def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool = True):
+    """The :class:`Problem` of tile program ``prog`` on ``tensors`` (bound ``sizes``).
+
+    Rows, loop length, programs (the grid), contraction and output widths come from the
+    program's axes; the streamed bytes are those of the inputs with a dimension of the
+    loop axis's extent (k and v), so shared key/value heads count once.
+    """
+    from ..schedule.space import Problem
+    loop_ext = prog.loop.extent
+    streamed = 0
+    for p, t in zip(inputs, tensors):
+        if any(d is loop_ext for d in p.shape):
+            streamed += t.numel() * t.element_size()
+    itemsize = max((t.element_size() for t in tensors if t.is_floating_point()), default=2)
+    return Problem(
+        rows=_value(prog.row.extent, sizes), loop=_value(loop_ext, sizes),
+        programs=math.prod(_value(a.extent, sizes) for a in prog.grid),
+        inner=math.prod(_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
+        col=_value(prog.col.extent, sizes) if prog.col is not None else 1,
+        itemsize=itemsize, streamed=streamed if isinstance(loop_ext, Size) else 0,
+        splittable=splittable, fp32=itemsize >= 4)
