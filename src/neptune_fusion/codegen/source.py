@@ -210,11 +210,11 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
 
 
 def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:
-    """Split-k combine: one loop over the splits per member, in plan order, so a
-    consumer's pass sees its producers fully merged (see :mod:`.split`)."""
+    """Split-k combine: loops over the splits merging the partial states with the
+    derived repairs (see :func:`.split.combine_steps`)."""
     from .split import combine_steps
-    for acc, steps in zip(prog.accumulators, combine_steps(prog)):
-        loops.comment(f"merge {acc.name} over the splits")
+    for steps in combine_steps(prog):
+        loops.comment("merge the splits' states: " + ", ".join(s.name for s, _ in steps))
         sid = loops.names.fresh("split_id")
         with loops.nested(f"for {sid} in range(0, {prog.split.splits}):") as body:
             local = dict(env)

@@ -6,9 +6,11 @@ fastest, so the model only has to put the winner among them. On CPU it chooses a
 
 Per program (one row block of one instance, or one split of it):
 
-* shared memory: the K/V pipeline, ``max(stages - 1, 1) * BLOCK_N * (inner + col)``
-  elements, plus the q tile and the probability tile ``P`` (``BLOCK_M * (inner +
-  BLOCK_N)``) -- more than the device allows is infeasible;
+* shared memory: the K/V pipeline plus the q tile, as Triton 3.6 allocates them on Hopper
+  (checked against its "out of resource" reports on an H200): row blocks of 64 or more
+  (warp-group MMA) buffer ``stages`` K/V tiles of ``BLOCK_N * (inner + col)`` elements,
+  smaller ones ``stages - 1`` (plus three q-sized tiles) -- more than the device allows is
+  infeasible;
 * registers per thread: the fp32 accumulator and score tiles and the q tile spread over
   the warps' threads; above 255 the compiler spills, which costs a large factor;
 * time: memory (every row block streams the loop axis; the decode floor) and tensor-core
@@ -51,7 +53,11 @@ def resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """Shared memory, registers and residency of one program of ``s`` on ``device``."""
     bm, bn, it = s.block_m, s.block_n, problem.itemsize
     inner, col = _pow2(problem.inner), _pow2(problem.col)
-    smem = (max(s.num_stages - 1, 1) * bn * (inner + col) + bm * (inner + bn)) * it
+    kv = bn * (inner + col)
+    if bm >= 64 and s.num_warps % 4 == 0:       # wgmma: one buffer per stage
+        smem = (s.num_stages * kv + bm * inner) * it
+    else:                                       # mma v2 / cp.async: stages - 1 buffers
+        smem = (max(s.num_stages - 1, 1) * kv + 3 * bm * inner) * it
     threads = 32 * s.num_warps
     regs = (bm * col + bm * bn + bm * inner * it // 4) // threads + 40
     per_sm = min(device.smem_per_block // max(smem, 1),

@@ -89,6 +89,24 @@ class Schedule:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_json(self) -> str:
+        """The schedule as a JSON object (every field; :meth:`from_json` reads it back)."""
+        import json
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Schedule:
+        """A schedule from :meth:`to_json`'s text (fields left out keep their defaults);
+        validated, so a bad field raises :class:`ScheduleError` naming it."""
+        import json
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise ScheduleError(f"schedule: not JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ScheduleError(f"schedule: JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
     @classmethod
     def from_dict(cls, data: dict) -> Schedule:
         known = {f.name for f in fields(cls)}

@@ -119,11 +119,12 @@ def wants_split(problem: Problem, device: Device) -> bool:
 
 
 def split_counts(problem: Problem, device: Device, block_n: int) -> tuple[int, ...]:
-    """Split counts around "two programs per multiprocessor", clamped to the tile count."""
+    """Split counts around "two programs per multiprocessor" (a quarter of that to twice
+    it: fewer, longer chunks often stream better), clamped to the tile count."""
     tiles = max(1, -(-problem.loop // block_n))
     blocks = max(1, -(-problem.rows // 16) * problem.programs)
     fill = max(1, -(-2 * device.sms // blocks))
-    want = {max(1, fill // 2), fill, 2 * fill, 4 * fill}
+    want = {max(1, fill // 4), max(1, fill // 2), fill, 2 * fill}
     return tuple(sorted({max(1, min(w, tiles)) for w in want}))
 
 

@@ -1,0 +1,216 @@
+"""Schedules as data (JSON, validation), the cost model's space, and schedule="auto" with
+its persistent cache, on CPU (the interpreter: the cost model alone chooses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import neptune_fusion as nf
+from algebra.chains import tanh_chain, variance
+from neptune_fusion import ops
+from neptune_fusion.errors import ScheduleError, UnschedulableError
+from neptune_fusion.schedule.cost import check_resources, estimate, rank
+from neptune_fusion.schedule.schedule import Schedule
+from neptune_fusion.schedule.space import CPU, H200, Problem, candidates, wants_split
+from neptune_fusion.schedule.store import ScheduleStore
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PREFILL = Problem(rows=16384, loop=16384, programs=32, inner=128, col=128)
+DECODE = Problem(rows=1, loop=16384, programs=32, inner=128, col=128)
+
+
+# ------------------------------------------------------------------ schedules as data
+def test_json_round_trip():
+    s = Schedule(block_m=64, block_n=32, num_warps=4, num_stages=2, exp2=False,
+                 strategy="split", splits=7)
+    text = s.to_json()
+    assert json.loads(text)["splits"] == 7
+    assert Schedule.from_json(text) == s
+    assert Schedule.from_dict(s.to_dict()) == s
+    assert Schedule.from_json('{"block_n": 128}') == Schedule(block_n=128)
+
+
+@pytest.mark.parametrize("fields,msg", [
+    ({"block_m": 48}, "block_m must be a power of two >= 16"),
+    ({"block_n": 8}, "block_n must be a power of two >= 16"),
+    ({"block_n": True}, "block_n must be a power of two"),
+    ({"num_warps": 3}, "num_warps must be one of 1, 2, 4, 8, 16"),
+    ({"num_stages": 0}, r"num_stages must be an int in \[1, 8\]"),
+    ({"fp32_precision": "tf64"}, "fp32_precision must be one of ieee, tf32"),
+    ({"strategy": "multipass"}, "strategy must be one of rolling, split"),
+    ({"strategy": "split", "splits": 0}, "splits must be an int >= 1"),
+    ({"splits": 4}, "splits=4 needs strategy='split'"),
+    ({"exp2": 1}, "exp2 must be a bool"),
+    ({"tiles": 3}, r"unknown field\(s\) tiles"),
+])
+def test_every_validation_error(fields, msg):
+    with pytest.raises(ScheduleError, match=msg):
+        Schedule.from_json(json.dumps(fields))
+
+
+def test_bad_json():
+    with pytest.raises(ScheduleError, match="not JSON"):
+        Schedule.from_json("{block_m: 64")
+    with pytest.raises(ScheduleError, match="must be an object"):
+        Schedule.from_json("[64]")
+
+
+def test_shared_memory_exceeded():
+    big = Schedule(block_m=128, block_n=128, num_stages=4)
+    with pytest.raises(ScheduleError, match=r"shared memory exceeded: block_m=128, "
+                                            r"block_n=128, num_stages=4 .* 288 KiB"):
+        check_resources(PREFILL, big, H200)
+    check_resources(PREFILL, Schedule(block_m=128, block_n=128, num_stages=3), H200)
+    assert not estimate(PREFILL, big, H200).feasible
+
+
+def test_strategy_the_plan_cannot_run():
+    outs, _ = tanh_chain()
+    with pytest.raises(UnschedulableError, match="strategy 'rolling': the plan is not "
+                                                 "single-pass"):
+        nf.compile(outs, schedule=Schedule())
+    var, feeds = variance()
+    with pytest.raises(UnschedulableError, match="strategy 'split': .* running sum"):
+        nf.compile(var, schedule=Schedule(block_m=16, block_n=16, strategy="split",
+                                          splits=2))
+    with pytest.raises(ScheduleError, match="schedule must be 'auto', a Schedule"):
+        nf.compile(var, schedule="fastest")
+
+
+# ------------------------------------------------------------------ the space and the model
+def test_space_strategy_from_shapes():
+    assert wants_split(DECODE, H200) and not wants_split(PREFILL, H200)
+    dec = candidates(DECODE, H200)
+    assert dec and all(s.strategy == "split" and s.block_m == 16 for s in dec)
+    assert {s.splits for s in dec} == {2, 4, 9, 18}        # around 2 programs per SM
+    pre = candidates(PREFILL, H200)
+    assert pre and all(s.strategy == "rolling" for s in pre)
+    assert len(pre) == len(set(pre)) == 36
+
+
+def test_rank_drops_infeasible_and_orders():
+    ranked = rank(PREFILL, candidates(PREFILL, H200), H200)
+    assert all(e.feasible for e in ranked)
+    assert all(a.seconds <= b.seconds for a, b in zip(ranked, ranked[1:]))
+    assert len(ranked) < 36                                   # 4 stages of 128-wide tiles
+    best = ranked[0].schedule
+    assert best.block_m == 128 and best.num_warps == 8       # big tiles for prefill
+
+
+# ------------------------------------------------------------------ schedule="auto" + cache
+def _small_causal():
+    [o], ins = ops.definition("PF-Causal", "float32", 32, 2, 2)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, 70, 32, generator=g)
+    k = torch.randn(1, 2, 70, 32, generator=g)
+    v = torch.randn(1, 2, 70, 32, generator=g)
+    return o, ins, (q, k, v)
+
+
+def _ref(q, k, v):
+    s = (q.double() @ k.double().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    n = s.shape[-1]
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v.double()
+
+
+def test_auto_cache_miss_hit_and_corruption(tmp_path):
+    o, ins, (q, k, v) = _small_causal()
+    store = ScheduleStore(tmp_path)
+    first = nf.compile(o, ins, cache=store)
+    assert isinstance(first, nf.AutoKernel)
+    out = first(q, k, v)
+    assert (out.double() - _ref(q, k, v)).abs().max() < 1e-4
+    assert first.last_choice.source == "model"                 # CPU: the cost model chose
+    [entry] = store.entries()
+    assert Schedule.from_dict(entry["record"]["schedule"]) == first.last_choice.schedule
+    # a new compile (think: a new process) finds it on disk
+    again = nf.compile(o, ins, cache=store)
+    again(q, k, v)
+    assert again.last_choice.source == "cache"
+    assert again.last_choice.schedule == first.last_choice.schedule
+    # a corrupt entry is ignored (never trusted), the choice remade and the file rewritten
+    path = store.path(again.last_choice.key)
+    path.write_text(path.read_text()[:-20])
+    third = nf.compile(o, ins, cache=store)
+    assert (third(q, k, v).double() - _ref(q, k, v)).abs().max() < 1e-4
+    assert third.last_choice.source == "model"
+    assert store.get(third.last_choice.key) is not None
+    # a well-formed entry holding an invalid schedule is not trusted either
+    store.put(third.last_choice.key, {"schedule": {"block_m": 48}})
+    fourth = nf.compile(o, ins, cache=store)
+    fourth(q, k, v)
+    assert fourth.last_choice.source == "model"
+
+
+def test_auto_key_separates_shape_classes(tmp_path):
+    o, ins, (q, k, v) = _small_causal()
+    store = ScheduleStore(tmp_path)
+    kern = nf.compile(o, ins, cache=store)
+    kern(q, k, v)
+    kern(q[:, :, :20], k[:, :, :20], v[:, :, :20])           # 70 -> bucket 128, 20 -> 32
+    assert len(store.entries()) == 2
+    kern(q[:, :, :65], k[:, :, :65], v[:, :, :65])           # 65 shares 70's bucket
+    assert len(store.entries()) == 2
+
+
+def test_auto_log(tmp_path, capsys):
+    o, ins, (q, k, v) = _small_causal()
+    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=True)(q, k, v)
+    err = capsys.readouterr().err
+    assert "cost model only" in err and "block_m" in err
+    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=True)(q, k, v)
+    assert "schedule from the cache" in capsys.readouterr().err
+    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=False)(q, k, v)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("sched", [
+    Schedule(block_m=16, block_n=16, num_warps=4, num_stages=2),
+    Schedule(block_m=32, block_n=64, partition=False, exp2=False),
+    Schedule(block_m=16, block_n=32, strategy="split", splits=3),
+])
+def test_explicit_schedules_are_correct(sched):
+    o, ins, (q, k, v) = _small_causal()
+    kern = nf.compile(o, ins, schedule=sched.to_json() and json.loads(sched.to_json()))
+    assert kern.schedule == sched
+    assert (kern(q, k, v).double() - _ref(q, k, v)).abs().max() < 1e-4
+
+
+WRITER = r"""
+import sys, torch
+sys.path.insert(0, {src!r})
+import neptune_fusion as nf
+from neptune_fusion import ops
+[o], ins = ops.definition("PF-Causal", "float32", 32, 2, 2)
+t = [torch.randn(1, 2, 70, 32) for _ in range(3)]
+for n in (70, 40, 20, 10):
+    nf.compile(o, ins)(*(x[:, :, :n] for x in t))
+print("ok")
+"""
+
+
+def test_two_processes_share_the_cache(tmp_path):
+    env = dict(os.environ, NEPTUNE_FUSION_CACHE_DIR=str(tmp_path))
+    code = WRITER.format(src=str(SRC))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
+    store = ScheduleStore(tmp_path)
+    entries = store.entries()
+    assert len(entries) == 4                 # one per bucket, whoever wrote it last
+    assert all(Schedule.from_dict(e["record"]["schedule"]) for e in entries)
+    assert not list((tmp_path / "schedules").glob(".tmp-*"))
+
+
+def test_cpu_device_model():
+    assert CPU.sms == 8 and wants_split(Problem(1, 200, 2, 64, 64), CPU)
