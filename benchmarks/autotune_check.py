@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 
 CHILD = r"""
-import json, sys, time, torch
+import json, sys, time
+t_start = time.perf_counter()
+import torch
 from neptune_fusion import ops
 from neptune_fusion.bench.operators import make_inputs, select_operators
 (op,) = select_operators([sys.argv[1]])
@@ -49,7 +51,7 @@ t2 = time.perf_counter()
 out2 = ops.attention(q, k, v, cache=AttentionCache(), **kw)
 torch.cuda.synchronize()
 t3 = time.perf_counter()
-print("RESULT", json.dumps({"first_s": t1 - t0, "again_s": t3 - t2,
+print("RESULT", json.dumps({"first_s": t1 - t0, "again_s": t3 - t2, "import_s": t0 - t_start,
                             "same": bool(torch.equal(out, out2))}))
 """
 
@@ -63,6 +65,7 @@ def child(op: str, seq: int, env: dict) -> dict:
         if line.startswith("RESULT "):
             got = json.loads(line[7:])
             got["process_s"] = wall
+            got["log"] = run.stderr[-6000:]
             return got
     raise RuntimeError(f"child failed ({run.returncode}): {run.stderr[-2000:]}")
 
@@ -153,11 +156,12 @@ def main() -> None:
     for op in select_operators(args.ops.split(",")):
         root = Path(tempfile.mkdtemp(prefix="nf-autotune-"))
         env = dict(os.environ, NEPTUNE_FUSION_CACHE_DIR=str(root / "nf"),
-                   TRITON_CACHE_DIR=str(root / "triton"))
+                   TRITON_CACHE_DIR=str(root / "triton"), NEPTUNE_FUSION_LOG="1")
         print(f"== {op.name}", flush=True)
         row = {"op": op.name}
         try:
             row["cold"] = child(op.name, args.seq, env)
+            print(row["cold"]["log"][-4000:], flush=True)
             row["warm"] = child(op.name, args.seq, env)
             print(f"  cold {row['cold']['first_s']:.2f} s, warm {row['warm']['first_s']:.3f}"
                   f" s (in-process again {row['warm']['again_s'] * 1e3:.1f} ms)", flush=True)

@@ -262,15 +262,19 @@ class AutoKernel:
         raise CodegenError(f"{self.name}: no candidate schedule builds: {errors[0]}")
 
     def _measure(self, ranked, tensors, sizes: dict, key: dict) -> Choice:
+        import time
+
         from .tune import best, log_trials, measure
         top = ranked[: self.top_k]
+        t0 = time.perf_counter()
         with _progress(f"tuning {self.name}", len(top)) as step:
             trials = measure(self._kernel, top, tensors, inputs=self.inputs,
                              outputs=self.outputs, sizes=sizes, top_k=self.top_k,
                              on_step=step)
         win = best(trials)
         if log_enabled(self._log):
-            log_trials(f"{self.name}: {len(trials)} candidates measured", trials,
+            log_trials(f"{self.name}: {len(trials)} candidates measured in "
+                       f"{time.perf_counter() - t0:.1f} s", trials,
                        win.schedule if win else None)
         if win is None:
             reasons = "; ".join(f"{_brief(t.schedule)}: {t.error}" for t in trials)
@@ -287,7 +291,7 @@ def _brief(s: Schedule) -> str:
 def _trial_json(t) -> dict:
     return {"schedule": _brief(t.schedule), "model_ms": t.predicted_s * 1e3,
             "measured_ms": None if t.measured_s is None else t.measured_s * 1e3,
-            "error": t.error}
+            "error": t.error, "spent_s": list(t.spent_s)}
 
 
 class _progress:

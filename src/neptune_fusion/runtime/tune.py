@@ -37,6 +37,7 @@ class Trial:
     predicted_s: float
     measured_s: float | None = None   # None: not measured (CPU, or it failed)
     error: str | None = None          # why it was dropped
+    spent_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # build+compile, checks, timing
 
 
 def check_sizes(sizes: dict) -> dict:
@@ -102,9 +103,12 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
     first = None
     for est in ranked[:top_k]:
         s, error, secs = est.schedule, None, None
+        marks = [time.perf_counter()]
         try:
             kern = build(s)
-            got = kern.launch(*feeds).outputs
+            got = kern.launch(*feeds).outputs       # the first launch compiles
+            torch.cuda.synchronize(device)
+            marks.append(time.perf_counter())
             error = _first(f"reference check: {e}" for g, w, dt in zip(got, want, dtypes)
                            if (e := _close(g, w, dt)))
             if error is None:
@@ -113,6 +117,8 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
                 error = _first(f"disagrees with the first candidate: {e}"
                                for a, b, dt in zip(out, first, dtypes)
                                if (e := _close(a, b.double().cpu(), dt)))
+            torch.cuda.synchronize(device)
+            marks.append(time.perf_counter())
             if error is None:
                 secs = do_bench_cudagraph(lambda k=kern: k.launch(*tensors), rep=20,
                                           return_mode="median") * 1e-3
@@ -121,7 +127,9 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
         except Exception as err:  # noqa: BLE001 - e.g. Triton out of resources
             text = str(err).strip().splitlines()
             error = f"{type(err).__name__}: {text[0] if text else ''}"
-        trial = Trial(s, est.seconds, secs if error is None else None, error)
+        marks += [time.perf_counter()] * (4 - len(marks))
+        spent = tuple(b - a for a, b in zip(marks, marks[1:]))
+        trial = Trial(s, est.seconds, secs if error is None else None, error, spent)
         trials.append(trial)
         if on_step is not None:
             on_step(trial)
@@ -144,7 +152,7 @@ def log_trials(title: str, trials: list[Trial], chosen: Schedule, stream=None) -
     from rich.table import Table
     table = Table(title=title, title_justify="left")
     for col in ("", "strategy", "block_m", "block_n", "splits", "warps", "stages",
-                "model ms", "measured ms", "note"):
+                "model ms", "measured ms", "compile s", "check s", "time s", "note"):
         table.add_column(col, justify="right" if col.endswith("ms") else "left")
     for t in trials:
         s = t.schedule
@@ -152,5 +160,5 @@ def log_trials(title: str, trials: list[Trial], chosen: Schedule, stream=None) -
                       str(s.block_n), str(s.splits), str(s.num_warps), str(s.num_stages),
                       f"{t.predicted_s * 1e3:.4f}",
                       "" if t.measured_s is None else f"{t.measured_s * 1e3:.4f}",
-                      t.error or "")
+                      *(f"{x:.2f}" for x in t.spent_s), t.error or "")
     Console(file=stream or sys.stderr, width=160).print(table)
