@@ -114,7 +114,7 @@ def dc_gqa_combine(
     o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     l = tl.full([BLOCK_M], 0.0, tl.float32)
     # merge the splits' states: m, o_sum, l
-    for split_id in range(0, 4):
+    for split_id in tl.range(0, 4, loop_unroll_factor=4):
         t = 4 * BLOCK_N
         mask = split_id * ((M + t - 1) // t * BLOCK_N) < M
         t_2 = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2

@@ -216,7 +216,12 @@ def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:
     for steps in combine_steps(prog):
         loops.comment("merge the splits' states: " + ", ".join(s.name for s, _ in steps))
         sid = loops.names.fresh("split_id")
-        with loops.nested(f"for {sid} in range(0, {prog.split.splits}):") as body:
+        # unrolled: the splits' loads do not depend on the merged state, so four of them
+        # are in flight at once instead of one latency per split
+        unroll = min(4, prog.split.splits)
+        head = f"for {sid} in range(0, {prog.split.splits}):" if unroll < 2 else \
+            f"for {sid} in tl.range(0, {prog.split.splits}, loop_unroll_factor={unroll}):"
+        with loops.nested(head) as body:
             local = dict(env)
             local[SPLIT_ID] = Val(sid, (), "i32")
             roots = [e for _, e in steps]
