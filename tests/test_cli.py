@@ -87,3 +87,18 @@ def test_bench_is_forwarded_and_refuses_without_a_gpu(capsys):
     from neptune_fusion.cli import main
     assert main(["bench", "--ops", "PF-Global"]) == 2
     assert "--cpu-smoke" in capsys.readouterr().out
+
+
+def test_cache_list_and_clear(tmp_path, capsys):
+    import torch
+
+    from neptune_fusion import ops
+    [o], ins = ops.definition("PF-Causal", "float32", 32, 2, 2)
+    nf.compile(o, ins, cache=str(tmp_path))(*[torch.randn(1, 2, 30, 32) for _ in range(3)])
+    assert cli.main(["cache", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 tuned schedule(s)" in out and "N<=32" in out and "(model)" in out
+    assert cli.main(["cache", "--dir", str(tmp_path), "--clear"]) == 0
+    assert "removed 1 tuned schedule(s)" in capsys.readouterr().out
+    assert cli.main(["cache", "--dir", str(tmp_path)]) == 0
+    assert "0 tuned schedule(s)" in capsys.readouterr().out

@@ -84,6 +84,28 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
     return True
 
 
+def run_cache(args: argparse.Namespace, console: Console) -> int:
+    """List the tuned schedules in the cache, or clear them."""
+    from .schedule.store import ScheduleStore
+    store = ScheduleStore(args.dir)
+    if args.clear:
+        n = store.clear()
+        console.print(f"removed {n} tuned schedule(s) from {store.directory}", markup=False)
+        return 0
+    entries = store.entries()
+    console.print(f"{len(entries)} tuned schedule(s) in {store.directory}", markup=False)
+    for e in entries:
+        key, rec = e["key"], e["record"]
+        sizes = " ".join(f"{n}<={v}" for n, v in key.get("sizes", []))
+        sched = rec.get("schedule", {})
+        console.print(f"  {key.get('device', '?')}  {key.get('program', '?')[:12]}  {sizes}: "
+                      f"{sched.get('strategy')} {sched.get('block_m')}x{sched.get('block_n')}"
+                      f" splits={sched.get('splits')} warps={sched.get('num_warps')} "
+                      f"stages={sched.get('num_stages')} ({rec.get('source', '?')})",
+                      markup=False)
+    return 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -114,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--source", action="store_true",
                       help="also print the generated Triton source")
     demo.set_defaults(handler=run_demo)
+    cache = sub.add_parser(
+        "cache", help="list or clear the tuned schedules on disk",
+        description="List the schedules the auto-scheduler stored (device, program hash, "
+                    "size buckets, schedule, how it was chosen), or remove them with "
+                    "--clear. The cache is $NEPTUNE_FUSION_CACHE_DIR, else "
+                    "~/.cache/neptune-fusion.")
+    cache.add_argument("--clear", action="store_true", help="remove every stored schedule")
+    cache.add_argument("--dir", default=None, help="cache directory (default: as above)")
+    cache.set_defaults(handler=run_cache)
     # The benchmark has its own parser (python -m neptune_fusion.bench); main() forwards.
     sub.add_parser(
         "bench", add_help=False,
