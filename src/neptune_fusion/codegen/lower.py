@@ -80,6 +80,11 @@ def safe(x: Expr) -> Expr:
 # ------------------------------------------------------------------------ the plan
 
 
+def check_plan(plan: FusionPlan) -> None:
+    """Raise the error :func:`lower` would for a plan that is not one fused loop."""
+    _the_group(plan)
+
+
 def _the_group(plan: FusionPlan) -> FusedGroup:
     if not plan.single_pass:
         u = plan.unfused[0]

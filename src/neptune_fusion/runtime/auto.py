@@ -94,9 +94,12 @@ class AutoKernel:
         self._kernels: dict[Schedule, object] = {}
         self._by_class: dict[str, Choice] = {}
         self._by_sig: dict[tuple, object] = {}
-        # lowering under the base schedule now reports a plan no kernel can run at compile
-        # time, and gives the axes the cost model needs
-        self._prog0 = self._kernel(base).program
+        # the plan's shape is checked now (a chain no kernel can run fails at compile
+        # time); the base schedule's tile program -- the axes the cost model needs -- is
+        # lowered only when a shape class is not in the cache
+        from ..codegen.lower import check_plan
+        check_plan(plan)
+        self._prog0 = None
         self._splittable: bool | None = None
         self._lock = threading.RLock()
         self.last_choice: Choice | None = None
@@ -159,9 +162,11 @@ class AutoKernel:
     def program(self):
         """The tile program under the base schedule: its axes and their roles (rows, loop,
         grid) are those of every schedule; tiles and splits are not."""
-        return self._prog0
+        return self._program()
 
     def _program(self):
+        if self._prog0 is None:
+            self._prog0 = self._kernel(self.base).program
         return self._prog0
 
     def _can_split(self) -> bool:

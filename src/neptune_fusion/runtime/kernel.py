@@ -19,7 +19,7 @@ from ..codegen.lower import lower, next_pow2
 from ..codegen.program import TileProgram
 from ..codegen.source import KernelArg, generate, kernel_args
 from ..codegen.split import split_programs
-from ..errors import FeedError, NeptuneError, ScheduleError
+from ..errors import CodegenError, FeedError, NeptuneError, ScheduleError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
 from ..reference.evaluate import as_outputs
@@ -321,6 +321,9 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
                                f"{', '.join(sorted(_SUPPORTED))}")
     if len(set(inputs)) != len(inputs):
         raise NeptuneError("inputs lists a placeholder twice")
+    missing = [p.name for p in needed if p not in inputs]
+    if missing:
+        raise CodegenError(f"the outputs read {', '.join(missing)}, not among the inputs")
     auto = isinstance(schedule, str) and schedule == "auto" \
         and not any(f in options for f in _TILE_FIELDS)
     if isinstance(schedule, str) and schedule != "auto":
