@@ -214,3 +214,56 @@ def test_two_processes_share_the_cache(tmp_path):
 
 def test_cpu_device_model():
     assert CPU.sms == 8 and wants_split(Problem(1, 200, 2, 64, 64), CPU)
+
+
+WARM = r"""
+import sys, time
+sys.path.insert(0, {src!r})
+import torch
+from neptune_fusion import ops
+import neptune_fusion as nf
+[o], ins = ops.definition("PF-Causal", "float32", 32, 2, 2)
+x = [torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(k)) for k in range(3)]
+t0 = time.perf_counter()
+kern = nf.compile(o, ins)
+inner = kern.kernel_for(*x)
+t1 = time.perf_counter()
+out = kern(*x)
+print("sympy" in sys.modules, inner.from_cache, round((t1 - t0) * 1e3, 1),
+      float(out.double().abs().sum()))
+"""
+
+
+def test_warm_compile_needs_no_algebra(tmp_path):
+    """A second process compiles from the stored launch specs: no SymPy, no lowering,
+    the same result; the plan is still there on demand."""
+    env = dict(os.environ, NEPTUNE_FUSION_CACHE_DIR=str(tmp_path))
+    code = WARM.format(src=str(SRC))
+    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    cold, warm = (r.stdout.split() for r in runs)
+    assert cold[:2] == ["True", "False"]
+    assert warm[:2] == ["False", "True"]           # no SymPy imported, specs from the cache
+    assert cold[3] == warm[3]                        # bit-identical output
+
+
+def test_corrupt_launch_specs_are_rebuilt(tmp_path):
+    o, ins, (q, k, v) = _small_causal()
+    sched = Schedule(block_m=16, block_n=32)
+    store = ScheduleStore(tmp_path)
+    first = nf.compile(o, ins, schedule=sched, cache=store)
+    assert not first.from_cache
+    want = first(q, k, v)
+    second = nf.compile(o, ins, schedule=sched, cache=store)
+    assert second.from_cache and torch.equal(second(q, k, v), want)
+    assert second.plan.single_pass and second.program.name == first.program.name
+    launches = ScheduleStore(tmp_path, subdir="launches")
+    for e in launches.entries():
+        if "launches" in e["record"]:
+            broken = {"launches": [dict(e["record"]["launches"][0], args=[["bogus"]])]}
+            launches.put(e["key"], broken)
+    third = nf.compile(o, ins, schedule=sched, cache=store)
+    assert not third.from_cache and torch.equal(third(q, k, v), want)
+    assert nf.compile(o, ins, schedule=sched, cache=store).from_cache    # rewritten

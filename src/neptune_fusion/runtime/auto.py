@@ -78,11 +78,11 @@ class AutoKernel:
     some inputs; :attr:`last_choice` says how the latest new shape class was scheduled.
     """
 
-    def __init__(self, outputs, inputs, plan, single: bool, name: str, base: Schedule,
+    def __init__(self, outputs, inputs, builder, single: bool, name: str, base: Schedule,
                  build, *, store=None, top_k: int = 6, log: bool | None = None) -> None:
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
-        self.plan = plan
+        self._builder = builder        # the definition's Builder (plan, fingerprint)
         self.name = name
         self.base = base
         self._build = build            # Schedule -> Kernel (checked, not yet launched)
@@ -90,19 +90,20 @@ class AutoKernel:
         self.top_k = top_k
         self._log = log
         self._single = single
-        self._fingerprint = fingerprint(self.outputs)
         self._kernels: dict[Schedule, object] = {}
         self._by_class: dict[str, Choice] = {}
         self._by_sig: dict[tuple, object] = {}
-        # the plan's shape is checked now (a chain no kernel can run fails at compile
-        # time); the base schedule's tile program -- the axes the cost model needs -- is
-        # lowered only when a shape class is not in the cache
-        from ..codegen.lower import check_plan
-        check_plan(plan)
+        # the base schedule's tile program -- the axes the cost model needs -- is lowered
+        # only when a shape class is not in the cache
         self._prog0 = None
         self._splittable: bool | None = None
         self._lock = threading.RLock()
         self.last_choice: Choice | None = None
+
+    @property
+    def plan(self):
+        """The fusion plan (derived on first use)."""
+        return self._builder.plan
 
     def __repr__(self) -> str:
         ins = ", ".join(p.name for p in self.inputs)
@@ -166,7 +167,7 @@ class AutoKernel:
 
     def _program(self):
         if self._prog0 is None:
-            self._prog0 = self._kernel(self.base).program
+            self._prog0 = self._builder.lowered(self.base)[1][0]
         return self._prog0
 
     def _can_split(self) -> bool:
@@ -185,7 +186,7 @@ class AutoKernel:
 
         from .._version import __version__
         return {
-            "what": "neptune-fusion schedule", "program": self._fingerprint,
+            "what": "neptune-fusion schedule", "program": self._builder.fingerprint,
             "inputs": [[p.name, p.dtype.name] for p in self.inputs],
             "sizes": sorted([s.name, _bucket(v)] for s, v in sizes.items()),
             "base": {k: v for k, v in self.base.to_dict().items()

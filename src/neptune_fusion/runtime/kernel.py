@@ -12,40 +12,44 @@ the argument.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
-from ..codegen.lower import lower, next_pow2
-from ..codegen.program import TileProgram
-from ..codegen.source import KernelArg, generate, kernel_args
-from ..codegen.split import split_programs
 from ..errors import CodegenError, FeedError, NeptuneError, ScheduleError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
 from ..reference.evaluate import as_outputs
 from ..reference.feeds import bind_sizes
 from ..schedule.schedule import Schedule, make_schedule
+from .launch import LaunchSpec
 from .loader import import_kernel_module, interpreted_launch, write_source
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
 
 
-@dataclass(frozen=True)
 class GeneratedKernel:
-    """One generated Triton kernel (one launch per call)."""
+    """One generated Triton kernel (one launch per call): its launch spec, source file and
+    (lowered on demand when the kernel came from the cache) tile program."""
 
-    name: str
-    source: str
-    program: TileProgram
-    args: tuple[KernelArg, ...]
-    path: Path
+    def __init__(self, spec: LaunchSpec, path: Path, program: Callable) -> None:
+        self.spec = spec
+        self.path = path
+        self._program = program
+
+    name = property(lambda self: self.spec.name)
+    source = property(lambda self: self.spec.source)
+
+    @property
+    def program(self):
+        return self._program()
 
     @property
     def grid(self) -> str:
-        grid = " * ".join(a.name for a in self.program.grid) or "1"
-        split = self.program.split
-        tail = f", {split.splits}" if split is not None and split.stage == "partial" else ""
-        return f"(cdiv({self.program.row.extent}, BLOCK_M), {grid}{tail})"
+        grid = " * ".join(str(g) for g in self.spec.grid) or "1"
+        tail = f", {self.spec.splits}" if self.spec.splits else ""
+        return f"(cdiv({self.spec.rows}, BLOCK_M), {grid}{tail})"
 
 
 @dataclass(frozen=True)
@@ -66,9 +70,9 @@ class _Step:
     """One kernel launch with everything fixed by the input signature precomputed."""
 
     outputs: tuple[tuple[tuple[int, ...], object], ...]  # (shape, torch dtype) to allocate
-    output_keys: tuple          # the IR tensors those outputs are (by_tensor keys)
+    output_keys: tuple          # the tensor keys of those outputs
     grid: tuple[int, ...]
-    args: tuple[tuple[bool, object], ...]  # (True, by_tensor key) or (False, constant)
+    args: tuple[tuple[bool, object], ...]  # (True, tensor key) or (False, constant)
     fn: object | None           # the Triton function; None when the grid is empty
     interpret: bool
     opts: dict
@@ -86,32 +90,49 @@ class Kernel:
     """A compiled operator. Call it with torch tensors in the order of ``inputs``.
 
     ``kernels`` lists the generated kernels launched in order per call: one for the
-    rolling update, two for split-k (the partial kernel, then the combine).
+    rolling update, two for split-k (the partial kernel, then the combine). A kernel runs
+    from its :class:`~neptune_fusion.runtime.launch.LaunchSpec` s alone; ``plan`` and the
+    tile programs are derived on first access when it was loaded from the cache.
     """
 
-    def __init__(self, outputs, inputs, plan, programs: tuple[TileProgram, ...],
-                 schedule: Schedule, single: bool) -> None:
+    def __init__(self, outputs, inputs, specs: tuple[LaunchSpec, ...], schedule: Schedule,
+                 single: bool, lowered: Callable, from_cache: bool = False) -> None:
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
-        self.plan = plan
         self.schedule = schedule
-        self.program = programs[0]
-        self.kernels = []
-        for prog in programs:
-            src = generate(prog)
-            self.kernels.append(GeneratedKernel(prog.name, src, prog, kernel_args(prog),
-                                                write_source(src, prog.name)))
-        self.source = self.kernels[0].source if len(programs) == 1 else \
-            "\n\n".join(k.source for k in self.kernels)
+        self.specs = tuple(specs)
+        self._lowered = lowered        # () -> (plan, programs), memoised by the caller
+        self.from_cache = from_cache   # built from stored launch specs (nothing lowered)
+        self.kernels = [GeneratedKernel(sp, write_source(sp.source, sp.name),
+                                        lambda k=k: self._lowered()[1][k])
+                        for k, sp in enumerate(self.specs)]
+        self.source = self.specs[0].source if len(self.specs) == 1 else \
+            "\n\n".join(sp.source for sp in self.specs)
         self._single = single
         self._modules: dict[tuple[int, bool], object] = {}
         # launch plans by input signature (see _plan); owned by this kernel, bounded
         self._plans: dict[tuple, _LaunchPlan] = {}
+        names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
+        self._size_names = {s: s.name for p in self.inputs for s in p.shape
+                            if isinstance(s, Size)}
+        if len(set(self._size_names.values())) != len(set(self._size_names)):
+            raise CodegenError(f"two different sizes share a name among {sorted(set(names))}"
+                               "; give every size its own name")
+
+    @cached_property
+    def plan(self):
+        """The fusion plan (derived now if the kernel came from the cache)."""
+        return self._lowered()[0]
+
+    @property
+    def program(self):
+        """The first kernel's tile program (lowered now if it came from the cache)."""
+        return self.kernels[0].program
 
     def __repr__(self) -> str:
         ins = ", ".join(p.name for p in self.inputs)
         outs = ", ".join(o.name for o in self.outputs)
-        return f"<Kernel {self.program.name}({ins}) -> {outs}; {self.schedule}>"
+        return f"<Kernel {self.specs[0].name}({ins}) -> {outs}; {self.schedule}>"
 
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
@@ -128,7 +149,7 @@ class Kernel:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
         import torch
         plan = self._plan(tensors)
-        by_tensor = dict(zip(self.inputs, tensors))
+        by_tensor = {f"in{k}": t for k, t in enumerate(tensors)}
         outs: list = []
         first = None
         for k, step in enumerate(plan.steps):
@@ -157,73 +178,73 @@ class Kernel:
             if plan is not None:
                 return plan
         sizes, device = self._check(tensors)
-        plan = _LaunchPlan(device, tuple(self._step(k, sizes, device, tensors)
-                                         for k in range(len(self.kernels))))
+        named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
+        if device.type == "cuda" and not self.from_cache:  # cached specs have run before
+            self._check_resources(tensors, sizes, device)
+        plan = _LaunchPlan(device, tuple(self._step(k, named, device, tensors)
+                                         for k in range(len(self.specs))))
         if sig is not None:
             if len(self._plans) >= _MAX_PLANS:  # bound it: e.g. a decode loop's growing M
                 self._plans.pop(next(iter(self._plans)))
             self._plans[sig] = plan
         return plan
 
+    def _check_resources(self, tensors, sizes: dict, device) -> None:
+        """An explicit schedule that cannot fit the device: a ScheduleError naming it."""
+        from ..schedule.cost import check_resources
+        from ..schedule.space import device_of
+        from .problem import problem_of
+        prog = self.program
+        check_resources(problem_of(prog, self.inputs, tensors, sizes), self.schedule,
+                        device_of(device))
+
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
         """The signature-dependent (per-call constant) part of launching kernel ``k``."""
         import torch
-        gk = self.kernels[k]
-        prog = gk.program
-        fp32 = prog.split is not None and prog.split.stage == "partial"
-        out_keys = tuple(o.arg.tensor for o in prog.outputs)
-        outputs = tuple(self._out_shape(k, t, sizes) for t in out_keys)
+        spec = self.specs[k]
+        outputs = tuple(_alloc(shape, dt, sizes) for _, shape, dt in spec.outputs)
+        out_keys = tuple(key for key, _, _ in spec.outputs)
         # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
         # outputs' from a meta tensor of the same shape (torch.empty is contiguous)
-        strides = {p: t.stride() for p, t in zip(self.inputs, tensors)}
+        strides = {f"in{i}": t.stride() for i, t in enumerate(tensors)}
         for kk in range(k + 1):
-            for o in self.kernels[kk].program.outputs:
-                shape, dt = self._out_shape(kk, o.arg.tensor, sizes)
-                strides[o.arg.tensor] = torch.empty(shape, dtype=dt, device="meta").stride()
-        rows = _value(prog.row.extent, sizes)
+            for key, shape, dt in self.specs[kk].outputs:
+                shp, tdt = _alloc(shape, dt, sizes)
+                strides[key] = torch.empty(shp, dtype=tdt, device="meta").stride()
         grid1 = 1
-        for a in prog.grid:
-            grid1 *= _value(a.extent, sizes)
-        grid = (-(-rows // prog.schedule.block_m), grid1)
-        if fp32:
-            grid += (prog.split.splits,)
+        for g in spec.grid:
+            grid1 *= _value(g, sizes)
+        grid = (-(-_value(spec.rows, sizes) // spec.block_m), grid1)
+        if spec.splits:
+            grid += (spec.splits,)
         interpret = device.type != "cuda"
         # (True, key): fill in the tensor of that key per call; (False, value): constant
         args: list[tuple[bool, object]] = []
-        for a in gk.args:
-            if a.kind == "tensor":
-                args.append((True, a.ref.tensor))
-            elif a.kind == "stride":
-                t, d = a.ref
-                args.append((False, strides[t.tensor][d]))
-            elif a.kind == "size":
-                args.append((False, sizes[a.ref]))
-            elif a.kind == "visits":
+        for a in spec.args:
+            kind = a[0]
+            if kind == "tensor":
+                args.append((True, a[1]))
+            elif kind == "stride":
+                args.append((False, strides[a[1]][a[2]]))
+            elif kind == "size":
+                args.append((False, sizes[a[1]]))
+            elif kind == "visits":
                 args.append((True, _VISITS))
-            elif a.kind == "block":
-                ax = a.ref
-                args.append((False, ax.block_size if ax.block_size is not None
-                             else next_pow2(_value(ax.extent, sizes))))
+            elif kind == "block":
+                args.append((False, a[1]))
+            elif kind == "block_ext":
+                args.append((False, _next_pow2(_value(a[1], sizes))))
             else:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
-                     dict(num_warps=prog.schedule.num_warps,
-                          num_stages=prog.schedule.num_stages))
-
-    def _out_shape(self, k: int, tensor, sizes: dict) -> tuple[tuple[int, ...], object]:
-        """Shape and torch dtype of kernel ``k``'s output ``tensor`` under ``sizes``."""
-        import torch
-        split = self.kernels[k].program.split
-        fp32 = split is not None and split.stage == "partial"
-        shape = tuple(sizes[s] if isinstance(s, Size) else s for s in tensor.shape)
-        return shape, torch.float32 if fp32 else _torch_dtype(tensor.dtype)
+                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):
         """Launch kernel ``k`` per its ``step``; returns (grid, visits)."""
         import torch
         grid = step.grid
-        if self.kernels[k].program.schedule.count_visits and visits is None:
+        if self.specs[k].count_visits and visits is None:
             # per (row block, grid point); split-k partial programs add into the same slot
             visits = torch.zeros((grid[0] * grid[1], 2), dtype=torch.int32, device=device)
         if step.fn is None:  # an empty grid
@@ -239,7 +260,7 @@ class Kernel:
 
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
-        return check_inputs(self.program.name, self.inputs, tensors)
+        return check_inputs(self.specs[0].name, self.inputs, tensors)
 
 
 def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
@@ -277,12 +298,17 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
 
 
 def _value(ext, sizes: dict) -> int:
-    return sizes[ext] if isinstance(ext, Size) else int(ext)
+    """An extent's value: ``sizes`` maps size names to bound values."""
+    return sizes[ext] if isinstance(ext, str) else int(ext)
 
 
-def _torch_dtype(d):
+def _alloc(shape, dtype: str, sizes: dict) -> tuple[tuple[int, ...], object]:
     import torch
-    return getattr(torch, d.name)
+    return tuple(_value(x, sizes) for x in shape), getattr(torch, dtype)
+
+
+def _next_pow2(n: int, least: int = 16) -> int:
+    return max(least, 1 << max(0, (n - 1).bit_length()))
 
 
 _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
@@ -309,7 +335,6 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
     ``"auto"`` means an explicit schedule (the defaults plus ``options``).
     """
-    from ..fusion.plan import plan as make_plan
     outs, single = as_outputs(outputs)
     needed = placeholders(outs)
     inputs = list(needed if inputs is None else inputs)
@@ -332,24 +357,20 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     if isinstance(schedule, dict):
         schedule = Schedule.from_dict(schedule)
     sched = make_schedule(None if isinstance(schedule, str) else schedule, **options)
-    the_plan = make_plan(outs)
     kname = _identifier(name or "nf_" + "_".join(o.name for o in outs))
-
-    def build(s: Schedule) -> Kernel:
-        prog = lower(the_plan, inputs, s, name=kname)
-        programs = (prog,) if s.strategy == "rolling" else split_programs(prog, s.splits)
-        return Kernel(outs, inputs, the_plan, programs, s, single)
-
-    if not auto:
-        return build(sched)
     from ..schedule.store import ScheduleStore
-    from .auto import AutoKernel
     if cache is None or isinstance(cache, (str, Path)):
         store = ScheduleStore(cache)
     else:
         store = cache or None
-    return AutoKernel(outs, inputs, the_plan, single, kname, sched, build, store=store,
-                      top_k=top_k, log=log)
+    from .manifest import Builder
+    builder = Builder(outs, inputs, kname, single, store)
+    if not auto:
+        return builder.build(sched)
+    from .auto import AutoKernel
+    builder.check_plan()
+    return AutoKernel(outs, inputs, builder, single, kname, sched, builder.build,
+                      store=store, top_k=top_k, log=log)
 
 
 def _identifier(name: str) -> str:

@@ -137,9 +137,9 @@ def _write_atomic(path: Path, text: str) -> None:
 class ScheduleStore:
     """Tuned-schedule records keyed by JSON-able mappings, one atomic file per key."""
 
-    def __init__(self, root: Path | str | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, subdir: str = "schedules") -> None:
         self.root = Path(root) if root is not None else cache_root()
-        self.directory = self.root / "schedules"
+        self.directory = self.root / subdir
         self._local = threading.local()
 
     @property

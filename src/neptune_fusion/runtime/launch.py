@@ -1,0 +1,124 @@
+"""How to launch a generated kernel, as plain data that survives a process.
+
+A :class:`LaunchSpec` holds everything :class:`~neptune_fusion.runtime.kernel.Kernel`
+needs besides the input tensors: the generated source, the grid (row extent, grid
+extents, split count) in terms of size *names*, the outputs to allocate, and where each
+kernel argument comes from (a tensor, a stride, a size, a tile size). It is built from a
+:class:`~neptune_fusion.codegen.program.TileProgram` (:func:`specs_of`) and written to
+the cache as JSON, so a warm ``nf.compile`` of a program seen before needs neither the
+algebra (SymPy) nor lowering: the fingerprint of the definition finds the specs, the
+source is imported, and the plan is derived only if someone asks for it.
+
+Tensors are named by keys: ``in<k>`` is input ``k``; every other tensor (outputs, the
+split-k workspace that one kernel writes and the next reads) gets ``t<n>`` in order of
+first appearance. Extents are ints or size names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import NeptuneError
+from ..ir.nodes import Size
+
+Ext = int | str
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    name: str                                    # the kernel function's name
+    source: str                                  # the generated module
+    rows: Ext
+    grid: tuple[Ext, ...]                        # flattened into program_id(1)
+    block_m: int
+    splits: int                                  # split-k partial: grid z; else 0
+    outputs: tuple[tuple[str, tuple[Ext, ...], str], ...]   # (key, shape, torch dtype)
+    args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
+    #                            ("visits",) ("block", int) ("block_ext", ext) ("flag",)
+    num_warps: int
+    num_stages: int
+    count_visits: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LaunchSpec:
+        """The spec of :meth:`to_dict`'s output; :class:`NeptuneError` if malformed."""
+        try:
+            spec = cls(
+                name=str(d["name"]), source=str(d["source"]), rows=_ext(d["rows"]),
+                grid=tuple(_ext(g) for g in d["grid"]), block_m=int(d["block_m"]),
+                splits=int(d["splits"]),
+                outputs=tuple((str(k), tuple(_ext(x) for x in shape), str(dt))
+                              for k, shape, dt in d["outputs"]),
+                args=tuple(tuple(_ext(x) if isinstance(x, (int, str)) else x for x in a)
+                           for a in d["args"]),
+                num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
+                count_visits=bool(d["count_visits"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise NeptuneError(f"malformed launch spec: {err!r}") from None
+        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
+        if not all(a and a[0] in kinds for a in spec.args):
+            raise NeptuneError("malformed launch spec: unknown argument kind")
+        return spec
+
+
+def _ext(x):
+    if isinstance(x, bool) or not isinstance(x, (int, str)):
+        raise ValueError(f"not an extent: {x!r}")
+    return x
+
+
+def ext_of(e) -> Ext:
+    return e.name if isinstance(e, Size) else int(e)
+
+
+def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
+    """The launch specs of ``programs`` (one per generated kernel, in launch order)."""
+    from ..codegen.lower import next_pow2
+    from ..codegen.source import kernel_args
+    keys = {p: f"in{k}" for k, p in enumerate(inputs)}
+
+    def key(t) -> str:
+        if t not in keys:
+            keys[t] = f"t{len(keys) - len(inputs)}"
+        return keys[t]
+
+    specs = []
+    for prog, src in zip(programs, sources):
+        partial = prog.split is not None and prog.split.stage == "partial"
+        outs = []
+        for o in prog.outputs:
+            t = o.arg.tensor
+            outs.append((key(t), tuple(ext_of(s) for s in t.shape),
+                         "float32" if partial else t.dtype.name))
+        args = []
+        for a in kernel_args(prog):
+            if a.kind == "tensor":
+                args.append(("tensor", key(a.ref.tensor)))
+            elif a.kind == "stride":
+                t, d = a.ref
+                args.append(("stride", key(t.tensor), d))
+            elif a.kind == "size":
+                args.append(("size", a.ref.name))
+            elif a.kind == "visits":
+                args.append(("visits",))
+            elif a.kind == "block":
+                ax = a.ref
+                if ax.block_size is not None:
+                    args.append(("block", ax.block_size))
+                elif isinstance(ax.extent, int):
+                    args.append(("block", next_pow2(ax.extent)))
+                else:
+                    args.append(("block_ext", ax.extent.name))
+            else:
+                args.append(("flag",))
+        s = prog.schedule
+        specs.append(LaunchSpec(
+            name=prog.name, source=src, rows=ext_of(prog.row.extent),
+            grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
+            splits=prog.split.splits if partial else 0, outputs=tuple(outs),
+            args=tuple(args), num_warps=s.num_warps, num_stages=s.num_stages,
+            count_visits=s.count_visits))
+    return tuple(specs)
