@@ -267,3 +267,68 @@ def test_corrupt_launch_specs_are_rebuilt(tmp_path):
     third = nf.compile(o, ins, schedule=sched, cache=store)
     assert not third.from_cache and torch.equal(third(q, k, v), want)
     assert nf.compile(o, ins, schedule=sched, cache=store).from_cache    # rewritten
+
+
+def test_measure_drops_wrong_and_failing_candidates(monkeypatch):
+    """The GPU tuner's loop, run on CPU with a fake timer: a candidate that computes a
+    wrong answer or fails to build never wins; the fastest correct one does."""
+    import triton.testing
+
+    from neptune_fusion.runtime import tune
+    from neptune_fusion.runtime.kernel import Launch
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    o, ins, (q, k, v) = _small_causal()
+    auto = nf.compile(o, ins, cache=False)
+    problem, device, space = auto.space_for(q, k, v)
+    ranked = rank(problem, space, H200)[:4]
+    wrong, broken = ranked[0].schedule, ranked[1].schedule
+    fake_ms = {ranked[2].schedule: 2.0, ranked[3].schedule: 1.0, wrong: 0.1}
+
+    class Wrong:
+        schedule = wrong
+
+        def launch(self, *t):
+            return Launch([torch.zeros(1, 2, t[0].shape[2], 32)], (1, 1), None)
+
+    def build(s):
+        if s == wrong:
+            return Wrong()
+        if s == broken:
+            raise nf.CodegenError("no kernel for you")
+        return auto.kernel_of(s)
+
+    current = {}
+
+    def fake_bench(fn, **kw):
+        return fake_ms[current["s"]]
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", fake_bench)
+
+    def step(trial):
+        current.pop("s", None)
+
+    real_build = build
+
+    def tracking_build(s):
+        current["s"] = s
+        return real_build(s)
+
+    trials = tune.measure(tracking_build, ranked, [q, k, v], inputs=ins, outputs=[o],
+                          sizes={s: 70 if s.name in "NM" else 1 for p in ins
+                                 for s in p.shape if not isinstance(s, int)},
+                          top_k=4, on_step=step)
+    by = {t.schedule: t for t in trials}
+    assert by[wrong].measured_s is None and "reference check" in by[wrong].error
+    assert by[broken].measured_s is None and "no kernel for you" in by[broken].error
+    assert tune.best(trials).schedule == ranked[3].schedule
+
+
+def test_problem_streams_fp16_with_an_fp32_side_buffer():
+    """ALiBi's float32 slopes must not make fp16 attention look like fp32 to the model."""
+    [o], ins = ops.definition("DC-ALiBi", "float16", 64, 4, 4)
+    auto = nf.compile(o, ins, cache=False)
+    t = [torch.randn(1, 4, 1, 64).half(), torch.randn(1, 4, 300, 64).half(),
+         torch.randn(1, 4, 300, 64).half()] + [torch.rand(4) for _ in ins[3:]]
+    problem = auto.space_for(*t)[0]
+    assert problem.itemsize == 2 and not problem.fp32
+    assert problem.streamed == 2 * 4 * 300 * 64 * 2

@@ -22,10 +22,15 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     from ..schedule.space import Problem
     loop_ext = prog.loop.extent
     streamed = 0
+    sizes_of_streamed = []
     for p, t in zip(inputs, tensors):
         if any(d is loop_ext for d in p.shape):
             streamed += t.numel() * t.element_size()
-    itemsize = max((t.element_size() for t in tensors if t.is_floating_point()), default=2)
+            sizes_of_streamed.append(t.element_size())
+    # the element size of what the loop streams (k, v): a small float32 side buffer such
+    # as ALiBi slopes must not make fp16 attention look like fp32 to the model
+    itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
+                                         if t.is_floating_point()] or [2])
     return Problem(
         rows=_value(prog.row.extent, sizes), loop=_value(loop_ext, sizes),
         programs=math.prod(_value(a.extent, sizes) for a in prog.grid),
