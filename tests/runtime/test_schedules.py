@@ -332,3 +332,22 @@ def test_problem_streams_fp16_with_an_fp32_side_buffer():
     problem = auto.space_for(*t)[0]
     assert problem.itemsize == 2 and not problem.fp32
     assert problem.streamed == 2 * 4 * 300 * 64 * 2
+
+
+def test_growing_kv_length_reuses_the_shape_class(monkeypatch):
+    """A decode loop (KV length + 1 per step, a slice of a preallocated cache): one
+    schedule choice per size bucket, every step correct."""
+    [o], ins = ops.definition("DC-Causal", "float32", 32, 2, 2)
+    auto = nf.compile(o, ins, cache=False)
+    calls = []
+    real = auto._choose
+    monkeypatch.setattr(auto, "_choose", lambda t: calls.append(1) or real(t))
+    g = torch.Generator().manual_seed(3)
+    kc, vc = torch.randn(1, 2, 90, 32, generator=g), torch.randn(1, 2, 90, 32, generator=g)
+    q = torch.randn(1, 2, 1, 32, generator=g)
+    for n in range(70, 75):
+        k, v = kc[:, :, :n], vc[:, :, :n]
+        s = (q.double() @ k.double().transpose(-1, -2)) * 32 ** -0.5
+        want = torch.softmax(s, -1) @ v.double()
+        assert (auto(q, k, v).double() - want).abs().max() < 1e-4
+    assert len(calls) == 1

@@ -93,6 +93,7 @@ class AutoKernel:
         self._kernels: dict[Schedule, object] = {}
         self._by_class: dict[str, Choice] = {}
         self._by_sig: dict[tuple, object] = {}
+        self._by_bucket: dict[tuple, object] = {}
         # the base schedule's tile program -- the axes the cost model needs -- is lowered
         # only when a shape class is not in the cache
         self._prog0 = None
@@ -129,7 +130,15 @@ class AutoKernel:
             if got is not None:
                 return got
         with self._lock:
-            kern = self._choose(tensors)
+            # a new signature of a known shape class (a decode loop's growing KV length):
+            # bind the sizes, bucket them, done -- no store, no versions, no device query
+            from .kernel import check_inputs
+            sizes, tdev = check_inputs(self.name, self.inputs, tensors)
+            cls = (tdev, tuple(sorted((s.name, _bucket(v)) for s, v in sizes.items())),
+                   tuple(t.dtype for t in tensors))
+            kern = self._by_bucket.get(cls)
+            if kern is None:
+                kern = self._by_bucket[cls] = self._choose(tensors)
             if sig is not None:
                 if len(self._by_sig) >= _MAX_SIGS:
                     self._by_sig.pop(next(iter(self._by_sig)))

@@ -200,17 +200,15 @@ class Kernel:
 
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
         """The signature-dependent (per-call constant) part of launching kernel ``k``."""
-        import torch
         spec = self.specs[k]
         outputs = tuple(_alloc(shape, dt, sizes) for _, shape, dt in spec.outputs)
         out_keys = tuple(key for key, _, _ in spec.outputs)
         # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
-        # outputs' from a meta tensor of the same shape (torch.empty is contiguous)
+        # outputs' those of a contiguous tensor of their shape (what torch.empty gives)
         strides = {f"in{i}": t.stride() for i, t in enumerate(tensors)}
         for kk in range(k + 1):
-            for key, shape, dt in self.specs[kk].outputs:
-                shp, tdt = _alloc(shape, dt, sizes)
-                strides[key] = torch.empty(shp, dtype=tdt, device="meta").stride()
+            for key, shape, _ in self.specs[kk].outputs:
+                strides[key] = _contiguous_strides([_value(x, sizes) for x in shape])
         grid1 = 1
         for g in spec.grid:
             grid1 *= _value(g, sizes)
@@ -305,6 +303,14 @@ def _value(ext, sizes: dict) -> int:
 def _alloc(shape, dtype: str, sizes: dict) -> tuple[tuple[int, ...], object]:
     import torch
     return tuple(_value(x, sizes) for x in shape), getattr(torch, dtype)
+
+
+def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _next_pow2(n: int, least: int = 16) -> int:
