@@ -79,7 +79,7 @@ class AutoKernel:
     """
 
     def __init__(self, outputs, inputs, builder, single: bool, name: str, base: Schedule,
-                 build, *, store=None, top_k: int = 6, log: bool | None = None) -> None:
+                 build, *, store=None, top_k: int = 4, log: bool | None = None) -> None:
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self._builder = builder        # the definition's Builder (plan, fingerprint)

@@ -321,7 +321,7 @@ _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "sp
 
 
 def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
-            name: str | None = None, cache=None, log: bool | None = None, top_k: int = 6,
+            name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
             **options):
     """Compile plain ``outputs`` into one fused operator.
 
