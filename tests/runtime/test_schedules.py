@@ -351,3 +351,21 @@ def test_growing_kv_length_reuses_the_shape_class(monkeypatch):
         want = torch.softmax(s, -1) @ v.double()
         assert (auto(q, k, v).double() - want).abs().max() < 1e-4
     assert len(calls) == 1
+
+
+def test_a_changed_compiler_does_not_reuse_the_cache(tmp_path, monkeypatch):
+    """Cache keys carry a hash of the package's sources: what an older compiler stored
+    (schedules, generated kernels) is not reused after the code changes."""
+    from neptune_fusion import _version
+    o, ins, (q, k, v) = _small_causal()
+    store = ScheduleStore(tmp_path)
+    sched = Schedule(block_m=16, block_n=32)
+    nf.compile(o, ins, schedule=sched, cache=store)
+    nf.compile(o, ins, cache=store)(q, k, v)
+    assert nf.compile(o, ins, schedule=sched, cache=store).from_cache
+    monkeypatch.setattr(_version, "_code_version", lambda: "another-compiler")
+    assert not nf.compile(o, ins, schedule=sched, cache=store).from_cache
+    again = nf.compile(o, ins, cache=store)
+    again(q, k, v)
+    assert again.last_choice.source == "model"
+    assert again.last_choice.key["versions"]["code"] == "another-compiler"

@@ -193,7 +193,7 @@ class AutoKernel:
         import torch
         import triton
 
-        from .._version import __version__
+        from .._version import __version__, code_version
         return {
             "what": "neptune-fusion schedule", "program": self._builder.fingerprint,
             "inputs": [[p.name, p.dtype.name] for p in self.inputs],
@@ -202,7 +202,8 @@ class AutoKernel:
                      if k in ("exp2", "partition", "fast_tanh", "fp32_precision",
                               "count_visits")},
             "device": device.name, "sms": device.sms,
-            "versions": {"neptune_fusion": __version__, "triton": triton.__version__,
+            "versions": {"neptune_fusion": __version__, "code": code_version(),
+                         "triton": triton.__version__,
                          "torch": torch.__version__.split("+")[0]},
         }
 

@@ -57,9 +57,9 @@ class Builder:
             return self._plan
 
     def _key(self, what: str, schedule: Schedule | None = None) -> dict:
-        from .._version import __version__
+        from .._version import __version__, code_version
         key = {"what": f"neptune-fusion {what}", "program": self.fingerprint,
-               "name": self.name, "version": __version__,
+               "name": self.name, "version": __version__, "code": code_version(),
                "inputs": [[p.name, p.dtype.name, [ext_of(d) for d in p.shape]]
                           for p in self.inputs]}
         if schedule is not None:
