@@ -79,7 +79,7 @@ def kernel_tensors(q, k, v, slopes):
     return [qin, k, v] + ([slopes.float().contiguous()] if slopes is not None else [])
 
 
-def exhaustive(op, seq: int, auto_store: str) -> dict:
+def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel",)) -> dict:
     import torch
     import triton.testing
 
@@ -102,6 +102,10 @@ def exhaustive(op, seq: int, auto_store: str) -> dict:
     tensors = kernel_tensors(q, k, v, slopes)
     chosen = auto.schedule_for(*tensors)
     problem, device, space = auto.space_for(*tensors)
+    if "last_block" in merges:   # the experimental one-kernel split-k merge, timed too
+        from dataclasses import replace
+        space = space + [replace(s, merge="last_block") for s in space
+                         if s.strategy == "split"]
     rows = []
     want = out
     for s in space:
@@ -120,7 +124,7 @@ def exhaustive(op, seq: int, auto_store: str) -> dict:
         except Exception as exc:  # noqa: BLE001 - a schedule that fails is reported
             rows.append({"schedule": s.to_dict(), "ms": None,
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
-        print(f"    {s.strategy} {s.block_m}x{s.block_n} k{s.splits} w{s.num_warps} "
+        print(f"    {s.strategy} {s.merge} {s.block_m}x{s.block_n} k{s.splits} w{s.num_warps} "
               f"st{s.num_stages}: {rows[-1].get('ms') or rows[-1].get('error')}", flush=True)
     auto_ms = triton.testing.do_bench_cudagraph(
         lambda: auto.kernel_of(chosen).launch(*tensors), rep=50, return_mode="median")
@@ -143,6 +147,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--out", default="autotune-out")
     ap.add_argument("--no-exhaustive", action="store_true")
+    ap.add_argument("--merges", default="kernel",
+                    help="split-k merges in the exhaustive space: kernel[,last_block]")
     args = ap.parse_args()
     import torch
     import triton
@@ -166,7 +172,8 @@ def main() -> None:
             print(f"  cold {row['cold']['first_s']:.2f} s, warm {row['warm']['first_s']:.3f}"
                   f" s (in-process again {row['warm']['again_s'] * 1e3:.1f} ms)", flush=True)
             if not args.no_exhaustive:
-                row.update(exhaustive(op, args.seq, str(root / "nf")))
+                row.update(exhaustive(op, args.seq, str(root / "nf"),
+                                      tuple(args.merges.split(","))))
                 print(f"  auto {row['auto_ms']:.4f} ms vs best {row['best_ms']:.4f} ms: "
                       f"{row['ratio']:.3f} (space {row['space']}, failed {row['failed']}), "
                       f"rel err {row['rel_error']:.2e}", flush=True)

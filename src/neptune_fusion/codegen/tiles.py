@@ -94,6 +94,8 @@ class TileOps:
         code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
         if mask is not None:
             code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
+        if getattr(self, "bypass_l1", False):
+            code += ', cache_modifier=".cg"'
         return Val(code + ")", axes, KIND[e.tensor.dtype.name])
 
     # ------------------------------------------------------------------ reductions

@@ -63,6 +63,7 @@ class Launch:
 
 _MAX_PLANS = 256    # launch plans kept per kernel (oldest dropped first)
 _VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
+_COUNTER = "counter"  # ... and of the split-k merge's arrival counters (zeroed per call)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class _Step:
     fn: object | None           # the Triton function; None when the grid is empty
     interpret: bool
     opts: dict
+    counter: bool = False       # allocate the split-k merge's zeroed arrival counters
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,8 @@ class Kernel:
             run = self._launch_one(k, step, by_tensor, plan.device,
                                    None if first is None else first[1])
             first = run if first is None else first
-        return Launch(outs, first[0], first[1])
+        keep = self.specs[-1].returned
+        return Launch([outs[i] for i in keep] if keep else outs, first[0], first[1])
 
     def _plan(self, tensors) -> _LaunchPlan:
         """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
@@ -228,6 +231,8 @@ class Kernel:
                 args.append((False, sizes[a[1]]))
             elif kind == "visits":
                 args.append((True, _VISITS))
+            elif kind == "counter":
+                args.append((True, _COUNTER))
             elif kind == "block":
                 args.append((False, a[1]))
             elif kind == "block_ext":
@@ -236,7 +241,8 @@ class Kernel:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
-                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
+                     any(a[0] == "counter" for a in spec.args))
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):
         """Launch kernel ``k`` per its ``step``; returns (grid, visits)."""
@@ -248,6 +254,9 @@ class Kernel:
         if step.fn is None:  # an empty grid
             return grid, visits
         by_tensor[_VISITS] = visits
+        if step.counter:             # stage "merged": one arrival counter per row block
+            by_tensor[_COUNTER] = torch.zeros(grid[0] * grid[1], dtype=torch.int32,
+                                              device=device)
         args = [by_tensor[v] if fill else v for fill, v in step.args]
         if step.interpret:
             with interpreted_launch():

@@ -34,10 +34,12 @@ class LaunchSpec:
     splits: int                                  # split-k partial: grid z; else 0
     outputs: tuple[tuple[str, tuple[Ext, ...], str], ...]   # (key, shape, torch dtype)
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
-    #                            ("visits",) ("block", int) ("block_ext", ext) ("flag",)
+    #                            ("visits",) ("counter",) ("block", int)
+    #                            ("block_ext", ext) ("flag",)
     num_warps: int
     num_stages: int
     count_visits: bool
+    returned: tuple[int, ...] = ()   # outputs that are results (the last kernel's); () all
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,10 +57,11 @@ class LaunchSpec:
                 args=tuple(tuple(_ext(x) if isinstance(x, (int, str)) else x for x in a)
                            for a in d["args"]),
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
-                count_visits=bool(d["count_visits"]))
+                count_visits=bool(d["count_visits"]),
+                returned=tuple(int(i) for i in d["returned"]))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed launch spec: {err!r}") from None
-        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
+        kinds = {"tensor", "stride", "size", "visits", "counter", "block", "block_ext", "flag"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed launch spec: unknown argument kind")
         return spec
@@ -87,12 +90,13 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
 
     specs = []
     for prog, src in zip(programs, sources):
-        partial = prog.split is not None and prog.split.stage == "partial"
+        stage = prog.split.stage if prog.split is not None else None
         outs = []
-        for o in prog.outputs:
+        for o in prog.outputs:    # the split-k workspace is float32 placeholders
             t = o.arg.tensor
-            outs.append((key(t), tuple(ext_of(s) for s in t.shape),
-                         "float32" if partial else t.dtype.name))
+            outs.append((key(t), tuple(ext_of(s) for s in t.shape), t.dtype.name))
+        returned = tuple(range(len(prog.split.workspace), len(outs))) \
+            if stage == "merged" else ()
         args = []
         for a in kernel_args(prog):
             if a.kind == "tensor":
@@ -102,8 +106,8 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
                 args.append(("stride", key(t.tensor), d))
             elif a.kind == "size":
                 args.append(("size", a.ref.name))
-            elif a.kind == "visits":
-                args.append(("visits",))
+            elif a.kind in ("visits", "counter"):
+                args.append((a.kind,))
             elif a.kind == "block":
                 ax = a.ref
                 if ax.block_size is not None:
@@ -118,7 +122,7 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
         specs.append(LaunchSpec(
             name=prog.name, source=src, rows=ext_of(prog.row.extent),
             grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
-            splits=prog.split.splits if partial else 0, outputs=tuple(outs),
-            args=tuple(args), num_warps=s.num_warps, num_stages=s.num_stages,
-            count_visits=s.count_visits))
+            splits=prog.split.splits if stage in ("partial", "merged") else 0,
+            outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
+            num_stages=s.num_stages, count_visits=s.count_visits, returned=returned))
     return tuple(specs)

@@ -86,7 +86,7 @@ class Builder:
                 from ..codegen.split import split_programs
                 prog = lower(self.plan, list(self.inputs), schedule, name=self.name)
                 programs = (prog,) if schedule.strategy == "rolling" else \
-                    split_programs(prog, schedule.splits)
+                    split_programs(prog, schedule.splits, schedule.merge)
                 got = self._lowered[schedule] = (self.plan, programs)
             return got
 
