@@ -36,6 +36,7 @@ from ..ir.nodes import (
     Where,
     fresh_uid,
 )
+from ..ir.pow2 import next_pow2 as _next_pow2
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
 from .exp2 import to_exp2
@@ -69,7 +70,8 @@ def ident(name: str, taken: set[str]) -> str:
 
 
 def next_pow2(n: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, (n - 1).bit_length()))
+    """A tile size covering ``n`` (a power of two, at least 16 for ``tl.dot``)."""
+    return _next_pow2(n, least)
 
 
 def safe(x: Expr) -> Expr:

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import CodegenError, NeptuneError, ScheduleError
+from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
 
 LOG_ENV = "NEPTUNE_FUSION_LOG"
@@ -56,13 +57,6 @@ def fingerprint(outputs) -> str:
                 if isinstance(node, Const):
                     h.update(repr(node.value).encode() + b";")
     return h.hexdigest()[:32]
-
-
-def _bucket(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p
 
 
 def log_enabled(flag: bool | None) -> bool:
@@ -134,7 +128,7 @@ class AutoKernel:
             # bind the sizes, bucket them, done -- no store, no versions, no device query
             from .kernel import check_inputs
             sizes, tdev = check_inputs(self.name, self.inputs, tensors)
-            cls = (tdev, tuple(sorted((s.name, _bucket(v)) for s, v in sizes.items())),
+            cls = (tdev, tuple(sorted((s.name, next_pow2(v)) for s, v in sizes.items())),
                    tuple(t.dtype for t in tensors))
             kern = self._by_bucket.get(cls)
             if kern is None:
@@ -197,7 +191,7 @@ class AutoKernel:
         return {
             "what": "neptune-fusion schedule", "program": self._builder.fingerprint,
             "inputs": [[p.name, p.dtype.name] for p in self.inputs],
-            "sizes": sorted([s.name, _bucket(v)] for s, v in sizes.items()),
+            "sizes": sorted([s.name, next_pow2(v)] for s, v in sizes.items()),
             "base": {k: v for k, v in self.base.to_dict().items()
                      if k in ("exp2", "partition", "fast_tanh", "fp32_precision",
                               "count_visits")},

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..errors import CodegenError, FeedError, NeptuneError, ScheduleError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
+from ..ir.pow2 import next_pow2
 from ..reference.evaluate import as_outputs
 from ..reference.feeds import bind_sizes
 from ..schedule.schedule import Schedule, make_schedule
@@ -236,7 +237,7 @@ class Kernel:
             elif kind == "block":
                 args.append((False, a[1]))
             elif kind == "block_ext":
-                args.append((False, _next_pow2(_value(a[1], sizes))))
+                args.append((False, next_pow2(_value(a[1], sizes), 16)))
             else:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
@@ -322,8 +323,6 @@ def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _next_pow2(n: int, least: int = 16) -> int:
-    return max(least, 1 << max(0, (n - 1).bit_length()))
 
 
 _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")

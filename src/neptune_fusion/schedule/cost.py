@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
+from ..ir.pow2 import next_pow2
 from .schedule import Schedule
 from .space import Device, Problem
 
@@ -52,7 +53,7 @@ class Estimate:
 def resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """Shared memory, registers and residency of one program of ``s`` on ``device``."""
     bm, bn, it = s.block_m, s.block_n, problem.itemsize
-    inner, col = _pow2(problem.inner), _pow2(problem.col)
+    inner, col = next_pow2(problem.inner), next_pow2(problem.col)
     kv = bn * (inner + col)
     if bm >= 64 and s.num_warps % 4 == 0:       # wgmma: one buffer per stage
         smem = (s.num_stages * kv + bm * inner) * it
@@ -124,8 +125,3 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     return sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
 
 
-def _pow2(n: int) -> int:
-    p = 1
-    while p < n:
-        p *= 2
-    return p

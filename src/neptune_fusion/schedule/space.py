@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ..ir.pow2 import next_pow2
 from .schedule import Schedule
 
 
@@ -97,13 +98,6 @@ class Problem:
             self.programs * self.loop * (self.inner + self.col) * self.itemsize
 
 
-def _pow2_at_least(n: int, least: int = 16) -> int:
-    p = least
-    while p < n:
-        p *= 2
-    return p
-
-
 ROLLING_M = (64, 128)
 ROLLING_N = (32, 64, 128)
 SPLIT_N = (64, 128, 256)
@@ -141,7 +135,7 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
     base = replace(base, strategy="rolling", splits=1)
     out: list[Schedule] = []
     if wants_split(problem, device):
-        bm = _pow2_at_least(problem.rows)
+        bm = next_pow2(problem.rows, 16)
         for bn in SPLIT_N:
             for k in split_counts(problem, device, bn):
                 for w in WARPS:
@@ -150,7 +144,7 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                                            num_stages=st, strategy="split" if k > 1
                                            else "rolling", splits=k))
         return sorted(set(out), key=_order)
-    rows_p2 = _pow2_at_least(problem.rows)
+    rows_p2 = next_pow2(problem.rows, 16)
     ms = tuple(m for m in ROLLING_M if m <= rows_p2) or (rows_p2,)
     for bm in ms:
         for bn in ROLLING_N:
