@@ -99,6 +99,7 @@ def test_cache_list_and_clear(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 tuned schedule(s)" in out and "N<=32" in out and "(model)" in out
     assert cli.main(["cache", "--dir", str(tmp_path), "--clear"]) == 0
-    assert "removed 1 tuned schedule(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "removed 1 tuned schedule(s) and" in out and "stored kernel record(s)" in out
     assert cli.main(["cache", "--dir", str(tmp_path)]) == 0
     assert "0 tuned schedule(s)" in capsys.readouterr().out

@@ -90,7 +90,9 @@ def run_cache(args: argparse.Namespace, console: Console) -> int:
     store = ScheduleStore(args.dir)
     if args.clear:
         n = store.clear()
-        console.print(f"removed {n} tuned schedule(s) from {store.directory}", markup=False)
+        k = ScheduleStore(store.root, subdir="launches").clear()
+        console.print(f"removed {n} tuned schedule(s) and {k} stored kernel record(s) "
+                      f"from {store.root}", markup=False)
         return 0
     entries = store.entries()
     console.print(f"{len(entries)} tuned schedule(s) in {store.directory}", markup=False)
@@ -139,10 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser(
         "cache", help="list or clear the tuned schedules on disk",
         description="List the schedules the auto-scheduler stored (device, program hash, "
-                    "size buckets, schedule, how it was chosen), or remove them with "
-                    "--clear. The cache is $NEPTUNE_FUSION_CACHE_DIR, else "
-                    "~/.cache/neptune-fusion.")
-    cache.add_argument("--clear", action="store_true", help="remove every stored schedule")
+                    "size buckets, schedule, how it was chosen), or remove them and the "
+                    "stored kernels with --clear. The cache is $NEPTUNE_FUSION_CACHE_DIR, "
+                    "else ~/.cache/neptune-fusion.")
+    cache.add_argument("--clear", action="store_true",
+                       help="remove every stored schedule and kernel record")
     cache.add_argument("--dir", default=None, help="cache directory (default: as above)")
     cache.set_defaults(handler=run_cache)
     # The benchmark has its own parser (python -m neptune_fusion.bench); main() forwards.
