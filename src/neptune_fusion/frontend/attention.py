@@ -151,10 +151,10 @@ class AttentionCache:
     def _remember(self, key: tuple | None, plan: _CallPlan) -> None:
         if key is None:
             return
+        from ..runtime.kernel import remember
         with self._lock:
-            if len(self._calls) >= _MAX_CALLS:  # e.g. a decode loop's growing key length
-                self._calls.pop(next(iter(self._calls)))
-            self._calls[key] = plan
+            # bounded: e.g. a decode loop's growing key length
+            remember(self._calls, key, plan, _MAX_CALLS)
 
     def kernel(self, spec: AttentionSpec, schedule):
         """The kernel of ``spec`` under ``schedule``, compiled on first use."""

@@ -116,17 +116,14 @@ class AutoKernel:
 
     def kernel_for(self, *tensors):
         """The compiled kernel for ``tensors``' shape class (chosen, maybe tuned, once)."""
-        import torch
-        sig = None
-        if all(type(t) is torch.Tensor for t in tensors):
-            sig = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-            got = self._by_sig.get(sig)
-            if got is not None:
-                return got
+        from .kernel import check_inputs, remember, signature
+        sig = signature(tensors)
+        got = self._by_sig.get(sig) if sig is not None else None
+        if got is not None:
+            return got
         with self._lock:
             # a new signature of a known shape class (a decode loop's growing KV length):
             # bind the sizes, bucket them, done -- no store, no versions, no device query
-            from .kernel import check_inputs
             sizes, tdev = check_inputs(self.name, self.inputs, tensors)
             cls = (tdev, tuple(sorted((s.name, next_pow2(v)) for s, v in sizes.items())),
                    tuple(t.dtype for t in tensors))
@@ -134,9 +131,7 @@ class AutoKernel:
             if kern is None:
                 kern = self._by_bucket[cls] = self._choose(tensors)
             if sig is not None:
-                if len(self._by_sig) >= _MAX_SIGS:
-                    self._by_sig.pop(next(iter(self._by_sig)))
-                self._by_sig[sig] = kern
+                remember(self._by_sig, sig, kern, _MAX_SIGS)
         return kern
 
     def kernel_of(self, schedule: Schedule):

@@ -174,23 +174,18 @@ class Kernel:
         so a signature seen before skips both (this was most of the host time per call).
         Tensor subclasses are never cached: their attributes may not be plain data.
         """
-        import torch
-        sig = None
-        if all(type(t) is torch.Tensor for t in tensors):
-            sig = tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-            plan = self._plans.get(sig)
-            if plan is not None:
-                return plan
+        sig = signature(tensors)
+        plan = self._plans.get(sig) if sig is not None else None
+        if plan is not None:
+            return plan
         sizes, device = self._check(tensors)
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
         plan = _LaunchPlan(device, tuple(self._step(k, named, device, tensors)
                                          for k in range(len(self.specs))))
-        if sig is not None:
-            if len(self._plans) >= _MAX_PLANS:  # bound it: e.g. a decode loop's growing M
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[sig] = plan
+        if sig is not None:  # bounded: e.g. a decode loop's growing M
+            remember(self._plans, sig, plan, _MAX_PLANS)
         return plan
 
     def _check_resources(self, tensors, sizes: dict, device) -> None:
@@ -269,6 +264,23 @@ class Kernel:
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
         return check_inputs(self.specs[0].name, self.inputs, tensors)
+
+
+def signature(tensors) -> tuple | None:
+    """What a launch derives from its inputs besides their data: shapes, strides, dtypes
+    and devices; None for anything but plain tensors (a subclass's attributes may not be
+    plain data)."""
+    import torch
+    if all(type(t) is torch.Tensor for t in tensors):
+        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return None
+
+
+def remember(table: dict, key, value, limit: int) -> None:
+    """``table[key] = value``, dropping the oldest entry when ``table`` holds ``limit``."""
+    if len(table) >= limit:
+        table.pop(next(iter(table)))
+    table[key] = value
 
 
 def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
