@@ -79,7 +79,8 @@ def kernel_tensors(q, k, v, slopes):
     return [qin, k, v] + ([slopes.float().contiguous()] if slopes is not None else [])
 
 
-def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel",)) -> dict:
+def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel",),
+               only: list | None = None) -> dict:
     import torch
     import triton.testing
 
@@ -102,6 +103,10 @@ def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel
     tensors = kernel_tensors(q, k, v, slopes)
     chosen = auto.schedule_for(*tensors)
     problem, device, space = auto.space_for(*tensors)
+    if only is not None:   # --best-from: the recorded best schedules, timed next to auto
+        from neptune_fusion.schedule.schedule import Schedule
+        space = [chosen] + [Schedule.from_dict(d) for d in only
+                            if Schedule.from_dict(d) != chosen]
     if "last_block" in merges:   # the experimental one-kernel split-k merge, timed too
         from dataclasses import replace
         space = space + [replace(s, merge="last_block") for s in space
@@ -147,6 +152,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--out", default="autotune-out")
     ap.add_argument("--no-exhaustive", action="store_true")
+    ap.add_argument("--best-from", nargs="*", default=None, metavar="JSON",
+                    help="instead of the whole space, time the auto choice next to the best "
+                    "schedules recorded in these earlier autotune.json files (same process)")
     ap.add_argument("--merges", default="kernel",
                     help="split-k merges in the exhaustive space: kernel[,last_block]")
     args = ap.parse_args()
@@ -158,6 +166,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__, "seq": args.seq}
+    recorded: dict[str, list] = {}
+    for f in args.best_from or ():
+        for r in json.loads(Path(f).read_text())["results"]:
+            if r.get("best"):
+                recorded.setdefault(r["op"], []).append(r["best"])
     results = []
     for op in select_operators(args.ops.split(",")):
         root = Path(tempfile.mkdtemp(prefix="nf-autotune-"))
@@ -172,8 +185,9 @@ def main() -> None:
             print(f"  cold {row['cold']['first_s']:.2f} s, warm {row['warm']['first_s']:.3f}"
                   f" s (in-process again {row['warm']['again_s'] * 1e3:.1f} ms)", flush=True)
             if not args.no_exhaustive:
+                only = None if args.best_from is None else recorded.get(op.name, [])
                 row.update(exhaustive(op, args.seq, str(root / "nf"),
-                                      tuple(args.merges.split(","))))
+                                      tuple(args.merges.split(",")), only))
                 print(f"  auto {row['auto_ms']:.4f} ms vs best {row['best_ms']:.4f} ms: "
                       f"{row['ratio']:.3f} (space {row['space']}, failed {row['failed']}), "
                       f"rel err {row['rel_error']:.2e}", flush=True)
