@@ -58,6 +58,12 @@ def kernel_times(fn, calls: int = 20) -> dict[str, float]:
     return out
 
 
+def variant(s, merge: str, **kw):
+    """``s`` with ``kw`` and a merge form (``"pdl"``: the kernel merge with PDL)."""
+    pdl = merge == "pdl"
+    return replace(s, merge="kernel" if pdl else merge, pdl=pdl, **kw)
+
+
 def measure(call, ref, kv_bytes: int, ceiling: float) -> dict:
     """Error against the float64 reference, graph-replay time, per-kernel times."""
     got = call()
@@ -78,7 +84,10 @@ def main() -> None:
     ap.add_argument("--ops", default="DC-Causal,DC-GQA,DC-ALiBi,DC-SoftCap")
     ap.add_argument("--seqs", default="16384")
     ap.add_argument("--splits", default="", help="split counts to try besides auto's")
-    ap.add_argument("--merges", default="kernel", help="kernel[,last_block]")
+    ap.add_argument("--merges", default="kernel", help="kernel[,last_block][,pdl] (pdl: "
+                    "the two-kernel merge with programmatic dependent launch)")
+    ap.add_argument("--variants", default="", help="more schedules besides auto's tiles: "
+                    "comma-separated block_n:warps:stages:splits:merge")
     ap.add_argument("--out", default="decode-profile-out")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -104,7 +113,11 @@ def main() -> None:
             variants = [("auto", None)]
             for n in [int(x) for x in args.splits.split(",") if x]:
                 for m in args.merges.split(","):
-                    variants.append((f"k{n} {m}", replace(chosen, splits=n, merge=m)))
+                    variants.append((f"k{n} {m}", variant(chosen, splits=n, merge=m)))
+            for v in (x for x in args.variants.split(",") if x):
+                bn, w, st, n, m = v.split(":")
+                variants.append((v, variant(chosen, block_n=int(bn), num_warps=int(w),
+                                            num_stages=int(st), splits=int(n), merge=m)))
             kv_bytes = 2 * k.numel() * k.element_size()
             for label, sched in variants:
                 row = {"op": op.name, "seq": seq, "variant": label,

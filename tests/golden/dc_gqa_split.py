@@ -113,27 +113,32 @@ def dc_gqa_combine(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     l = tl.full([BLOCK_M], 0.0, tl.float32)
-    # merge the splits' states: m, o_sum, l
+    # merge the splits' states: m
     for split_id in tl.range(0, 4, loop_unroll_factor=4):
         t = 4 * BLOCK_N
-        mask = split_id * ((M + t - 1) // t * BLOCK_N) < M
         t_2 = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
         ws_m_base = ws_m_ptr + t_2
         ws_m = tl.load(ws_m_base + offs_i, mask=offs_i < N, other=0.0)
-        m_new = tl.where(mask, tl.maximum(m, ws_m), m)
-        t_3 = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
-        p = tl.exp2(tl.where(tl.abs(m) < float("inf"), m, 0.0) - t_3)
-        t_4 = tl.cast(split_id, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
+        m_new = tl.where(split_id * ((M + t - 1) // t * BLOCK_N) < M, tl.maximum(m, ws_m), m)
+        m = m_new
+    # merge the splits' states: o_sum, l
+    for split_id_2 in tl.range(0, 4, loop_unroll_factor=4):
+        t_3 = 4 * BLOCK_N
+        mask = split_id_2 * ((M + t_3 - 1) // t_3 * BLOCK_N) < M
+        t_4 = tl.cast(split_id_2, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
         ws_o_sum_base = ws_o_sum_ptr + t_4 + tl.cast(b, tl.int64) * ws_o_sum_s2
         ws_o_sum = tl.load(ws_o_sum_base + ((offs_i * ws_o_sum_s3)[:, None] + offs_e[None, :]), mask=(offs_i < N)[:, None], other=0.0)
-        p_2 = tl.exp2(tl.where(tl.abs(ws_m) < float("inf"), ws_m, 0.0) - t_3)
-        t_5 = tl.where(o_sum == 0.0, 0.0, o_sum * p[:, None]) + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * p_2[:, None])
-        o_sum_new = tl.where(mask, t_5, o_sum)
-        t_6 = tl.cast(split_id, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
-        ws_l_base = ws_l_ptr + t_6
+        t_5 = tl.cast(split_id_2, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
+        ws_m_base_2 = ws_m_ptr + t_5
+        ws_m_2 = tl.load(ws_m_base_2 + offs_i, mask=offs_i < N, other=0.0)
+        t_6 = tl.where(tl.abs(ws_m_2) < float("inf"), ws_m_2, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
+        p = tl.exp2(t_6)
+        o_sum_new = tl.where(mask, o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * p[:, None]), o_sum)
+        t_7 = tl.cast(split_id_2, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
+        ws_l_base = ws_l_ptr + t_7
         ws_l = tl.load(ws_l_base + offs_i, mask=offs_i < N, other=0.0)
-        l_new = tl.where(mask, tl.where(l == 0.0, 0.0, l * p) + tl.where(ws_l == 0.0, 0.0, ws_l * p_2), l)
-        m, o_sum, l = m_new, o_sum_new, l_new
+        l_new = tl.where(mask, l + tl.where(ws_l == 0.0, 0.0, ws_l * p), l)
+        o_sum, l = o_sum_new, l_new
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
     tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum / l[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])

@@ -158,6 +158,29 @@ def test_decode_last_block_merge(name, n, splits):
     assert (out.double() - ref).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("name", ["DC-GQA", "DC-SoftCap"])
+def test_decode_programmatic_dependent_launch(name):
+    """pdl=True: the partial kernel releases the combine early, the combine waits on the
+    device (both guarded off under the interpreter, where the result must not change)."""
+    opt = CASES[name]
+    q, k, v = _inputs(100, torch.float32, opt.get("gqa", False))
+    kw = dict(scale=1 / math.sqrt(64), causal=True, q_start=99, softcap=opt.get("softcap"))
+    outs = []
+    for pdl in (False, True):
+        sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=7,
+                         pdl=pdl)
+        cache = AttentionCache(store=False)
+        outs.append(ops.attention(q, k, v, cache=cache, schedule=sched, **kw))
+        [kern] = cache.kernels()
+        part, comb = kern.kernels
+        assert ("tl.extra.cuda.gdc_launch_dependents()" in part.source) == pdl
+        assert ("tl.extra.cuda.gdc_wait()" in comb.source) == pdl
+        assert [sp.pdl for sp in kern.specs] == [False, pdl]
+    ref = _ref(q, k, v, scale=1 / math.sqrt(64), softcap=opt.get("softcap"))
+    assert (outs[1].double() - ref).abs().max().item() < 1e-5
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_merge_needs_split():
     with pytest.raises(ScheduleError, match="merge='last_block' needs strategy='split'"):
         Schedule(merge="last_block").check()

@@ -163,6 +163,12 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
     if prog.split is not None and prog.split.stage in ("partial", "merged"):
         pre.emit("pid_split = tl.program_id(2)")
         env[SPLIT_ID] = Val("pid_split", (), "i32")
+    if prog.split is not None and prog.schedule.pdl and prog.split.stage != "merged":
+        # programmatic dependent launch: the partial kernel lets the combine start at
+        # once; the combine waits here until the partial kernel's stores are visible
+        call = "gdc_launch_dependents" if prog.split.stage == "partial" else "gdc_wait"
+        with pre.nested("if not INTERPRET:") as b:
+            b.emit(f"tl.extra.cuda.{call}()")
     pre.emit("i_first = pid_row * BLOCK_M")
     env[I_FIRST] = Val("i_first", (), "i32")
     env[BLOCK_N] = Val("BLOCK_N", (), "i32")
@@ -251,9 +257,11 @@ def _combine_loops(prog: TileProgram, loops: Block, env, state_params,
             steps = tuple((s, substitute(e, {SPLIT_ID: split})) for s, e in steps)
         loops.comment("merge the splits' states: " + ", ".join(s.name for s, _ in steps))
         sid = loops.names.fresh("split_id")
-        # unrolled: the splits' loads do not depend on the merged state, so four of them
-        # are in flight at once instead of one latency per split
-        unroll = min(4, prog.split.splits)
+        # unrolled: no split's loads depend on a value merged in the same loop, so the
+        # unrolled iterations' loads are all in flight at once; row vectors (a level of
+        # producers) fully, tiles with a column axis eight at a time (registers)
+        wide = any("col" in s.roles for s, _ in steps)
+        unroll = min(8 if wide else 32, prog.split.splits)
         head = f"for {sid} in range(0, {prog.split.splits}):" if unroll < 2 else \
             f"for {sid} in tl.range(0, {prog.split.splits}, loop_unroll_factor={unroll}):"
         with loops.nested(head) as body:

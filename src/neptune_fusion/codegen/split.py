@@ -3,11 +3,12 @@
     rolling TileProgram --partial_program--> loop restricted to chunk ``split_id`` of the
                                              fused axis; epilogue stores every state
                                              variable to the fp32 workspace
-                        --combine_program--> per output point, one loop over the splits:
-                                             producers merged, consumer states (merged so
-                                             far and the split's) repaired to the new
-                                             merged value (``update`` IR) and combined;
-                                             then the rolling program's output epilogue
+                        --combine_program--> per output point, one loop over the splits
+                                             per level of the chain: producers merged
+                                             first, then each split's consumer state
+                                             repaired to the merged producer value
+                                             (``update`` IR) and combined; then the
+                                             rolling program's output epilogue
 
 Both are plain :class:`~neptune_fusion.codegen.program.TileProgram` data printed by the one
 emitter. The chunk is ``ceil(ceil(n / splits) / BLOCK_N) * BLOCK_N`` elements, so every
@@ -93,15 +94,17 @@ def _linear_in_own(u: Expr, i: int) -> bool:
     return not any(x in others for x in walk(u) if isinstance(x, Param))
 
 
-def combine_steps(prog: TileProgram):
-    """One pass over the splits: the new merged state after split ``SPLIT_ID`` (IR).
+def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
+    """The merged state, one group of ``(state variable, new value)`` per loop (IR).
 
-    The merge is itself a rolling update over the splits: producers combine (``max``), and
-    a consumer's merged state so far *and* the split's state are both repaired to the new
-    merged producer value with the derived ``update`` before they are combined -- the
-    merged state was computed under the old merged value, the split's under its own.
-    One loop with three independent loads per split, rather than a loop per member
-    (which made the combine's serial latency grow three times as fast with the splits).
+    Producers first: a level of the chain is merged over all splits before the next one
+    reads it. Level 0 (``max``) needs no repair; a consumer's split state is repaired
+    from its split's producer value to the *final* merged one with the derived
+    ``update`` and then combined. Because no loop iteration depends on a value merged in
+    the same loop, the splits' loads of a level are independent of each other and can
+    all be in flight at once (the emitter unrolls the loops); a single rolling pass
+    (repairing the merged-so-far state at every split) makes each split wait for the
+    previous one, a serial chain of memory latencies.
     """
     ws = dict(prog.split.workspace)
 
@@ -110,37 +113,33 @@ def combine_steps(prog: TileProgram):
 
     nonempty = Binary("lt", Binary("mul", SPLIT_ID, prog.split.chunk),
                       _extent(prog.loop.extent))
-    merged: dict[int, Expr] = {}    # producer index -> its merged value after this split
-    steps = []
+    level: dict[int, int] = {}   # accumulator index -> its loop
+    groups: list[list] = []
     for k, a in enumerate(prog.accumulators):
         olds = [s.param for s in a.state]
         if not a.producers:
+            level[k] = 0
             news = [Binary(_COMBINE[a.op], olds[0], load(a.state[0]))]
         else:
-            if any(p not in merged for p in a.producers):
+            if any(p not in level for p in a.producers):
                 raise CodegenError(f"{a.name}: a producer comes after its consumer")
-            new_p = {moved(n): safe(merged[p]) for n, p in enumerate(a.producers)}
-
-            def repaired(vals, under, a=a, new_p=new_p):
-                env = {state(i): v for i, v in enumerate(vals)}
-                env.update({running(n): safe(r) for n, r in enumerate(under)})
-                env.update(new_p)
-                return [substitute(u, env) for u in a.updates]
-            mine = repaired([load(s) for s in a.state],
-                            [load(prog.accumulators[p].state[0]) for p in a.producers])
-            theirs = repaired(olds, [prog.accumulators[p].state[0].param
-                                     for p in a.producers])
+            level[k] = 1 + max(level[p] for p in a.producers)
+            env = {state(i): load(s) for i, s in enumerate(a.state)}
+            for n, p in enumerate(a.producers):
+                prod = prog.accumulators[p].state[0]
+                env[running(n)] = safe(load(prod))     # the split's producer value
+                env[moved(n)] = safe(prod.param)       # the merged (final) one
             news = []
             for i, s in enumerate(a.state):
-                m_i, t_i = mine[i], theirs[i]
+                mine = substitute(a.updates[i], env)
                 if _linear_in_own(a.updates[i], i):   # identity stays exact (no 0 * inf)
-                    m_i = Where(Binary("eq", load(s), fconst(s.init)), fconst(s.init), m_i)
-                    t_i = Where(Binary("eq", olds[i], fconst(s.init)), fconst(s.init), t_i)
-                news.append(Binary(_COMBINE[a.op], t_i, m_i))
+                    mine = Where(Binary("eq", load(s), fconst(s.init)), fconst(s.init), mine)
+                news.append(Binary(_COMBINE[a.op], olds[i], mine))
         news = [fold(Where(nonempty, n, o)) for n, o in zip(news, olds)]
-        merged[k] = news[0]
-        steps.extend(zip(a.state, news))
-    return (tuple(steps),)
+        while len(groups) <= level[k]:
+            groups.append([])
+        groups[level[k]].extend(zip(a.state, news))
+    return tuple(tuple(g) for g in groups)
 
 
 def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:

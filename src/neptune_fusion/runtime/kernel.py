@@ -237,7 +237,8 @@ class Kernel:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
-                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
+                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
+                          **({"launch_pdl": True} if spec.pdl and not interpret else {})),
                      any(a[0] == "counter" for a in spec.args))
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):

@@ -40,6 +40,7 @@ class LaunchSpec:
     num_stages: int
     count_visits: bool
     returned: tuple[int, ...] = ()   # outputs that are results (the last kernel's); () all
+    pdl: bool = False                # launched as a programmatic dependent launch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -58,7 +59,8 @@ class LaunchSpec:
                            for a in d["args"]),
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 count_visits=bool(d["count_visits"]),
-                returned=tuple(int(i) for i in d["returned"]))
+                returned=tuple(int(i) for i in d["returned"]),
+                pdl=bool(d.get("pdl", False)))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed launch spec: {err!r}") from None
         kinds = {"tensor", "stride", "size", "visits", "counter", "block", "block_ext", "flag"}
@@ -124,5 +126,6 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
             grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
             splits=prog.split.splits if stage in ("partial", "merged") else 0,
             outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
-            num_stages=s.num_stages, count_visits=s.count_visits, returned=returned))
+            num_stages=s.num_stages, count_visits=s.count_visits, returned=returned,
+            pdl=s.pdl and stage == "combine"))
     return tuple(specs)
