@@ -114,9 +114,9 @@ def main() -> None:
             for n in [int(x) for x in args.splits.split(",") if x]:
                 for m in args.merges.split(","):
                     variants.append((f"k{n} {m}", variant(chosen, splits=n, merge=m)))
-            for v in (x for x in args.variants.split(",") if x):
-                bn, w, st, n, m = v.split(":")
-                variants.append((v, variant(chosen, block_n=int(bn), num_warps=int(w),
+            for text in (x for x in args.variants.split(",") if x):
+                bn, w, st, n, m = text.split(":")
+                variants.append((text, variant(chosen, block_n=int(bn), num_warps=int(w),
                                             num_stages=int(st), splits=int(n), merge=m)))
             kv_bytes = 2 * k.numel() * k.element_size()
             for label, sched in variants:
