@@ -58,10 +58,9 @@ def kernel_times(fn, calls: int = 20) -> dict[str, float]:
     return out
 
 
-def variant(s, merge: str, **kw):
-    """``s`` with ``kw`` and a merge form (``"pdl"``: the kernel merge with PDL)."""
-    pdl = merge == "pdl"
-    return replace(s, merge="kernel" if pdl else merge, pdl=pdl, **kw)
+def variant(s, **kw):
+    """``s`` with the fields ``kw`` replaced."""
+    return replace(s, **kw)
 
 
 def measure(call, ref, kv_bytes: int, ceiling: float) -> dict:
@@ -84,8 +83,7 @@ def main() -> None:
     ap.add_argument("--ops", default="DC-Causal,DC-GQA,DC-ALiBi,DC-SoftCap")
     ap.add_argument("--seqs", default="16384")
     ap.add_argument("--splits", default="", help="split counts to try besides auto's")
-    ap.add_argument("--merges", default="kernel", help="kernel[,last_block][,pdl] (pdl: "
-                    "the two-kernel merge with programmatic dependent launch)")
+    ap.add_argument("--merges", default="kernel", help="kernel[,last_block]")
     ap.add_argument("--variants", default="", help="more schedules besides auto's tiles: "
                     "comma-separated block_n:warps:stages:splits:merge")
     ap.add_argument("--out", default="decode-profile-out")

@@ -109,7 +109,8 @@ def dc_gqa_combine(
     b = pid_grid // 64
     i_first = pid_row * BLOCK_M
     offs_i = i_first + tl.arange(0, BLOCK_M)
-    offs_e = tl.arange(0, BLOCK_E)
+    pid_col = tl.program_id(2)
+    offs_e = pid_col * BLOCK_E + tl.arange(0, BLOCK_E)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     l = tl.full([BLOCK_M], 0.0, tl.float32)

@@ -48,8 +48,6 @@ def test_json_round_trip():
     ({"strategy": "split", "splits": 0}, "splits must be an int >= 1"),
     ({"splits": 4}, "splits=4 needs strategy='split'"),
     ({"exp2": 1}, "exp2 must be a bool"),
-    ({"pdl": 1}, "pdl must be a bool"),
-    ({"pdl": True}, "pdl=True needs strategy='split' with merge='kernel'"),
     ({"tiles": 3}, r"unknown field\(s\) tiles"),
 ])
 def test_every_validation_error(fields, msg):

@@ -126,6 +126,7 @@ class Split:
     stage: str                                   # "partial" | "combine" | "merged"
     workspace: tuple[tuple[StateVar, TensorArg], ...]
     chunk: Expr                                  # loop elements per split (a BLOCK_N multiple)
+    col_blocks: int = 1   # "combine": programs per row block over the col axis (grid z)
     # "merged": one kernel; its outputs are the workspace, then the results, which the
     # last program of each row block to arrive (an atomic counter) computes by merging
 

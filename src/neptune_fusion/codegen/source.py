@@ -68,7 +68,7 @@ def _extent(ext) -> Expr:
 def generate(prog: TileProgram) -> str:
     """The Triton source of ``prog``: a module with imports and one kernel."""
     args = kernel_args(prog)
-    reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid"}
+    reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid", "pid_col"}
     for a in prog.axes:
         reserved.add(a.name if a.role == "grid" else f"offs_{a.name}")
     for s in prog.state:
@@ -163,21 +163,19 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
     if prog.split is not None and prog.split.stage in ("partial", "merged"):
         pre.emit("pid_split = tl.program_id(2)")
         env[SPLIT_ID] = Val("pid_split", (), "i32")
-    if prog.split is not None and prog.schedule.pdl and prog.split.stage != "merged":
-        # programmatic dependent launch: the partial kernel lets the combine start at
-        # once; the combine waits here until the partial kernel's stores are visible
-        call = "gdc_launch_dependents" if prog.split.stage == "partial" else "gdc_wait"
-        with pre.nested("if not INTERPRET:") as b:
-            b.emit(f"tl.extra.cuda.{call}()")
     pre.emit("i_first = pid_row * BLOCK_M")
     env[I_FIRST] = Val("i_first", (), "i32")
     env[BLOCK_N] = Val("BLOCK_N", (), "i32")
     row = f"offs_{prog.row.name}"
     pre.emit(f"{row} = i_first + tl.arange(0, BLOCK_M)")
     env[prog.row.var] = Val(row, ("row",), "i32")
+    col_split = prog.split is not None and prog.split.col_blocks > 1
+    if col_split:
+        pre.emit("pid_col = tl.program_id(2)")
     for a in prog.axes:
         if a.role in ("col", "inner"):
-            pre.emit(f"offs_{a.name} = tl.arange(0, {a.block})")
+            start = f"pid_col * {a.block} + " if col_split and a.role == "col" else ""
+            pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
             env[a.var] = Val(f"offs_{a.name}", (a.role,), "i32")
 
 

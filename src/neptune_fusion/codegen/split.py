@@ -142,13 +142,39 @@ def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
     return tuple(tuple(g) for g in groups)
 
 
+COMBINE_COL_BLOCK = 32   # columns per combine program when the col axis is split
+
+
+def _col_blocks(prog: TileProgram) -> int:
+    """Combine programs per row block over the col axis.
+
+    The combine reads ``splits`` state tiles per row block; with one program per row
+    block (a handful, for decode) it is bound by what a few multiprocessors can load, so
+    a constant col extent is cut into ``COMBINE_COL_BLOCK``-wide programs, each merging
+    its columns (row-only states such as the max and the sum are merged again by each).
+    Legal when every output is indexed by the col axis (each output element then reads
+    only its own column of col-role state; a row-only output would be written by every
+    column program).
+    """
+    c = prog.col
+    if c is None or not isinstance(c.extent, int) or c.extent <= COMBINE_COL_BLOCK \
+            or c.extent % COMBINE_COL_BLOCK:
+        return 1
+    if any(c.var not in o.axes for o in prog.outputs):
+        return 1
+    return c.extent // COMBINE_COL_BLOCK
+
+
 def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
     """Kernel 2: reads the workspace, writes ``prog``'s outputs (see module docstring)."""
     inputs = tuple(replace(arg, kind="input") for _, arg in part.split.workspace)
-    info = replace(part.split, stage="combine")
+    blocks = _col_blocks(prog)
+    info = replace(part.split, stage="combine", col_blocks=blocks)
+    col = prog.col if blocks == 1 else replace(prog.col, block_size=COMBINE_COL_BLOCK)
+    rule = f"split-k: {info.splits} splits, combine" + \
+        (f" ({blocks} programs per row block over {prog.col.name})" if blocks > 1 else "")
     return replace(prog, name=f"{prog.name}_combine", inputs=inputs, inner=(), bounds=(),
-                   segments=(), split=info,
-                   rules=(f"split-k: {info.splits} splits, combine",))
+                   segments=(), split=info, col=col, rules=(rule,))
 
 
 def merged_program(prog: TileProgram, splits: int) -> TileProgram:

@@ -49,7 +49,10 @@ class TileOps:
             return self.guard
         if ax.role == "row":
             return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
-        return not (isinstance(ext, int) and ext == ax.block_size)
+        cover = ax.block_size
+        if ax.role == "col" and self.prog.split is not None:   # combine cut over columns
+            cover = cover * self.prog.split.col_blocks if cover else cover
+        return not (isinstance(ext, int) and ext == cover)
 
     def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
         """``tensor[indices]`` as a base pointer (the scalar indices folded in, int64),

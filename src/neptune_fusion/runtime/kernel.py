@@ -214,6 +214,8 @@ class Kernel:
         grid = (-(-_value(spec.rows, sizes) // spec.block_m), grid1)
         if spec.splits:
             grid += (spec.splits,)
+        elif spec.col_blocks > 1:
+            grid += (spec.col_blocks,)
         interpret = device.type != "cuda"
         # (True, key): fill in the tensor of that key per call; (False, value): constant
         args: list[tuple[bool, object]] = []
@@ -237,8 +239,7 @@ class Kernel:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
-                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
-                          **({"launch_pdl": True} if spec.pdl and not interpret else {})),
+                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
                      any(a[0] == "counter" for a in spec.args))
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):

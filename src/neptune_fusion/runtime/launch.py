@@ -40,7 +40,7 @@ class LaunchSpec:
     num_stages: int
     count_visits: bool
     returned: tuple[int, ...] = ()   # outputs that are results (the last kernel's); () all
-    pdl: bool = False                # launched as a programmatic dependent launch
+    col_blocks: int = 1              # split-k combine: programs over the col axis (grid z)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +60,7 @@ class LaunchSpec:
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 count_visits=bool(d["count_visits"]),
                 returned=tuple(int(i) for i in d["returned"]),
-                pdl=bool(d.get("pdl", False)))
+                col_blocks=int(d.get("col_blocks", 1)))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed launch spec: {err!r}") from None
         kinds = {"tensor", "stride", "size", "visits", "counter", "block", "block_ext", "flag"}
@@ -127,5 +127,5 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
             splits=prog.split.splits if stage in ("partial", "merged") else 0,
             outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
             num_stages=s.num_stages, count_visits=s.count_visits, returned=returned,
-            pdl=s.pdl and stage == "combine"))
+            col_blocks=prog.split.col_blocks if stage == "combine" else 1))
     return tuple(specs)

@@ -43,9 +43,6 @@ class Schedule:
     * ``merge``: how split-k partial states are merged: ``"kernel"`` (a second kernel,
       the default) or ``"last_block"`` (experimental, not measured on a GPU yet: one
       kernel whose last program per row block merges, found by an atomic counter);
-    * ``pdl``: programmatic dependent launch of the split-k combine kernel (Hopper and
-      later, CUDA only): the combine is launched while the partial kernel runs and waits
-      on the device for its results, so the second launch's latency overlaps the first;
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
     """
@@ -62,7 +59,6 @@ class Schedule:
     strategy: str = "rolling"
     splits: int = 1
     merge: str = "kernel"
-    pdl: bool = False
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -94,13 +90,10 @@ class Schedule:
                                 f"got {self.merge!r}")
         if self.merge != "kernel" and self.strategy != "split":
             raise ScheduleError(f"schedule: merge={self.merge!r} needs strategy='split'")
-        for name in ("exp2", "partition", "fast_tanh", "count_visits", "pdl"):
+        for name in ("exp2", "partition", "fast_tanh", "count_visits"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
                                     f"got {getattr(self, name)!r}")
-        if self.pdl is True and (self.strategy, self.merge) != ("split", "kernel"):
-            raise ScheduleError("schedule: pdl=True needs strategy='split' with "
-                                "merge='kernel' (it overlaps the combine kernel's launch)")
         return self
 
     def to_dict(self) -> dict:
