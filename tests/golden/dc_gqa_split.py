@@ -115,7 +115,7 @@ def dc_gqa_combine(
     o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     l = tl.full([BLOCK_M], 0.0, tl.float32)
     # merge the splits' states: m
-    for split_id in tl.range(0, 4, loop_unroll_factor=4):
+    for split_id in tl.static_range(4):
         t = 4 * BLOCK_N
         t_2 = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
         ws_m_base = ws_m_ptr + t_2
@@ -123,7 +123,7 @@ def dc_gqa_combine(
         m_new = tl.where(split_id * ((M + t - 1) // t * BLOCK_N) < M, tl.maximum(m, ws_m), m)
         m = m_new
     # merge the splits' states: o_sum, l
-    for split_id_2 in tl.range(0, 4, loop_unroll_factor=4):
+    for split_id_2 in tl.static_range(4):
         t_3 = 4 * BLOCK_N
         mask = split_id_2 * ((M + t_3 - 1) // t_3 * BLOCK_N) < M
         t_4 = tl.cast(split_id_2, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
