@@ -2,9 +2,10 @@
 
 Usage on a GPU: PYTHONPATH=src python benchmarks/decode_graph_check.py [--seqs 4096,16384,65536]
 Prints, per decode operator and length: neptune-fusion eager ms, the same call replayed
-from a CUDA graph (no Python, no launch overhead), and cuDNN SDPA eager ms where it applies;
-plus the fraction of the copy ceiling the graph replay reaches. Output is checked against
-the float64 reference first (relative Frobenius error).
+from a CUDA graph (no Python, no launch overhead), and SDPA's cuDNN and FlashAttention-2
+backends replayed from a CUDA graph where they apply (ALiBi as an additive mask; no
+soft-cap); plus the fraction of the copy ceiling neptune-fusion's replay reaches. Every
+output is checked against the float64 reference first (relative Frobenius error).
 """
 
 from __future__ import annotations
@@ -23,8 +24,14 @@ def _time(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def measure(op, seq: int, dev: torch.device) -> tuple[float, float, float, str, int]:
-    """(relative error, eager ms, graph-replay ms, cuDNN ms or "n/a", K+V bytes)."""
+def _graph(fn) -> float:
+    """Median GPU ms of ``fn`` replayed from a CUDA graph (no host work)."""
+    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def measure(op, seq: int, dev: torch.device) -> dict:
+    """Relative error, eager and graph-replay ms of neptune-fusion, and graph-replay ms of
+    SDPA's cuDNN and FlashAttention-2 backends where they apply; K+V bytes."""
     q, k, v = make_inputs(op, seq, torch.float16, dev)
     kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
               alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
@@ -34,50 +41,67 @@ def measure(op, seq: int, dev: torch.device) -> tuple[float, float, float, str, 
 
     out = call()
     ref = reference_attention(op, q, k, v)
-    err = (torch.linalg.norm((out.double() - ref).flatten())
-           / torch.linalg.norm(ref.flatten())).item()
-    eager = _time(call)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    replay = _time(graph.replay)
-    cudnn = "n/a"
-    if op.softcap is None and op.alibi_slopes(dev) is None:
+    row = {"op": op.name, "seq": seq, "bytes": 2 * k.numel() * k.element_size(),
+           "rel_error": (torch.linalg.norm((out.double() - ref).flatten())
+                         / torch.linalg.norm(ref.flatten())).item(),
+           "eager_ms": _time(call), "graph_ms": _graph(call)}
+    if op.softcap is None:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def sdpa():
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, scale=op.scale, enable_gqa=True)
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            cudnn = f"{_time(sdpa):.4f}"
-    return err, eager, replay, cudnn, 2 * k.numel() * k.element_size()
+        slopes = op.alibi_slopes(dev)
+        bias = None
+        if slopes is not None:   # ALiBi at absolute positions: slope * (j - (S - 1))
+            j = torch.arange(seq, device=dev, dtype=torch.float32) - (seq - 1)
+            bias = (slopes.float()[:, None] * j[None, :])[None, :, None, :].to(q.dtype)
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("flash", SDPBackend.FLASH_ATTENTION)):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, attn_mask=bias, scale=op.scale, enable_gqa=True)
+            try:
+                got = sdpa()
+                err = (torch.linalg.norm((got.double() - ref).flatten())
+                       / torch.linalg.norm(ref.flatten())).item()
+                if not err < 1e-2:
+                    raise RuntimeError(f"relative error {err:.2e}")
+                row[f"{name}_graph_ms"] = _graph(sdpa)
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot run is noted
+                row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seqs", default="4096,16384,65536")
+    p.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = p.parse_args()
     seqs = [int(s) for s in args.seqs.split(",")]
     dev = torch.device("cuda")
-    a = torch.empty(1 << 28, dtype=torch.float32, device=dev)
+    a = torch.empty(1 << 28, dtype=torch.float32, device=dev).random_()
     b = torch.empty_like(a)
-    copy_ms = _time(lambda: b.copy_(a))
-    copy_tbps = 2 * a.numel() * 4 / copy_ms / 1e9
-    print(f"copy ceiling {copy_tbps:.2f} TB/s")
+    copy_tbps = 2 * a.numel() * 4 / _time(lambda: b.copy_(a)) / 1e9
+    print(f"copy ceiling {copy_tbps:.2f} TB/s (1 GiB, read + write, do_bench)")
     print(f"{'operator':<11} {'S':>6} {'rel.err':>8} {'eager ms':>9} {'graph ms':>9} "
-          f"{'graph TB/s':>10} {'% copy':>7} {'cuDNN ms':>9}")
+          f"{'TB/s':>6} {'% copy':>7} {'cuDNN ms':>9} {'FA2 ms':>9}")
+    rows = []
     for op in select_operators(["DC-Causal", "DC-GQA", "DC-ALiBi", "DC-SoftCap"]):
         for seq in seqs:
-            err, eager, replay, cudnn, nbytes = measure(op, seq, dev)
-            tbps = nbytes / replay / 1e9
-            print(f"{op.name:<11} {seq:>6} {err:>8.1e} {eager:>9.4f} {replay:>9.4f} "
-                  f"{tbps:>10.2f} {tbps / copy_tbps:>6.0%} {cudnn:>9}")
+            r = measure(op, seq, dev)
+            rows.append(r)
+            tbps = r["bytes"] / r["graph_ms"] / 1e9
+            base = [f"{r[k]:>9.4f}" if k in r else f"{'n/a':>9}"
+                    for k in ("cudnn_graph_ms", "flash_graph_ms")]
+            print(f"{op.name:<11} {seq:>6} {r['rel_error']:>8.1e} {r['eager_ms']:>9.4f} "
+                  f"{r['graph_ms']:>9.4f} {tbps:>6.2f} {tbps / copy_tbps:>6.0%} "
+                  + " ".join(base), flush=True)
+    if args.out:
+        import json
+        import time
+        meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+                "torch": torch.__version__, "triton": triton.__version__,
+                "copy_tbps": copy_tbps}
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
