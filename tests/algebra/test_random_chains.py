@@ -81,3 +81,20 @@ def test_random_chain_is_repaired_or_explained(tree, producer, consumer, tile, s
         got = nf.evaluate(out, feeds, mode=mode, **kw)
         np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9,
                                    err_msg=f"{mode} {kw}\n{plan}")
+
+
+def test_found_chain_with_a_hyperbolic_repair():
+    """Found by the test above: SymPy folded the repair of sum(tanh(r) + c + c2 * r + c)
+    under a max producer into cosh(...), which must lower (as exponentials) and agree."""
+    k1, k2 = nf.reduce_axis(D, "k"), nf.reduce_axis(D, "k")
+    tree = ("add", ("add", ("tanh", ("r",)), ("c",)), ("add", ("mul", ("c2",), ("r",)), ("c",)))
+    prod = nf.compute((N,), lambda i: nf.max(X[i, k1], k1), name="p")
+    out = nf.compute((N,), lambda i: nf.sum(build(tree, X[i, k2], Y[i, k2], prod[i]), k2),
+                     name="out")
+    nf.plan(out)      # raised "cannot lower cosh" before
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.uniform(0.5, 1.5, (3, D)), "y": rng.uniform(-1.0, 1.0, (3, D))}
+    want = nf.evaluate(out, feeds)
+    for mode, kw in (("rolling", {"tile": 2}), ("split", {"splits": 3})):
+        np.testing.assert_allclose(nf.evaluate(out, feeds, mode=mode, **kw), want,
+                                   rtol=1e-7, atol=1e-9)

@@ -216,4 +216,9 @@ def to_ir(x: sp.Expr, env: dict[sp.Symbol, Expr]) -> Expr:
         for a in args[1:]:
             out = build.binary(op, out, a)
         return out
+    # SymPy may fold exponentials into hyperbolic functions (cosh, sinh, ...) while it
+    # simplifies a repair; their exponential form is lowerable
+    alt = x.rewrite(sp.exp)
+    if alt != x:
+        return to_ir(alt, env)
     raise Unsupported(f"cannot lower {x.func.__name__} in {x}")
