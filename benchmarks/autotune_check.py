@@ -41,24 +41,45 @@ dev = torch.device("cuda")
 q, k, v = make_inputs(op, seq, torch.float16, dev)
 kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
           alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
+import triton, triton.language as tl
+@triton.jit
+def _floor(x_ptr, N: tl.constexpr):
+    tl.store(x_ptr + tl.arange(0, N), tl.load(x_ptr + tl.arange(0, N)) + 1.0)
 torch.cuda.synchronize()
+tf = time.perf_counter()
+_floor[(1,)](torch.zeros(16, device=dev), N=16)   # Triton's own first launch in a process
+torch.cuda.synchronize()
+floor_s = time.perf_counter() - tf
+prof = None
+if len(sys.argv) > 3:       # profile mode: where the first call's time goes
+    import cProfile
+    prof = cProfile.Profile()
+    prof.enable()
 t0 = time.perf_counter()
 out = ops.attention(q, k, v, **kw)
 torch.cuda.synchronize()
 t1 = time.perf_counter()
+if prof is not None:
+    import pstats
+    prof.disable()
+    pstats.Stats(prof, stream=sys.stderr).sort_stats("cumtime").print_stats(30)
 from neptune_fusion.frontend.attention import AttentionCache
 t2 = time.perf_counter()
 out2 = ops.attention(q, k, v, cache=AttentionCache(), **kw)
 torch.cuda.synchronize()
 t3 = time.perf_counter()
 print("RESULT", json.dumps({"first_s": t1 - t0, "again_s": t3 - t2, "import_s": t0 - t_start,
+                            "triton_first_launch_s": floor_s,
                             "same": bool(torch.equal(out, out2))}))
 """
 
 
-def child(op: str, seq: int, env: dict) -> dict:
+def child(op: str, seq: int, env: dict, profile: bool = False) -> dict:
     t0 = time.perf_counter()
-    run = subprocess.run([sys.executable, "-c", CHILD, op, str(seq)], env=env,
+    script = Path(tempfile.mkdtemp(prefix="nf-child-")) / "child.py"   # triton.jit needs
+    script.write_text(CHILD)                                              # a source file
+    run = subprocess.run([sys.executable, str(script), op, str(seq)]
+                         + (["profile"] if profile else []), env=env,
                          capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - t0
     for line in run.stdout.splitlines():
@@ -152,6 +173,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--out", default="autotune-out")
     ap.add_argument("--no-exhaustive", action="store_true")
+    ap.add_argument("--profile-warm", action="store_true",
+                    help="a third process profiles its warm first call (cProfile in the log)")
     ap.add_argument("--best-from", nargs="*", default=None, metavar="JSON",
                     help="instead of the whole space, time the auto choice next to the best "
                     "schedules recorded in these earlier autotune.json files (same process)")
@@ -184,6 +207,11 @@ def main() -> None:
             row["warm"] = child(op.name, args.seq, env)
             print(f"  cold {row['cold']['first_s']:.2f} s, warm {row['warm']['first_s']:.3f}"
                   f" s (in-process again {row['warm']['again_s'] * 1e3:.1f} ms)", flush=True)
+            print(f"  Triton's own first launch of a cached trivial kernel in the warm "
+                  f"process: {row['warm']['triton_first_launch_s'] * 1e3:.1f} ms", flush=True)
+            if args.profile_warm:
+                row["profiled"] = child(op.name, args.seq, env, profile=True)
+                print(row["profiled"]["log"][-5000:], flush=True)
             if not args.no_exhaustive:
                 only = None if args.best_from is None else recorded.get(op.name, [])
                 row.update(exhaustive(op, args.seq, str(root / "nf"),
