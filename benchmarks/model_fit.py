@@ -25,9 +25,30 @@ from neptune_fusion.schedule.space import H200, Problem
 DEFAULT = sorted(Path(__file__).parent.glob("results/2026-11-30-h200-autotune/run*.json"))
 
 
-def evaluate(row: dict, ks=range(1, 7)) -> dict:
+def visits_of(op_name: str, seq: int) -> tuple:
+    """The visited-tile shares of operator ``op_name`` at ``seq`` (the recorded problems
+    predate them): from the plain definition's tile program, on CPU."""
+    import torch
+
+    import neptune_fusion as nf
+    from neptune_fusion import ops
+    from neptune_fusion.bench.operators import select_operators
+    (op,) = select_operators([op_name])
+    [o], ins = ops.definition(op_name)
+    n = 1 if op.phase == "DC" else seq
+    q = torch.empty(1, op.q_heads, n, 128, dtype=torch.float16)
+    k = torch.empty(1, op.kv_heads, seq, 128, dtype=torch.float16)
+    if op.phase == "DC" and op.q_heads != op.kv_heads and not op.alibi:   # packed GQA
+        q = q.reshape(1, op.kv_heads, op.q_heads // op.kv_heads, 128)
+    problem, _, _ = nf.compile(o, ins, cache=False).space_for(q, k, k)
+    return problem.visits
+
+
+def evaluate(row: dict, ks=range(1, 7), seq: int = 16384) -> dict:
     # recorded at fp16; the first runs took ALiBi's fp32 slopes for the element size
     problem = replace(Problem(**row["problem"]), itemsize=2, fp32=False)
+    if not problem.visits and row["op"].startswith("PF"):
+        problem = replace(problem, visits=visits_of(row["op"], seq))
     measured = {Schedule.from_dict(r["schedule"]): r["ms"] for r in row["rows"]}
     ok = {s: ms for s, ms in measured.items() if ms is not None}
     best = min(ok.values())

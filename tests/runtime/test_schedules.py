@@ -369,3 +369,25 @@ def test_a_changed_compiler_does_not_reuse_the_cache(tmp_path, monkeypatch):
     again(q, k, v)
     assert again.last_choice.source == "model"
     assert again.last_choice.key["versions"]["code"] == "another-compiler"
+
+
+def test_visited_share_matches_the_kernels_tile_count():
+    """The cost model's visited-tile share: exactly the partition's own count when every
+    row block is sampled, below 1 for causal, 1 for full attention."""
+    from neptune_fusion.codegen.visits import tile_visits, visited_fraction
+    from neptune_fusion.runtime.kernel import check_inputs
+    o, ins, (q, k, v) = _small_causal()
+    kern = nf.compile(o, ins, schedule=Schedule(block_m=16, block_n=16), cache=False)
+    sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
+    counts = tile_visits(kern.program, sizes)        # per program, grid point innermost
+    per_row_block = [sum(counts[i]) for i in range(0, len(counts), 2)]
+    full = -(-70 // 16)
+    exact = sum(per_row_block) / (len(per_row_block) * full)
+    assert visited_fraction(kern.program, sizes, 16, 16, samples=64) == pytest.approx(exact)
+    assert 0.5 < exact < 0.7
+    problem, _, _ = nf.compile(o, ins, cache=False).space_for(q, k, v)
+    shares = {(bm, bn): f for bm, bn, f in problem.visits}
+    assert all(0 < f <= 1 for f in shares.values()) and shares[(64, 32)] < 0.9
+    [g], gins = ops.definition("PF-Global", "float32", 32, 2, 2)
+    gprob, _, _ = nf.compile(g, gins, cache=False).space_for(q, k, v)
+    assert {f for _, _, f in gprob.visits} == {1.0}

@@ -17,6 +17,28 @@ def _value(ext, sizes: dict[Size, int]) -> int:
     return sizes[ext] if isinstance(ext, Size) else int(ext)
 
 
+def _row_block_tiles(prog: TileProgram, sizes: dict, bm: int, bn: int, pid_row: int,
+                     rest: int, extents: list[int]) -> tuple[int, int]:
+    """``(masked, interior)`` tiles row block ``pid_row`` of grid point ``rest`` visits
+    with tiles ``bm`` x ``bn`` (the bounds are IR in ``I_FIRST``, ``I_LAST``, ``BLOCK_N``)."""
+    rows = _value(prog.row.extent, sizes)
+    first = pid_row * bm
+    env: dict[Expr, int] = {I_FIRST: first, I_LAST: min(first + bm, rows) - 1, BLOCK_N: bn}
+    env.update(sizes)
+    for a, e in zip(prog.grid, extents):  # innermost first, as the kernel
+        env[a.var] = rest % e
+        rest //= e
+    b = evaluate(dict(prog.bounds), env)
+    masked = interior = 0
+    for seg in prog.segments:
+        n = len(range(b[seg.lo], b[seg.hi], bn))
+        if seg.masked:
+            masked += n
+        else:
+            interior += n
+    return masked, interior
+
+
 def tile_visits(prog: TileProgram, sizes: dict[Size, int]) -> list[tuple[int, int]]:
     """``(masked, interior)`` tiles visited by each program, in the kernel's order
     (``pid_row * programs(1) + pid_grid``)."""
@@ -26,24 +48,24 @@ def tile_visits(prog: TileProgram, sizes: dict[Size, int]) -> list[tuple[int, in
     total = 1
     for e in extents:
         total *= e
-    out = []
-    for pid_row in range(-(-rows // bm)):
-        first = pid_row * bm
-        for pid_grid in range(total):
-            env: dict[Expr, int] = {I_FIRST: first, I_LAST: min(first + bm, rows) - 1,
-                                    BLOCK_N: bn}
-            env.update(sizes)
-            rest = pid_grid
-            for a, e in zip(prog.grid, extents):  # innermost first, as the kernel
-                env[a.var] = rest % e
-                rest //= e
-            b = evaluate(dict(prog.bounds), env)
-            masked = interior = 0
-            for seg in prog.segments:
-                n = len(range(b[seg.lo], b[seg.hi], bn))
-                if seg.masked:
-                    masked += n
-                else:
-                    interior += n
-            out.append((masked, interior))
-    return out
+    return [_row_block_tiles(prog, sizes, bm, bn, pid_row, pid_grid, extents)
+            for pid_row in range(-(-rows // bm)) for pid_grid in range(total)]
+
+
+def visited_fraction(prog: TileProgram, sizes: dict[Size, int], bm: int, bn: int,
+                     samples: int = 8) -> float:
+    """The share of all (row block, loop tile) pairs the loop partition visits with tiles
+    ``bm`` x ``bn``: 1 for full attention, about 1/2 for causal, little for a sliding
+    window -- where smaller tiles waste less. Evaluated at grid point 0 on up to
+    ``samples`` evenly spaced row blocks (the cost model's estimate, not a count)."""
+    rows = _value(prog.row.extent, sizes)
+    loop = _value(prog.loop.extent, sizes)
+    blocks = -(-rows // bm)
+    tiles = -(-loop // bn)
+    if blocks == 0 or tiles == 0:
+        return 1.0
+    n = min(samples, blocks)
+    picks = sorted({round(k * (blocks - 1) / max(n - 1, 1)) for k in range(n)})
+    extents = [_value(a.extent, sizes) for a in prog.grid]
+    seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
+    return min(1.0, seen / (len(picks) * tiles))

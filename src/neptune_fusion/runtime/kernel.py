@@ -194,7 +194,8 @@ class Kernel:
         from ..schedule.space import device_of
         from .problem import problem_of
         prog = self.program
-        check_resources(problem_of(prog, self.inputs, tensors, sizes), self.schedule,
+        check_resources(problem_of(prog, self.inputs, tensors, sizes, visits=False),
+                        self.schedule,
                         device_of(device))
 
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:

@@ -12,14 +12,18 @@ def _value(ext, sizes: dict) -> int:
     return sizes[ext] if isinstance(ext, Size) else int(ext)
 
 
-def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool = True):
+def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool = True,
+               visits: bool = True):
     """The :class:`Problem` of tile program ``prog`` on ``tensors`` (bound ``sizes``).
 
     Rows, loop length, programs (the grid), contraction and output widths come from the
     program's axes; the streamed bytes are those of the inputs with a dimension of the
-    loop axis's extent (k and v), so shared key/value heads count once.
+    loop axis's extent (k and v), so shared key/value heads count once. With ``visits``,
+    the share of loop tiles the loop partition visits per tile shape, from the program's
+    own loop bounds (a few ms; only the auto-scheduler's ranking needs it).
     """
-    from ..schedule.space import Problem
+    from ..codegen.visits import visited_fraction
+    from ..schedule.space import Problem, tile_shapes
     loop_ext = prog.loop.extent
     streamed = 0
     sizes_of_streamed = []
@@ -31,10 +35,13 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     # as ALiBi slopes must not make fp16 attention look like fp32 to the model
     itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
                                          if t.is_floating_point()] or [2])
+    rows = _value(prog.row.extent, sizes)
     return Problem(
-        rows=_value(prog.row.extent, sizes), loop=_value(loop_ext, sizes),
+        rows=rows, loop=_value(loop_ext, sizes),
         programs=math.prod(_value(a.extent, sizes) for a in prog.grid),
         inner=math.prod(_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
         col=_value(prog.col.extent, sizes) if prog.col is not None else 1,
         itemsize=itemsize, streamed=streamed if isinstance(loop_ext, Size) else 0,
-        splittable=splittable, fp32=itemsize >= 4)
+        splittable=splittable, fp32=itemsize >= 4,
+        visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
+                     for bm, bn in tile_shapes(rows)) if visits else ())

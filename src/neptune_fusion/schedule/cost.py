@@ -94,13 +94,16 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     waves = -(-progs // slots)
     busy = min(1.0, progs / slots)           # share of the device the programs occupy
     wave_eff = progs / (waves * slots) if progs >= slots else 1.0
+    # the share of loop tiles the programs visit (masks: causal ~1/2, a window little;
+    # the diagonal/band tiles a larger tile drags in are what smaller tiles save)
+    frac = problem.visited(s.block_m, s.block_n)
     # loop-axis bytes: each row block streams it (shared heads hit in L2 after the first)
-    loop_elems = -(-problem.loop // splits)
+    loop_elems = -(-problem.loop // splits) * frac
     per_prog_bytes = loop_elems * (problem.inner + problem.col) * problem.itemsize
-    unique = problem.loop_bytes * row_blocks
+    unique = problem.loop_bytes * row_blocks * frac
     mem = unique / (device.bandwidth * min(1.0, busy * 4))
     flops = 2.0 * max(problem.rows, 1) * problem.loop * problem.programs \
-        * (problem.inner + problem.col)
+        * (problem.inner + problem.col) * frac
     padded = flops * s.block_m / max(min(problem.rows, s.block_m), 1)   # idle tile rows
     rate = device.fp32_flops if problem.fp32 else device.mma_flops
     mma_eff = min(1.0, s.block_m / 64) * min(1.0, s.block_n / 64)

@@ -78,7 +78,8 @@ class Problem:
     contraction width (head dim of q/k), ``col`` the output width (head dim of v),
     ``itemsize`` the input element size. ``streamed`` is the bytes of the inputs indexed
     along the loop axis (k and v; 0: every program reads its own). ``splittable``: split-k
-    is legal for the plan.
+    is legal for the plan. ``visits``: per tile shape, the share of loop tiles the loop
+    partition visits (causal masks, sliding windows).
     """
 
     rows: int
@@ -90,6 +91,16 @@ class Problem:
     streamed: int = 0
     splittable: bool = True
     fp32: bool = False           # float32 inputs: tl.dot without 16-bit tensor cores
+    # ((block_m, block_n, share of the row-block x loop-tile pairs the loop visits), ...)
+    visits: tuple[tuple[int, int, float], ...] = ()
+
+    def visited(self, block_m: int, block_n: int) -> float:
+        """The share of loop tiles a schedule's programs visit (masks skip the rest);
+        1.0 when unknown."""
+        for bm, bn, frac in self.visits:
+            if (bm, bn) == (block_m, block_n):
+                return frac
+        return 1.0
 
     @property
     def loop_bytes(self) -> float:
@@ -103,6 +114,14 @@ ROLLING_N = (32, 64, 128)
 SPLIT_N = (64, 128, 256)
 WARPS = (4, 8)
 STAGES = (2, 3, 4)
+
+
+def tile_shapes(rows: int) -> tuple[tuple[int, int], ...]:
+    """Every ``(block_m, block_n)`` :func:`candidates` may use for ``rows`` rows."""
+    rows_p2 = next_pow2(rows, 16)
+    ms = tuple(m for m in ROLLING_M if m <= rows_p2) or (rows_p2,)
+    return tuple(sorted({(m, n) for m in ms for n in ROLLING_N}
+                        | {(rows_p2, n) for n in SPLIT_N}))
 
 
 def wants_split(problem: Problem, device: Device) -> bool:
