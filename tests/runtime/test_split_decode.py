@@ -145,8 +145,9 @@ def test_gqa_decode_packs_the_group():
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("n,splits", [(37, 1), (100, 7)])
 def test_decode_last_block_merge(name, n, splits):
-    """Split-k merged in one kernel by the last program of each row block (experimental:
-    correct here, in the interpreter; its GPU memory ordering is not measured yet)."""
+    """Split-k merged in one kernel by the last program of each row block (its GPU memory
+    ordering was checked on an H200 by benchmarks/decode_profile.py: repeated calls
+    bit-identical)."""
     opt = CASES[name]
     q, k, v = _inputs(n, torch.float32, opt.get("gqa", False))
     slopes = torch.tensor([0.5, 0.25]) if opt.get("alibi") else None

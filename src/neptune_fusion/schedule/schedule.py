@@ -41,8 +41,9 @@ class Schedule:
       (split-k: ``splits`` programs each walk one chunk of it and write their partial state
       to a float32 workspace; a second kernel merges the partials with the derived repairs);
     * ``merge``: how split-k partial states are merged: ``"kernel"`` (a second kernel,
-      the default) or ``"last_block"`` (experimental, not measured on a GPU yet: one
-      kernel whose last program per row block merges, found by an atomic counter);
+      the default) or ``"last_block"`` (one kernel whose last program per row block
+      merges, found by an atomic counter; correct on an H200 but not faster there, so
+      the auto-scheduler does not pick it);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
     """
