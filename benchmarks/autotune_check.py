@@ -95,7 +95,7 @@ def kernel_tensors(q, k, v, slopes):
     """The tensors ``nf.attention`` hands its kernel (decode GQA packs the group)."""
     b, hq, n, d = q.shape
     hkv = k.shape[1]
-    packed = n == 1 and hq != hkv and slopes is None
+    packed = n == 1 and hq != hkv
     qin = q.reshape(b, hkv, hq // hkv, d) if packed else q
     return [qin, k, v] + ([slopes.float().contiguous()] if slopes is not None else [])
 

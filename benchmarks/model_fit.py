@@ -38,7 +38,7 @@ def visits_of(op_name: str, seq: int) -> tuple:
     n = 1 if op.phase == "DC" else seq
     q = torch.empty(1, op.q_heads, n, 128, dtype=torch.float16)
     k = torch.empty(1, op.kv_heads, seq, 128, dtype=torch.float16)
-    if op.phase == "DC" and op.q_heads != op.kv_heads and not op.alibi:   # packed GQA
+    if op.phase == "DC" and op.q_heads != op.kv_heads:   # packed GQA
         q = q.reshape(1, op.kv_heads, op.q_heads // op.kv_heads, 128)
     problem, _, _ = nf.compile(o, ins, cache=False).space_for(q, k, k)
     return problem.visits

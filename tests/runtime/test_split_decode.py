@@ -142,6 +142,23 @@ def test_gqa_decode_packs_the_group():
     assert (out.double() - _ref(q, k, v, scale=0.125)).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+def test_gqa_decode_packs_the_group_with_alibi(splits):
+    """ALiBi with GQA at decode packs the group too: the per-head slopes are read at
+    ``h * group + row`` (a scalar plus the row variable), once per program."""
+    q, k, v = _inputs(100, torch.float32, True)         # 4 query heads over 2 KV heads
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    cache = AttentionCache(store=False)
+    sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=splits)
+    out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=99, alibi_slopes=slopes,
+                        cache=cache, schedule=sched)
+    [kern] = cache.kernels()
+    assert kern.program.row.extent == 2                # rows = the group
+    assert "slopes_base + offs_i" in kern.source
+    ref = _ref(q, k, v, scale=0.125, alibi=slopes)
+    assert (out.double() - ref).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 @pytest.mark.parametrize("n,splits", [(37, 1), (100, 7)])
 def test_decode_last_block_merge(name, n, splits):

@@ -64,6 +64,10 @@ class TileOps:
         mask: Expr | None = None
         last = len(indices) - 1
         for d, idx in enumerate(indices):
+            idx, shift = self._split_index(idx)
+            if shift is not None:   # ``scalar + tile variable``: the scalar goes to the base
+                term = fold(Cast(shift, int64))
+                scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
             ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
             if ax is not None and ax.role != "grid":
                 term = idx if d == last else Binary("mul", idx, arg.stride(d))
@@ -92,6 +96,25 @@ class TileOps:
                 blk.remember(key, got)
             base = got
         return base, fold(sum_of(inv + var) if inv or var else Const(0, int64)), mask
+
+    def _split_index(self, idx: Expr) -> tuple[Expr, Expr | None]:
+        """``(tile variable, scalar)`` when ``idx`` is a sum of one bare tile variable and
+        terms free of tile axes (packed GQA decode reads a per-head buffer at
+        ``h * group + row``); else ``(idx, None)``."""
+        if isinstance(idx, IndexVar) or not self.tile_roles(idx):
+            return idx, None
+        terms, stack = [], [idx]
+        while stack:
+            t = stack.pop()
+            if isinstance(t, Binary) and t.op == "add":
+                stack.extend((t.a, t.b))
+            else:
+                terms.append(t)
+        tiles = [t for t in terms if self.tile_roles(t)]
+        if len(tiles) != 1 or not isinstance(tiles[0], IndexVar):
+            return idx, None
+        rest = [t for t in terms if t is not tiles[0]]
+        return tiles[0], sum_of(rest)
 
     def load(self, e: Load, axes) -> Val:
         base, offset, mask = self.address(e.tensor, e.indices)

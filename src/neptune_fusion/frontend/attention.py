@@ -289,9 +289,10 @@ def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: 
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
     group = q.shape[1] // k.shape[1]
-    # packing needs the mods to see the head as a row expression: only without buffers
-    # (a per-head buffer such as ALiBi slopes would be gathered by a row index)
-    packed = n == 1 and group > 1 and not bufs
+    # decode GQA: the group's query heads become the rows of one program; the mods see
+    # the query head as ``h * group + row`` (a per-head buffer such as ALiBi's slopes is
+    # read at that index: a scalar plus the row variable, which loads lower)
+    packed = n == 1 and group > 1
     spec = AttentionSpec(
         dtype=str(q.dtype).removeprefix("torch."), q_heads=q.shape[1], kv_heads=k.shape[1],
         head_dim=d, v_head_dim=v.shape[3],
