@@ -391,3 +391,17 @@ def test_visited_share_matches_the_kernels_tile_count():
     [g], gins = ops.definition("PF-Global", "float32", 32, 2, 2)
     gprob, _, _ = nf.compile(g, gins, cache=False).space_for(q, k, v)
     assert {f for _, _, f in gprob.visits} == {1.0}
+
+
+def test_tuning_refuses_a_cuda_graph_capture(monkeypatch):
+    """Tuning times and synchronises: during a CUDA graph capture the first call of a
+    shape class says to warm up first, instead of a capture failure from the driver."""
+    from neptune_fusion.runtime import auto as auto_mod
+    monkeypatch.setattr(auto_mod, "_capturing", lambda: True)
+    o, ins, (q, k, v) = _small_causal()
+    kern = nf.compile(o, ins, cache=False)
+    problem, device, space = kern.space_for(q, k, v)
+    from neptune_fusion.runtime.kernel import check_inputs
+    sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
+    with pytest.raises(nf.ScheduleError, match="call it once before the capture"):
+        kern._measure(rank(problem, space, H200), [q, k, v], sizes, {})

@@ -270,6 +270,13 @@ class AutoKernel:
         import time
 
         from .tune import best, log_trials, measure
+        if _capturing():
+            shape = ", ".join(f"{k.name}={v}" for k, v in sizes.items())
+            raise ScheduleError(
+                f"{self.name}: the first call at this shape class ({shape}) tunes its "
+                "schedule on the GPU (timing, synchronising), which cannot happen while a "
+                "CUDA graph is being captured; call it once before the capture (a warm-up "
+                "call), or pass an explicit schedule")
         top = ranked[: self.top_k]
         t0 = time.perf_counter()
         with _progress(f"tuning {self.name}", len(top)) as step:
@@ -285,6 +292,12 @@ class AutoKernel:
             reasons = "; ".join(f"{_brief(t.schedule)}: {t.error}" for t in trials)
             raise CodegenError(f"{self.name}: every candidate schedule failed: {reasons}")
         return Choice(win.schedule, "measured", tuple(trials), key)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph."""
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _brief(s: Schedule) -> str:
