@@ -148,10 +148,12 @@ COMBINE_COL_BLOCK = 32   # columns per combine program when the col axis is spli
 def _col_blocks(prog: TileProgram) -> int:
     """Combine programs per row block over the col axis.
 
-    The combine reads ``splits`` state tiles per row block; with one program per row
-    block (a handful, for decode) it is bound by what a few multiprocessors can load, so
-    a constant col extent is cut into ``COMBINE_COL_BLOCK``-wide programs, each merging
-    its columns (row-only states such as the max and the sum are merged again by each).
+    The combine reads ``splits`` state tiles per row block; decode has a handful of row
+    blocks, so a constant col extent is cut into ``COMBINE_COL_BLOCK``-wide programs, each
+    merging its columns (row-only states such as the max and the sum are merged again by
+    each): more programs share the loads and each holds a quarter of the registers, which
+    the full unroll of the loop over splits needs. Measured on an H200 (DC-GQA, 16
+    splits): 4.5 -> 4.2 us alone; the unroll then took it to 2.5 us.
     Legal when every output is indexed by the col axis (each output element then reads
     only its own column of col-role state; a row-only output would be written by every
     column program).
