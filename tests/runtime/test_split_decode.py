@@ -220,3 +220,20 @@ def test_combine_column_programs_need_every_output_on_the_column_axis():
         want = want if isinstance(want, (list, tuple)) else [want]
         for a, b in zip(got, want):
             np.testing.assert_allclose(a.double().numpy(), b, atol=2e-6)
+
+
+@pytest.mark.parametrize("d,blocks", [(80, 1), (96, 3)])
+def test_combine_column_programs_cover_odd_head_dims(d, blocks):
+    """Head dims that are not powers of two: 96 = 3 x 32 columns (no masks needed in the
+    combine, the partial kernel masks its 128-wide tile), 80 stays one program."""
+    g = torch.Generator().manual_seed(d)
+    q = torch.randn(1, 4, 1, d, generator=g)
+    k = torch.randn(1, 2, 70, d, generator=g)
+    v = torch.randn(1, 2, 70, d, generator=g)
+    cache = AttentionCache(store=False)
+    sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=3)
+    out = ops.attention(q, k, v, scale=d ** -0.5, causal=True, q_start=69, cache=cache,
+                        schedule=sched)
+    [kern] = cache.kernels()
+    assert [sp.col_blocks for sp in kern.specs] == [1, blocks]
+    assert (out.double() - _ref(q, k, v, scale=d ** -0.5)).abs().max().item() < 1e-5
