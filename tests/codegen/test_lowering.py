@@ -139,3 +139,27 @@ def test_schedule_is_plain_data():
     assert default_schedule(64, itemsize=4).num_stages == 2
     with pytest.raises(ScheduleError, match="unknown field"):
         Schedule.from_dict({"block_k": 3})
+
+
+def test_shifted_row_index_lowers_only_when_provably_inside():
+    """``x[i + 1]`` over symbolic rows could read past the tensor (the tile mask covers
+    only ``i``): rejected, naming the index; ``h * group + i`` with constant extents is
+    provably inside and lowers (packed GQA decode's slopes)."""
+    import torch
+
+    import neptune_fusion as nf
+    from neptune_fusion.codegen.tiles import index_range
+    from neptune_fusion.ir.dtypes import int64
+    from neptune_fusion.ir.nodes import Const, IndexVar
+    n_, m_ = nf.sizes("N M")
+    x = nf.placeholder((n_, m_), name="x")
+    j = nf.reduce_axis(m_, "j")
+    mx = nf.compute((n_,), lambda i: nf.max(x[i, j], j), name="mx")
+    out = nf.compute((n_,), lambda i: nf.sum(nf.exp(x[i, j] - mx[i]) * x[i + 1, j], j),
+                     name="out")
+    with pytest.raises(CodegenError, match=r"index i \+ 1 of 'x' mixes tile axes"):
+        nf.compile(out, [x], schedule=Schedule(block_m=16, block_n=16))(torch.randn(5, 20))
+    h, i = IndexVar("h", 8, "spatial", -1), IndexVar("i", 4, "spatial", -2)
+    assert index_range(Binary("add", Binary("mul", h, Const(4, int64)), i)) == (0, 31)
+    r = IndexVar("r", n_, "spatial", -3)
+    assert index_range(Binary("add", r, Const(1, int64))) is None

@@ -19,6 +19,32 @@ from .patterns import loaded, match_contraction
 from .program import Axis
 
 
+def index_range(e: Expr) -> tuple[int, int] | None:
+    """The smallest and largest value of integer index ``e`` over its variables' constant
+    extents (interval arithmetic); None when an extent is symbolic or an operation is not
+    covered."""
+    if isinstance(e, Const) and isinstance(e.value, int):
+        return e.value, e.value
+    if isinstance(e, IndexVar):
+        return (0, e.extent - 1) if isinstance(e.extent, int) and e.extent > 0 else None
+    if isinstance(e, Cast):
+        return index_range(e.x)
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "floordiv"):
+        a, b = index_range(e.a), index_range(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return a[0] + b[0], a[1] + b[1]
+        if e.op == "sub":
+            return a[0] - b[1], a[1] - b[0]
+        if e.op == "mul":
+            ends = [x * y for x in a for y in b]
+            return min(ends), max(ends)
+        if b[0] == b[1] and b[0] > 0:
+            return a[0] // b[0], a[1] // b[0]
+    return None
+
+
 def sum_of(terms: list[Expr]) -> Expr:
     out = terms[0]
     for t in terms[1:]:
@@ -64,7 +90,7 @@ class TileOps:
         mask: Expr | None = None
         last = len(indices) - 1
         for d, idx in enumerate(indices):
-            idx, shift = self._split_index(idx)
+            idx, shift = self._split_index(idx, tensor.shape[d])
             if shift is not None:   # ``scalar + tile variable``: the scalar goes to the base
                 term = fold(Cast(shift, int64))
                 scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
@@ -97,11 +123,16 @@ class TileOps:
             base = got
         return base, fold(sum_of(inv + var) if inv or var else Const(0, int64)), mask
 
-    def _split_index(self, idx: Expr) -> tuple[Expr, Expr | None]:
+    def _split_index(self, idx: Expr, extent) -> tuple[Expr, Expr | None]:
         """``(tile variable, scalar)`` when ``idx`` is a sum of one bare tile variable and
         terms free of tile axes (packed GQA decode reads a per-head buffer at
-        ``h * group + row``); else ``(idx, None)``."""
+        ``h * group + row``) *and* provably inside ``extent`` for every value of its
+        variables (the tile's own mask covers only the variable's axis); else
+        ``(idx, None)``, which :meth:`address` rejects as before."""
         if isinstance(idx, IndexVar) or not self.tile_roles(idx):
+            return idx, None
+        rng = index_range(idx)
+        if rng is None or not isinstance(extent, int) or rng[0] < 0 or rng[1] >= extent:
             return idx, None
         terms, stack = [], [idx]
         while stack:
