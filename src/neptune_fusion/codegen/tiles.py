@@ -76,8 +76,8 @@ class TileOps:
         if ax.role == "row":
             return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
         cover = ax.block_size
-        if ax.role == "col" and self.prog.split is not None:   # combine cut over columns
-            cover = cover * self.prog.split.col_blocks if cover else cover
+        if cover and ax.role == "col" and self.prog.split is not None:
+            cover *= self.prog.split.col_blocks     # a combine cut over columns: all of them
         return not (isinstance(ext, int) and ext == cover)
 
     def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
