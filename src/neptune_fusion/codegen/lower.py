@@ -50,6 +50,7 @@ from .program import (
     StateVar,
     TensorArg,
     TileProgram,
+    extent_expr,
 )
 from .variants import build_segments
 
@@ -213,8 +214,7 @@ def _running(acc: Accumulator, value: Expr, end: Expr, loop: IndexVar) -> Expr:
     """
     if acc.op != "sum":
         return value
-    n = Cast(loop.extent if isinstance(loop.extent, Size) else Const(loop.extent, int64),
-             float32)
+    n = Cast(extent_expr(loop.extent), float32)
     scaled = Binary("mul", value, Binary("div", n, Cast(end, float32)))
     if end is TILE_END:
         return scaled

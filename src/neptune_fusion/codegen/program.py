@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.dtypes import int64
-from ..ir.nodes import Expr, IndexVar, Param, Size, Tensor
+from ..ir.nodes import Const, Expr, IndexVar, Param, Size, Tensor
 from ..schedule.schedule import Schedule
 
 ROLES = ("grid", "row", "loop", "col", "inner")
@@ -33,6 +33,16 @@ TILE_START = Param("j_start", int64)  # first loop index of the current tile
 LOOP_LO = Param("j_lo", int64)        # first loop index the program visits
 TILE_END = Param("j_end", int64)      # one past its last index inside the axis
 SPLIT_ID = Param("split_id", int64)   # split-k: the chunk of the loop axis (program_id(2))
+
+
+def extent_expr(ext) -> Expr:
+    """An axis extent (a symbolic :class:`Size` or an int) as integer IR."""
+    return ext if isinstance(ext, Size) else Const(ext, int64)
+
+
+def extent_value(ext, sizes: dict) -> int:
+    """An axis extent's value, ``sizes`` mapping each :class:`Size` to its bound value."""
+    return sizes[ext] if isinstance(ext, Size) else int(ext)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
-from ..ir.nodes import Const, Expr, Param, Size
+from ..ir.nodes import Expr, Param
 from ..ir.traverse import substitute, walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
@@ -33,6 +33,7 @@ from .program import (
     TILE_END,
     TILE_START,
     TileProgram,
+    extent_expr,
 )
 
 
@@ -59,10 +60,6 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
     out.extend(KernelArg(name, "block", ax) for name, ax in prog.blocks())
     out.append(KernelArg("INTERPRET", "flag", None))
     return tuple(out)
-
-
-def _extent(ext) -> Expr:
-    return ext if isinstance(ext, Size) else Const(ext, int64)
 
 
 def generate(prog: TileProgram) -> str:
@@ -151,7 +148,7 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
         if k == len(prog.grid) - 1:
             pre.emit(f"{a.name} = {rest}")
         else:
-            ext = low.value(_extent(a.extent))
+            ext = low.value(extent_expr(a.extent))
             pre.emit(f"{a.name} = {rest} % {ext.code}")
             if k == len(prog.grid) - 2:
                 rest = f"{rest} // {ext.code}"
@@ -182,7 +179,7 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
 def _bounds(prog: TileProgram, pre: Block, low: Lowerer, env: dict) -> dict[str, str]:
     exprs = [e for _, e in prog.bounds]
     if any(x is I_LAST for e in exprs for x in walk(e)):
-        n = low.value(_extent(prog.row.extent))
+        n = low.value(extent_expr(prog.row.extent))
         pre.emit(f"i_last = tl.minimum(i_first + BLOCK_M, {n.code}) - 1")
         env[I_LAST] = Val("i_last", (), "i32")
     low.uses = count_uses(exprs)
@@ -205,7 +202,7 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
         local = dict(env)
         local[prog.loop.var] = Val(offs, ("loop",), "i32")
         local[TILE_START] = Val(j0, (), "i32")
-        ext = Lowerer(prog, env, body, None, frozenset()).value(_extent(prog.loop.extent))
+        ext = Lowerer(prog, env, body, None, frozenset()).value(extent_expr(prog.loop.extent))
         local[TILE_END] = Val(f"tl.minimum({j0} + BLOCK_N, {ext.code})", (), "i32")
         roots = [e for _, e in seg.body]
         low = Lowerer(prog, local, body, pre, state_params | {TILE_START, TILE_END},

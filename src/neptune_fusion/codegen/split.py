@@ -26,20 +26,16 @@ from ..algebra.synth import moved, running, state
 from ..errors import CodegenError, UnschedulableError
 from ..ir.dtypes import float32, int64
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Size, Where, fresh_uid
+from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Where, fresh_uid
 from ..ir.traverse import substitute, walk
 from .lower import _COMBINE, safe
-from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram
-
-
-def _extent(ext) -> Expr:
-    return ext if isinstance(ext, Size) else Const(ext, int64)
+from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram, extent_expr
 
 
 def chunk_of(prog: TileProgram, splits: int) -> Expr:
     """Loop elements per split: ``ceil(n / (splits * BLOCK_N)) * BLOCK_N``."""
     per = Binary("mul", Const(splits, int64), BLOCK_N)
-    n = _extent(prog.loop.extent)
+    n = extent_expr(prog.loop.extent)
     up = Binary("floordiv", Binary("add", n, Binary("sub", per, Const(1, int64))), per)
     return Binary("mul", up, BLOCK_N)
 
@@ -112,7 +108,7 @@ def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
         return Load(ws[s].tensor, ws_axes(prog, s))
 
     nonempty = Binary("lt", Binary("mul", SPLIT_ID, prog.split.chunk),
-                      _extent(prog.loop.extent))
+                      extent_expr(prog.loop.extent))
     level: dict[int, int] = {}   # accumulator index -> its loop
     groups: list[list] = []
     for k, a in enumerate(prog.accumulators):

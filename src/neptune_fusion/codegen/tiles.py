@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fold
-from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Size
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce
 from .ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
 from .patterns import loaded, match_contraction
-from .program import Axis
+from .program import Axis, extent_expr
 
 
 def index_range(e: Expr) -> tuple[int, int] | None:
@@ -99,7 +99,7 @@ class TileOps:
                 term = idx if d == last else Binary("mul", idx, arg.stride(d))
                 (var if self.is_variant(term) else inv).append(term)
                 if self.needs_mask(ax):
-                    ext = ax.extent if isinstance(ax.extent, Size) else Const(ax.extent, int64)
+                    ext = extent_expr(ax.extent)
                     cond = Binary("lt", idx, ext)
                     mask = cond if mask is None else Binary("and", mask, cond)
             else:

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from ..ir.nodes import Expr, Size
 from ..schedule.partition import evaluate
-from .program import BLOCK_N, I_FIRST, I_LAST, TileProgram
-
-
-def _value(ext, sizes: dict[Size, int]) -> int:
-    return sizes[ext] if isinstance(ext, Size) else int(ext)
+from .program import BLOCK_N, I_FIRST, I_LAST, TileProgram, extent_value
 
 
 def _row_block_tiles(prog: TileProgram, sizes: dict, bm: int, bn: int, pid_row: int,
                      rest: int, extents: list[int]) -> tuple[int, int]:
     """``(masked, interior)`` tiles row block ``pid_row`` of grid point ``rest`` visits
     with tiles ``bm`` x ``bn`` (the bounds are IR in ``I_FIRST``, ``I_LAST``, ``BLOCK_N``)."""
-    rows = _value(prog.row.extent, sizes)
+    rows = extent_value(prog.row.extent, sizes)
     first = pid_row * bm
     env: dict[Expr, int] = {I_FIRST: first, I_LAST: min(first + bm, rows) - 1, BLOCK_N: bn}
     env.update(sizes)
@@ -43,8 +39,8 @@ def tile_visits(prog: TileProgram, sizes: dict[Size, int]) -> list[tuple[int, in
     """``(masked, interior)`` tiles visited by each program, in the kernel's order
     (``pid_row * programs(1) + pid_grid``)."""
     bm, bn = prog.schedule.block_m, prog.schedule.block_n
-    rows = _value(prog.row.extent, sizes)
-    extents = [_value(a.extent, sizes) for a in prog.grid]
+    rows = extent_value(prog.row.extent, sizes)
+    extents = [extent_value(a.extent, sizes) for a in prog.grid]
     total = 1
     for e in extents:
         total *= e
@@ -58,14 +54,14 @@ def visited_fraction(prog: TileProgram, sizes: dict[Size, int], bm: int, bn: int
     ``bm`` x ``bn``: 1 for full attention, about 1/2 for causal, little for a sliding
     window -- where smaller tiles waste less. Evaluated at grid point 0 on up to
     ``samples`` evenly spaced row blocks (the cost model's estimate, not a count)."""
-    rows = _value(prog.row.extent, sizes)
-    loop = _value(prog.loop.extent, sizes)
+    rows = extent_value(prog.row.extent, sizes)
+    loop = extent_value(prog.loop.extent, sizes)
     blocks = -(-rows // bm)
     tiles = -(-loop // bn)
     if blocks == 0 or tiles == 0:
         return 1.0
     n = min(samples, blocks)
     picks = sorted({round(k * (blocks - 1) / max(n - 1, 1)) for k in range(n)})
-    extents = [_value(a.extent, sizes) for a in prog.grid]
+    extents = [extent_value(a.extent, sizes) for a in prog.grid]
     seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
     return min(1.0, seen / (len(picks) * tiles))

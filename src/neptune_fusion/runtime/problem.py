@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import math
 
-from ..codegen.program import TileProgram
+from ..codegen.program import TileProgram, extent_value
 from ..ir.nodes import Size
-
-
-def _value(ext, sizes: dict) -> int:
-    return sizes[ext] if isinstance(ext, Size) else int(ext)
 
 
 def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool = True,
@@ -35,12 +31,12 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     # as ALiBi slopes must not make fp16 attention look like fp32 to the model
     itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
                                          if t.is_floating_point()] or [2])
-    rows = _value(prog.row.extent, sizes)
+    rows = extent_value(prog.row.extent, sizes)
     return Problem(
-        rows=rows, loop=_value(loop_ext, sizes),
-        programs=math.prod(_value(a.extent, sizes) for a in prog.grid),
-        inner=math.prod(_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
-        col=_value(prog.col.extent, sizes) if prog.col is not None else 1,
+        rows=rows, loop=extent_value(loop_ext, sizes),
+        programs=math.prod(extent_value(a.extent, sizes) for a in prog.grid),
+        inner=math.prod(extent_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
+        col=extent_value(prog.col.extent, sizes) if prog.col is not None else 1,
         itemsize=itemsize, streamed=streamed if isinstance(loop_ext, Size) else 0,
         splittable=splittable, fp32=itemsize >= 4,
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
