@@ -106,7 +106,9 @@ class AutoKernel:
         return f"<AutoKernel {self.name}({ins}) -> {outs}; schedule chosen per shape class>"
 
     def __call__(self, *tensors):
-        return self.kernel_for(*tensors)(*tensors)
+        from .kernel import signature
+        sig = signature(tensors)
+        return self._kernel_signed(tensors, sig).call_signed(tensors, sig)
 
     def launch(self, *tensors):
         return self.kernel_for(*tensors).launch(*tensors)
@@ -116,8 +118,12 @@ class AutoKernel:
 
     def kernel_for(self, *tensors):
         """The compiled kernel for ``tensors``' shape class (chosen, maybe tuned, once)."""
-        from .kernel import check_inputs, remember, signature
-        sig = signature(tensors)
+        from .kernel import signature
+        return self._kernel_signed(tensors, signature(tensors))
+
+    def _kernel_signed(self, tensors, sig):
+        """:meth:`kernel_for` when the caller has computed ``signature(tensors)``."""
+        from .kernel import check_inputs, remember
         got = self._by_sig.get(sig) if sig is not None else None
         if got is not None:
             return got

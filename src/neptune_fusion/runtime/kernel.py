@@ -25,6 +25,7 @@ from ..reference.evaluate import as_outputs
 from ..reference.feeds import bind_sizes
 from ..schedule.schedule import Schedule, make_schedule
 from .launch import LaunchSpec
+from .launcher import Address, Launcher, aligned, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
@@ -79,6 +80,10 @@ class _Step:
     interpret: bool
     opts: dict
     counter: bool = False       # allocate the split-k merge's zeroed arrival counters
+    launcher: Launcher | None = None  # CUDA: launches fn (directly after the first time)
+    # a workspace step (not the last): byte offsets of its outputs in one buffer, its size
+    scratch: tuple[int, ...] = ()
+    scratch_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class _LaunchPlan:
 
     device: object
     steps: tuple[_Step, ...]
+    keys: tuple[str, ...]       # the tensor keys of the inputs: in0, in1, ...
 
 
 class Kernel:
@@ -145,27 +151,48 @@ class Kernel:
         return getattr(mod, self.kernels[k].name)
 
     def __call__(self, *tensors):
-        out = self.launch(*tensors).outputs
+        return self.call_signed(tensors, signature(tensors))
+
+    def call_signed(self, tensors: tuple, sig: tuple | None):
+        """``self(*tensors)`` when the caller has computed ``signature(tensors)``."""
+        out = self._run(self._plan(tensors, sig), tensors).outputs
         return out[0] if self._single else out
 
     def launch(self, *tensors) -> Launch:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
+        return self._run(self._plan(tensors, signature(tensors)), tensors)
+
+    def _run(self, plan: _LaunchPlan, tensors) -> Launch:
         import torch
-        plan = self._plan(tensors)
-        by_tensor = {f"in{k}": t for k, t in enumerate(tensors)}
+        device = plan.device
+        if device.type == "cuda" and device.index != torch.cuda.current_device():
+            with torch.cuda.device(device):  # Triton launches on the current device
+                return self._run(plan, tensors)
+        by_tensor = dict(zip(plan.keys, tensors))
+        is_aligned = device.type == "cuda" and aligned(tensors)
+        # every launch direct: the workspace is one buffer, addressed (launcher.py)
+        direct = is_aligned and all(s.launcher is not None and s.launcher.direct is not None
+                                    for s in plan.steps)
+        buffers = []  # alive until every launch is enqueued (the allocator is stream-ordered)
         outs: list = []
         first = None
         for k, step in enumerate(plan.steps):
-            outs = [torch.empty(shape, dtype=dt, device=plan.device)
-                    for shape, dt in step.outputs]
+            if direct and step.scratch_bytes:
+                buffers.append(torch.empty(step.scratch_bytes, dtype=torch.uint8,
+                                           device=device))
+                base = buffers[-1].data_ptr()
+                outs = [Address(base + off) for off in step.scratch]
+            else:
+                outs = [torch.empty(shape, dtype=dt, device=device)
+                        for shape, dt in step.outputs]
             by_tensor.update(zip(step.output_keys, outs))
-            run = self._launch_one(k, step, by_tensor, plan.device,
-                                   None if first is None else first[1])
+            run = self._launch_one(k, step, by_tensor, device,
+                                   None if first is None else first[1], is_aligned)
             first = run if first is None else first
         keep = self.specs[-1].returned
         return Launch([outs[i] for i in keep] if keep else outs, first[0], first[1])
 
-    def _plan(self, tensors) -> _LaunchPlan:
+    def _plan(self, tensors, sig: tuple | None) -> _LaunchPlan:
         """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
 
         Everything a launch derives from its inputs besides their data -- bound sizes,
@@ -174,7 +201,6 @@ class Kernel:
         so a signature seen before skips both (this was most of the host time per call).
         Tensor subclasses are never cached: their attributes may not be plain data.
         """
-        sig = signature(tensors)
         plan = self._plans.get(sig) if sig is not None else None
         if plan is not None:
             return plan
@@ -183,7 +209,8 @@ class Kernel:
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
         plan = _LaunchPlan(device, tuple(self._step(k, named, device, tensors)
-                                         for k in range(len(self.specs))))
+                                         for k in range(len(self.specs))),
+                           tuple(f"in{k}" for k in range(len(tensors))))
         if sig is not None:  # bounded: e.g. a decode loop's growing M
             remember(self._plans, sig, plan, _MAX_PLANS)
         return plan
@@ -239,12 +266,17 @@ class Kernel:
             else:
                 args.append((False, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
-        return _Step(outputs, out_keys, grid, tuple(args), fn, interpret,
-                     dict(num_warps=spec.num_warps, num_stages=spec.num_stages),
-                     any(a[0] == "counter" for a in spec.args))
+        opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
+        scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
+        return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
+                     any(a[0] == "counter" for a in spec.args),
+                     Launcher(fn, grid, opts) if fn is not None and not interpret else None,
+                     scratch, nbytes)
 
-    def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None):
-        """Launch kernel ``k`` per its ``step``; returns (grid, visits)."""
+    def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None,
+                    is_aligned: bool = False):
+        """Launch kernel ``k`` per its ``step``; returns (grid, visits). ``is_aligned``:
+        every input is 16-byte aligned (so a CUDA launch may skip Triton's dispatch)."""
         import torch
         grid = step.grid
         if self.specs[k].count_visits and visits is None:
@@ -261,7 +293,7 @@ class Kernel:
             with interpreted_launch():
                 step.fn[grid](*args, **step.opts)
         else:
-            step.fn[grid](*args, **step.opts)
+            step.launcher(args, is_aligned)
         return grid, visits
 
     # ------------------------------------------------------------------ checks
