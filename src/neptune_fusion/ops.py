@@ -212,7 +212,12 @@ def attention(q, k, v, *, scale: float, causal: bool, q_start: int = 0,
     buffers = None
     alibi = None
     if alibi_slopes is not None:
-        buffers = {"slopes": alibi_slopes.to(device=q.device).float().contiguous()}
+        import torch
+        slopes = alibi_slopes
+        if slopes.device != q.device or slopes.dtype != torch.float32 \
+                or not slopes.is_contiguous():  # converted only when needed: per call
+            slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
+        buffers = {"slopes": slopes}
         alibi = AlibiSlopes()
     return _attention(q, k, v, score_mod=score_mod_of(softcap, alibi),
                       mask_mod=mask_mod_of(causal, window), scale=scale,
