@@ -1,15 +1,25 @@
-"""Host time per ``ops.attention`` call, and where it goes (cProfile), on a GPU.
+"""Host time per ``ops.attention`` call, where it goes, and both launch paths checked.
 
-Usage: PYTHONPATH=src python benchmarks/host_overhead.py [--op DC-GQA] [--seq 16384]
+Usage on a GPU:
+    PYTHONPATH=src python benchmarks/host_overhead.py [--ops DC-GQA,DC-Causal] \
+        [--seq 16384] [--profile]
 
-Times, per call: the whole eager call in a loop (host-bound when the kernels are short),
-the same with a device synchronisation per call, the compiled kernel's ``launch`` alone,
-and CUDA-graph replay (GPU time only); then the functions with the most host time.
+Per operator: the launch path in use (Triton's dispatch or the compiled kernels' own
+launchers, runtime/launcher.py); outputs on fresh random inputs checked against float64
+through the direct path, through Triton's dispatch (a new cache: the first call) -- the two
+must be bit-identical -- and with inputs 2 bytes off 16-byte alignment (dispatch path).
+Then times per call: the whole eager call in a loop (host-bound when the kernels are
+short), first with every launch through Triton's dispatch (the path before
+runtime/launcher.py: an A/B in one process), then as it is; the same with a device
+synchronisation per call, ``do_bench`` (what the bench's eager column measures) and
+CUDA-graph replay (GPU time only); with ``--profile`` the
+functions with the most host time (cProfile).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import time
@@ -19,7 +29,9 @@ import triton.testing
 
 from neptune_fusion import ops
 from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.frontend.attention import AttentionCache
+from neptune_fusion.runtime import launcher
 
 
 def per_call_us(fn, n: int = 500, sync_each: bool = False) -> float:
@@ -35,35 +47,102 @@ def per_call_us(fn, n: int = 500, sync_each: bool = False) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--op", default="DC-GQA")
-    ap.add_argument("--seq", type=int, default=16384)
-    args = ap.parse_args()
-    (op,) = select_operators([args.op])
+def launch_paths(cache: AttentionCache) -> str:
+    """How many of the cache's kernel launches go direct (compiled launcher) vs dispatch."""
+    direct = dispatch = 0
+    for auto in cache.kernels():
+        for kern in auto._kernels.values():
+            for plan in kern._plans.values():
+                for step in plan.steps:
+                    if step.launcher is not None:
+                        if step.launcher.direct is None:
+                            dispatch += 1
+                        else:
+                            direct += 1
+    return f"{direct} direct, {dispatch} through Triton's dispatch"
+
+
+@contextlib.contextmanager
+def dispatch_only(cache: AttentionCache):
+    """Every launch through Triton's dispatch with per-tensor workspaces (the launch path
+    before runtime/launcher.py), for an A/B in one process."""
+    steps = [step for auto in cache.kernels() for kern in auto._kernels.values()
+             for plan in kern._plans.values() for step in plan.steps
+             if step.launcher is not None]
+    kept = [step.launcher.direct for step in steps]
+    saved = launcher.direct_runner
+    launcher.direct_runner = lambda compiled, grid: None
+    for step in steps:
+        step.launcher.direct = None
+    try:
+        yield
+    finally:
+        launcher.direct_runner = saved
+        for step, direct in zip(steps, kept):
+            step.launcher.direct = direct
+
+
+def rel_error(got, ref) -> float:
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def unaligned(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` whose address is 2 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return flat.view(t.shape).copy_(t)
+
+
+def run_op(name: str, seq: int, profile: bool) -> None:
+    (op,) = select_operators([name])
     dev = torch.device("cuda")
-    q, k, v = make_inputs(op, args.seq, torch.float16, dev)
-    kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(args.seq),
+    kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
               alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
+    q, k, v = make_inputs(op, seq, torch.float16, dev)
     cache = AttentionCache()
 
     def call():
         return ops.attention(q, k, v, cache=cache, **kw)
     call()
+    call()
     (auto,) = cache.kernels()
-    print(f"{op.name} S={args.seq}: {auto.last_choice.schedule}")
-    print(f"eager loop         {per_call_us(call):8.1f} us/call")
-    print(f"eager + sync each  {per_call_us(call, sync_each=True):8.1f} us/call")
-    print(f"do_bench (L2 flush){triton.testing.do_bench(call, return_mode='median') * 1e3:8.1f} us")
-    print(f"graph replay       "
+    print(f"{op.name} S={seq}: {auto.last_choice.schedule}")
+    print(f"  launches: {launch_paths(cache)}")
+    q2, k2, v2 = make_inputs(op, seq, torch.float16, dev)   # fresh random data
+    ref = reference_attention(op, q2, k2, v2)
+    direct = ops.attention(q2, k2, v2, cache=cache, **kw)
+    fresh = AttentionCache()                                 # first call: dispatch
+    dispatched = ops.attention(q2, k2, v2, cache=fresh, **kw)
+    off = ops.attention(q2, unaligned(k2), unaligned(v2), cache=cache, **kw)
+    print(f"  rel. error: direct {rel_error(direct, ref):.1e}, dispatch "
+          f"{rel_error(dispatched, ref):.1e} (bit-identical: "
+          f"{torch.equal(direct, dispatched)}), unaligned k, v {rel_error(off, ref):.1e}")
+    with dispatch_only(cache):
+        print(f"  eager loop, Triton's dispatch only (before): "
+              f"{per_call_us(call):8.1f} us/call")
+    print(f"  eager loop         {per_call_us(call):8.1f} us/call")
+    print(f"  eager + sync each  {per_call_us(call, sync_each=True):8.1f} us/call")
+    eager = triton.testing.do_bench(call, return_mode="median") * 1e3
+    print(f"  do_bench           {eager:8.1f} us")
+    print(f"  graph replay       "
           f"{triton.testing.do_bench_cudagraph(call, return_mode='median') * 1e3:8.1f} us")
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        call()
-    torch.cuda.synchronize()
-    pr.disable()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    if profile:
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(300):
+            call()
+        torch.cuda.synchronize()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", default="DC-GQA")
+    ap.add_argument("--seq", type=int, default=16384)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    for name in args.ops.split(","):
+        run_op(name, args.seq, args.profile)
 
 
 if __name__ == "__main__":
