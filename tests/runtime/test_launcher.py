@@ -15,6 +15,7 @@ from neptune_fusion.runtime.launcher import (
     Launcher,
     aligned,
     direct_runner,
+    reuse_key,
     scratch_layout,
 )
 
@@ -70,3 +71,22 @@ def test_scratch_layout_packs_at_256_byte_offsets():
                                      ((16, 8, 8, 128), torch.float32)])
     assert offsets == (0, 4096, 4352) and total == 4352 + 16 * 8 * 8 * 128 * 4
     assert Address(4096).data_ptr() == 4096
+
+
+def test_plans_with_one_key_share_the_compiled_kernel():
+    fn, shared = FakeJit(), {}
+    first = Launcher(fn, (4, 2), {}, shared, ("k", 1))
+    first([1], is_aligned=True)              # dispatch, compiled kernel shared
+    other = Launcher(fn, (8, 2), {}, shared, ("k", 1))   # another plan, same key
+    other([2], is_aligned=True)              # straight to the compiled kernel
+    third = Launcher(fn, (4, 2), {}, shared, ("k", 2))   # another key: dispatched
+    third([3], is_aligned=True)
+    assert [e[0] for e in fn.log] == ["dispatch", "direct", "dispatch"]
+    assert fn.log[1] == ("direct", (8, 2, 1), (2,))
+
+
+def test_reuse_key_keeps_values_but_only_the_width_of_sizes():
+    kinds = ("stride", "size", "block")
+    assert reuse_key(kinds, (128, 16384, 64)) == reuse_key(kinds, (128, 16385, 64))
+    assert reuse_key(kinds, (128, 16384, 64)) != reuse_key(kinds, (128, 2 ** 31, 64))
+    assert reuse_key(kinds, (128, 5, 64)) != reuse_key(kinds, (256, 5, 64))

@@ -109,11 +109,24 @@ def generate(prog: TileProgram) -> str:
         "import triton.language as tl",
         "",
         "",
-        "@triton.jit",
+        _decorator(args),
         f"def {prog.name}(",
     ] + [f"    {group}," for group in _signature_groups(args)] + ["):"]
     body = pre.lines + loops.lines + post.lines
     return "\n".join(lines + body) + "\n"
+
+
+def _decorator(args: tuple[KernelArg, ...]) -> str:
+    """``@triton.jit``, told not to specialise on the symbolic sizes, so one compiled kernel
+    serves every length: a decode loop's growing key length does not pick a new variant
+    per step (runtime/launcher.py reuses it without Triton's dispatch). Sizes bound loops
+    and masks; what is given up is Triton knowing that a size is a multiple of 16, which
+    matters only for an address offset by a size along a contiguous dimension (vector
+    width), and never for correctness."""
+    sizes = [a.name for a in args if a.kind == "size"]
+    if not sizes:
+        return "@triton.jit"
+    return f"@triton.jit(do_not_specialize={sizes!r})"
 
 
 def _signature_groups(args: tuple[KernelArg, ...]) -> list[str]:

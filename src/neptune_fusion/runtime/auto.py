@@ -108,7 +108,8 @@ class AutoKernel:
     def __call__(self, *tensors):
         from .kernel import signature
         sig = signature(tensors)
-        return self._kernel_signed(tensors, sig).call_signed(tensors, sig)
+        kern, checked = self._kernel_signed(tensors, sig)
+        return kern.call_signed(tensors, sig, checked)
 
     def launch(self, *tensors):
         return self.kernel_for(*tensors).launch(*tensors)
@@ -119,14 +120,15 @@ class AutoKernel:
     def kernel_for(self, *tensors):
         """The compiled kernel for ``tensors``' shape class (chosen, maybe tuned, once)."""
         from .kernel import signature
-        return self._kernel_signed(tensors, signature(tensors))
+        return self._kernel_signed(tensors, signature(tensors))[0]
 
     def _kernel_signed(self, tensors, sig):
-        """:meth:`kernel_for` when the caller has computed ``signature(tensors)``."""
+        """:meth:`kernel_for` when the caller has computed ``signature(tensors)``; also
+        the checked inputs' ``(sizes, device)`` when a new signature was checked here."""
         from .kernel import check_inputs, remember
         got = self._by_sig.get(sig) if sig is not None else None
         if got is not None:
-            return got
+            return got, None
         with self._lock:
             # a new signature of a known shape class (a decode loop's growing KV length):
             # bind the sizes, bucket them, done -- no store, no versions, no device query
@@ -138,7 +140,7 @@ class AutoKernel:
                 kern = self._by_bucket[cls] = self._choose(tensors)
             if sig is not None:
                 remember(self._by_sig, sig, kern, _MAX_SIGS)
-        return kern
+        return kern, (sizes, tdev)
 
     def kernel_of(self, schedule: Schedule):
         """The concrete kernel of an explicit ``schedule`` (built once, validated)."""

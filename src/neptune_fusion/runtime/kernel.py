@@ -25,7 +25,7 @@ from ..reference.evaluate import as_outputs
 from ..reference.feeds import bind_sizes
 from ..schedule.schedule import Schedule, make_schedule
 from .launch import LaunchSpec
-from .launcher import Address, Launcher, aligned, scratch_layout
+from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
@@ -121,6 +121,9 @@ class Kernel:
         self._modules: dict[tuple[int, bool], object] = {}
         # launch plans by input signature (see _plan); owned by this kernel, bounded
         self._plans: dict[tuple, _LaunchPlan] = {}
+        # Triton's compiled kernels shared by the launch plans (launcher.reuse_key)
+        self._compiled: dict[tuple, object] = {}
+        self._fits: set = set()   # (device, column extents) whose resources were checked
         names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
         self._size_names = {s: s.name for p in self.inputs for s in p.shape
                             if isinstance(s, Size)}
@@ -153,9 +156,10 @@ class Kernel:
     def __call__(self, *tensors):
         return self.call_signed(tensors, signature(tensors))
 
-    def call_signed(self, tensors: tuple, sig: tuple | None):
-        """``self(*tensors)`` when the caller has computed ``signature(tensors)``."""
-        out = self._run(self._plan(tensors, sig), tensors).outputs
+    def call_signed(self, tensors: tuple, sig: tuple | None, checked=None):
+        """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
+        maybe ``checked = check_inputs(...)`` of these inputs)."""
+        out = self._run(self._plan(tensors, sig, checked), tensors).outputs
         return out[0] if self._single else out
 
     def launch(self, *tensors) -> Launch:
@@ -192,7 +196,7 @@ class Kernel:
         keep = self.specs[-1].returned
         return Launch([outs[i] for i in keep] if keep else outs, first[0], first[1])
 
-    def _plan(self, tensors, sig: tuple | None) -> _LaunchPlan:
+    def _plan(self, tensors, sig: tuple | None, checked=None) -> _LaunchPlan:
         """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
 
         Everything a launch derives from its inputs besides their data -- bound sizes,
@@ -204,7 +208,7 @@ class Kernel:
         plan = self._plans.get(sig) if sig is not None else None
         if plan is not None:
             return plan
-        sizes, device = self._check(tensors)
+        sizes, device = self._check(tensors) if checked is None else checked
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
@@ -216,14 +220,24 @@ class Kernel:
         return plan
 
     def _check_resources(self, tensors, sizes: dict, device) -> None:
-        """An explicit schedule that cannot fit the device: a ScheduleError naming it."""
+        """An explicit schedule that cannot fit the device: a ScheduleError naming it.
+
+        What it checks (shared memory per program) depends on the device and the extents
+        of the contraction and output columns, not on the row or loop lengths, so it runs
+        once per device and column extents (a decode loop's growing KV length skips it)."""
+        from ..codegen.program import extent_value
+        prog = self.program
+        key = (device, tuple(extent_value(a.extent, sizes) for a in prog.inner),
+               None if prog.col is None else extent_value(prog.col.extent, sizes))
+        if key in self._fits:
+            return
         from ..schedule.cost import check_resources
         from ..schedule.space import device_of
         from .problem import problem_of
-        prog = self.program
         check_resources(problem_of(prog, self.inputs, tensors, sizes, visits=False),
                         self.schedule,
                         device_of(device))
+        self._fits.add(key)
 
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
         """The signature-dependent (per-call constant) part of launching kernel ``k``."""
@@ -268,10 +282,13 @@ class Kernel:
         fn = self._function(k, interpret) if 0 not in grid else None
         opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
+        launcher = None
+        if fn is not None and not interpret:
+            consts = [(a[0], v) for a, (fill, v) in zip(spec.args, args) if not fill]
+            launcher = Launcher(fn, grid, opts, self._compiled,
+                                (k, reuse_key(*zip(*consts)) if consts else ()))
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
-                     any(a[0] == "counter" for a in spec.args),
-                     Launcher(fn, grid, opts) if fn is not None and not interpret else None,
-                     scratch, nbytes)
+                     any(a[0] == "counter" for a in spec.args), launcher, scratch, nbytes)
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None,
                     is_aligned: bool = False):

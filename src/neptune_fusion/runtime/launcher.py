@@ -4,12 +4,18 @@
 looks the compiled kernel up on every call. For a decode call (two launches of kernels
 that run for a few tens of microseconds) that dispatch was the largest host cost
 (benchmarks/results/2026-11-30-h200-eager). A :class:`Launcher` belongs to one launch
-plan, whose integer arguments are fixed by the input signature, so after the first
-launch it keeps the compiled kernel and launches it directly -- on the current device and
-stream, with Triton's launch hooks, as ``fn[grid]`` does. The one specialisation the
-signature does not fix is the tensors' 16-byte alignment (Triton compiles an aligned and
-an unaligned variant); callers say whether every tensor is aligned, and only aligned
-calls take the direct path (the kernel kept is the aligned variant).
+plan, whose integer arguments are fixed by the input signature, so once it knows the
+compiled kernel it launches it directly -- on the current device and stream, with
+Triton's launch hooks, as ``fn[grid]`` does. The one specialisation the signature does
+not fix is the tensors' 16-byte alignment (Triton compiles an aligned and an unaligned
+variant); callers say whether every tensor is aligned, and only aligned calls take the
+direct path (the kernel kept is the aligned variant).
+
+The launch plans of one kernel share their compiled kernels by a ``key``: the values of
+every non-tensor argument, except that a symbolic size counts only by whether it fits
+32 bits. Generated kernels do not specialise on sizes (``do_not_specialize``), so two
+plans with one key are given the same compiled kernel by Triton; a decode loop whose key
+length grows by one per step therefore dispatches once, not once per step.
 
 On the direct path a split-k workspace (the partial states one kernel writes and the next
 reads) is one allocation: the launcher reads a pointer argument through ``data_ptr()``,
@@ -30,21 +36,37 @@ def aligned(tensors) -> bool:
 class Launcher:
     """Launch ``fn`` on ``grid`` with ``opts`` (``num_warps``, ``num_stages``)."""
 
-    __slots__ = ("fn", "grid", "opts", "direct")
+    __slots__ = ("fn", "grid", "opts", "direct", "shared", "key")
 
-    def __init__(self, fn, grid: tuple[int, ...], opts: dict) -> None:
+    def __init__(self, fn, grid: tuple[int, ...], opts: dict, shared: dict | None = None,
+                 key=None) -> None:
         self.fn = fn
         self.grid = grid
         self.opts = opts
         self.direct = None  # the compiled kernel's launcher for this grid, once known
+        self.shared = {} if shared is None else shared  # key -> compiled kernel
+        self.key = key
 
     def __call__(self, args: list, is_aligned: bool) -> None:
-        if is_aligned and self.direct is not None:
-            self.direct(*args)
-            return
+        if is_aligned:
+            if self.direct is None and self.key in self.shared:
+                self.direct = direct_runner(self.shared[self.key], self.grid)
+            if self.direct is not None:
+                self.direct(*args)
+                return
         compiled = self.fn[self.grid](*args, **self.opts)
         if is_aligned and self.direct is None:
             self.direct = direct_runner(compiled, self.grid)
+            if self.direct is not None:
+                self.shared[self.key] = compiled
+
+
+def reuse_key(kinds, values) -> tuple:
+    """The key under which launch plans share a compiled kernel: the non-tensor argument
+    ``values`` with each symbolic size (kind ``"size"``) reduced to whether it fits 32 bits
+    (Triton's one distinction for an unspecialised integer)."""
+    return tuple(("size", -2 ** 31 <= v < 2 ** 31) if kind == "size" else (kind, v)
+                 for kind, v in zip(kinds, values))
 
 
 def direct_runner(compiled, grid: tuple[int, ...]):
