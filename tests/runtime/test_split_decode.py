@@ -237,3 +237,21 @@ def test_combine_column_programs_cover_odd_head_dims(d, blocks):
     [kern] = cache.kernels()
     assert [sp.col_blocks for sp in kern.specs] == [1, blocks]
     assert (out.double() - _ref(q, k, v, scale=d ** -0.5)).abs().max().item() < 1e-5
+
+
+def test_growing_decode_loop_keeps_one_call_plan():
+    """A decode loop over a preallocated KV cache whose visible length grows by one per
+    step: one call plan (the key leaves M out), a launch plan per length, every step
+    right against float64."""
+    cache = AttentionCache(store=False)
+    torch.manual_seed(3)
+    q = torch.randn(1, 4, 1, 32)
+    kc, vc = torch.randn(1, 2, 80, 32), torch.randn(1, 2, 80, 32)
+    for m in range(61, 67):
+        k, v = kc[:, :, :m], vc[:, :, :m]
+        out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=m - 1, cache=cache)
+        ref = _ref(q, k, v, scale=0.125)
+        assert (out.double() - ref).abs().max().item() < 1e-5
+    assert len(cache._calls) == 1 and len(cache) == 1
+    (auto,) = cache.kernels()   # lengths 61-64 and 65-66 are two shape classes
+    assert sum(len(kern._plans) for kern in auto._kernels.values()) == 6

@@ -188,17 +188,28 @@ def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: d
               schedule) -> tuple | None:
     """Everything :func:`attention`'s checks and derived objects depend on, or None.
 
-    Plain tensors only (a subclass's attributes may not be plain data). ``q_offset``'s
-    type is part of it because ``True == 1`` but only the int is accepted.
+    Plain tensors only (a subclass's attributes may not be plain data). The key length M
+    is not part of it, only the query-offset mode it gives (``"end"`` for ``M - N``), so a
+    decode loop whose K/V grow by one per step keeps one call plan; K and V must agree in
+    M (the full path reports otherwise). Anything odd (not 4-d, a bool or float offset)
+    gets None: the full path checks it and says what is wrong.
     """
     import torch
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
             and all(type(t) is torch.Tensor for t in bufs.values())):
         return None
-    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device,
-            v.device, score_mod, mask_mod, scale, bool(enable_gqa), type(q_offset),
-            q_offset, schedule,
-            tuple((n, t.shape, t.dtype, t.device) for n, t in bufs.items()))
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
+        return None
+    if q_offset is None or isinstance(q_offset, str):
+        mode = q_offset
+    elif type(q_offset) is int:
+        mode = _offset_mode(q_offset, q.shape[2], k.shape[2])
+    else:
+        return None
+    ks, vs = k.shape, v.shape
+    return (q.shape, ks[0], ks[1], ks[3], vs[0], vs[1], vs[3], q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, score_mod, mask_mod, scale, bool(enable_gqa), mode,
+            schedule, tuple((n, t.shape, t.dtype, t.device) for n, t in bufs.items()))
 
 
 DEFAULT_CACHE = AttentionCache()
