@@ -241,8 +241,8 @@ def test_combine_column_programs_cover_odd_head_dims(d, blocks):
 
 def test_growing_decode_loop_keeps_one_call_plan():
     """A decode loop over a preallocated KV cache whose visible length grows by one per
-    step: one call plan (the key leaves M out), a launch plan per length, every step
-    right against float64."""
+    step: one call plan (the key leaves M out), a launch plan per length sharing one set
+    of launch steps, every step right against float64."""
     cache = AttentionCache(store=False)
     torch.manual_seed(3)
     q = torch.randn(1, 4, 1, 32)
@@ -255,3 +255,5 @@ def test_growing_decode_loop_keeps_one_call_plan():
     assert len(cache._calls) == 1 and len(cache) == 1
     (auto,) = cache.kernels()   # lengths 61-64 and 65-66 are two shape classes
     assert sum(len(kern._plans) for kern in auto._kernels.values()) == 6
+    for kern in auto._kernels.values():   # the launch steps are shared by the lengths
+        assert len(kern._steps) == (len(kern.specs) if kern._plans else 0)

@@ -68,14 +68,20 @@ _VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
 _COUNTER = "counter"  # ... and of the split-k merge's arrival counters (zeroed per call)
 
 
+_CONST, _TENSOR, _SIZE = 0, 1, 2   # where a kernel argument's value comes from
+
+
 @dataclass(frozen=True)
 class _Step:
-    """One kernel launch with everything fixed by the input signature precomputed."""
+    """One kernel launch with everything but the tensors and the symbolic sizes' values
+    precomputed; shared by the launch plans whose signatures differ only in sizes that
+    reach the kernel as plain arguments (a decode loop's growing key length)."""
 
     outputs: tuple[tuple[tuple[int, ...], object], ...]  # (shape, torch dtype) to allocate
     output_keys: tuple          # the tensor keys of those outputs
     grid: tuple[int, ...]
-    args: tuple[tuple[bool, object], ...]  # (True, tensor key) or (False, constant)
+    # (_CONST, value), (_TENSOR, tensor key) or (_SIZE, size name): filled per call
+    args: tuple[tuple[int, object], ...]
     fn: object | None           # the Triton function; None when the grid is empty
     interpret: bool
     opts: dict
@@ -93,6 +99,7 @@ class _LaunchPlan:
     device: object
     steps: tuple[_Step, ...]
     keys: tuple[str, ...]       # the tensor keys of the inputs: in0, in1, ...
+    sizes: dict                 # size name -> bound value
 
 
 class Kernel:
@@ -123,6 +130,9 @@ class Kernel:
         self._plans: dict[tuple, _LaunchPlan] = {}
         # Triton's compiled kernels shared by the launch plans (launcher.reuse_key)
         self._compiled: dict[tuple, object] = {}
+        # launch steps shared by launch plans (see _step), bounded like the plans
+        self._steps: dict[tuple, _Step] = {}
+        self._shaping = tuple(_shaping_sizes(self.specs, k) for k in range(len(self.specs)))
         self._fits: set = set()   # (device, column extents) whose resources were checked
         names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
         self._size_names = {s: s.name for p in self.inputs for s in p.shape
@@ -190,7 +200,7 @@ class Kernel:
                 outs = [torch.empty(shape, dtype=dt, device=device)
                         for shape, dt in step.outputs]
             by_tensor.update(zip(step.output_keys, outs))
-            run = self._launch_one(k, step, by_tensor, device,
+            run = self._launch_one(k, step, by_tensor, plan.sizes, device,
                                    None if first is None else first[1], is_aligned)
             first = run if first is None else first
         keep = self.specs[-1].returned
@@ -214,7 +224,7 @@ class Kernel:
             self._check_resources(tensors, sizes, device)
         plan = _LaunchPlan(device, tuple(self._step(k, named, device, tensors)
                                          for k in range(len(self.specs))),
-                           tuple(f"in{k}" for k in range(len(tensors))))
+                           tuple(f"in{k}" for k in range(len(tensors))), named)
         if sig is not None:  # bounded: e.g. a decode loop's growing M
             remember(self._plans, sig, plan, _MAX_PLANS)
         return plan
@@ -240,8 +250,21 @@ class Kernel:
         self._fits.add(key)
 
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
-        """The signature-dependent (per-call constant) part of launching kernel ``k``."""
+        """Kernel ``k``'s launch step for these inputs: shared by every signature with the
+        same device, input strides, values of the sizes that shape the outputs, grid and
+        tile extents, and 32-bit-ness of the size arguments (which Triton types by it)."""
         spec = self.specs[k]
+        shaping, size_args = self._shaping[k]
+        key = (k, device, tuple(t.stride() for t in tensors),
+               tuple(sizes[n] for n in shaping),
+               tuple(-2 ** 31 <= sizes[n] < 2 ** 31 for n in size_args))
+        step = self._steps.get(key)
+        if step is None:
+            step = self._new_step(k, spec, sizes, device, tensors)
+            remember(self._steps, key, step, _MAX_PLANS)
+        return step
+
+    def _new_step(self, k: int, spec: LaunchSpec, sizes: dict, device, tensors) -> _Step:
         outputs = tuple(_alloc(shape, dt, sizes) for _, shape, dt in spec.outputs)
         out_keys = tuple(key for key, _, _ in spec.outputs)
         # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
@@ -259,39 +282,39 @@ class Kernel:
         elif spec.col_blocks > 1:
             grid += (spec.col_blocks,)
         interpret = device.type != "cuda"
-        # (True, key): fill in the tensor of that key per call; (False, value): constant
-        args: list[tuple[bool, object]] = []
+        args: list[tuple[int, object]] = []
         for a in spec.args:
             kind = a[0]
             if kind == "tensor":
-                args.append((True, a[1]))
+                args.append((_TENSOR, a[1]))
             elif kind == "stride":
-                args.append((False, strides[a[1]][a[2]]))
+                args.append((_CONST, strides[a[1]][a[2]]))
             elif kind == "size":
-                args.append((False, sizes[a[1]]))
+                args.append((_SIZE, a[1]))
             elif kind == "visits":
-                args.append((True, _VISITS))
+                args.append((_TENSOR, _VISITS))
             elif kind == "counter":
-                args.append((True, _COUNTER))
+                args.append((_TENSOR, _COUNTER))
             elif kind == "block":
-                args.append((False, a[1]))
+                args.append((_CONST, a[1]))
             elif kind == "block_ext":
-                args.append((False, next_pow2(_value(a[1], sizes), 16)))
+                args.append((_CONST, next_pow2(_value(a[1], sizes), 16)))
             else:
-                args.append((False, interpret))
+                args.append((_CONST, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None
         opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
         launcher = None
         if fn is not None and not interpret:
-            consts = [(a[0], v) for a, (fill, v) in zip(spec.args, args) if not fill]
+            consts = [(a[0], sizes[v] if tag == _SIZE else v)
+                      for a, (tag, v) in zip(spec.args, args) if tag != _TENSOR]
             launcher = Launcher(fn, grid, opts, self._compiled,
                                 (k, reuse_key(*zip(*consts)) if consts else ()))
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
                      any(a[0] == "counter" for a in spec.args), launcher, scratch, nbytes)
 
-    def _launch_one(self, k: int, step: _Step, by_tensor: dict, device, visits=None,
-                    is_aligned: bool = False):
+    def _launch_one(self, k: int, step: _Step, by_tensor: dict, sizes: dict, device,
+                    visits=None, is_aligned: bool = False):
         """Launch kernel ``k`` per its ``step``; returns (grid, visits). ``is_aligned``:
         every input is 16-byte aligned (so a CUDA launch may skip Triton's dispatch)."""
         import torch
@@ -305,7 +328,8 @@ class Kernel:
         if step.counter:             # stage "merged": one arrival counter per row block
             by_tensor[_COUNTER] = torch.zeros(grid[0] * grid[1], dtype=torch.int32,
                                               device=device)
-        args = [by_tensor[v] if fill else v for fill, v in step.args]
+        args = [v if tag == _CONST else by_tensor[v] if tag == _TENSOR else sizes[v]
+                for tag, v in step.args]
         if step.interpret:
             with interpreted_launch():
                 step.fn[grid](*args, **step.opts)
@@ -372,6 +396,19 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
 def _value(ext, sizes: dict) -> int:
     """An extent's value: ``sizes`` maps size names to bound values."""
     return sizes[ext] if isinstance(ext, str) else int(ext)
+
+
+def _shaping_sizes(specs, k: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Kernel ``k``'s sizes that shape its launch -- its rows, grid, outputs (and, for
+    their strides, those of earlier kernels), tile extents -- and its size arguments."""
+    spec = specs[k]
+    exts = [spec.rows, *spec.grid]
+    for kk in range(k + 1):
+        for _, shape, _ in specs[kk].outputs:
+            exts.extend(shape)
+    exts.extend(a[1] for a in spec.args if a[0] == "block_ext")
+    shaping = tuple(sorted({e for e in exts if isinstance(e, str)}))
+    return shaping, tuple(a[1] for a in spec.args if a[0] == "size")
 
 
 def _alloc(shape, dtype: str, sizes: dict) -> tuple[tuple[int, ...], object]:
