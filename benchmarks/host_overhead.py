@@ -47,39 +47,36 @@ def per_call_us(fn, n: int = 500, sync_each: bool = False) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def launchers(cache: AttentionCache) -> list:
+    """The launcher of every CUDA launch step of every launch plan in ``cache``."""
+    return [step.launcher for auto in cache.kernels() for kern in auto._kernels.values()
+            for plan in kern._plans.values() for step in plan.steps
+            if step.launcher is not None]
+
+
 def launch_paths(cache: AttentionCache) -> str:
     """How many of the cache's kernel launches go direct (compiled launcher) vs dispatch."""
-    direct = dispatch = 0
-    for auto in cache.kernels():
-        for kern in auto._kernels.values():
-            for plan in kern._plans.values():
-                for step in plan.steps:
-                    if step.launcher is not None:
-                        if step.launcher.direct is None:
-                            dispatch += 1
-                        else:
-                            direct += 1
-    return f"{direct} direct, {dispatch} through Triton's dispatch"
+    found = launchers(cache)
+    direct = sum(la.direct is not None for la in found)
+    return f"{direct} direct, {len(found) - direct} through Triton's dispatch"
 
 
 @contextlib.contextmanager
 def dispatch_only(cache: AttentionCache):
     """Every launch through Triton's dispatch with per-tensor workspaces (the launch path
     before runtime/launcher.py), for an A/B in one process."""
-    steps = [step for auto in cache.kernels() for kern in auto._kernels.values()
-             for plan in kern._plans.values() for step in plan.steps
-             if step.launcher is not None]
-    kept = [step.launcher.direct for step in steps]
+    found = launchers(cache)
+    kept = [la.direct for la in found]
     saved = launcher.direct_runner
     launcher.direct_runner = lambda compiled, grid: None
-    for step in steps:
-        step.launcher.direct = None
+    for la in found:
+        la.direct = None
     try:
         yield
     finally:
         launcher.direct_runner = saved
-        for step, direct in zip(steps, kept):
-            step.launcher.direct = direct
+        for la, direct in zip(found, kept):
+            la.direct = direct
 
 
 def rel_error(got, ref) -> float:

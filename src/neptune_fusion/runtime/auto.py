@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
+from .kernel import check_inputs, remember, signature
 
 LOG_ENV = "NEPTUNE_FUSION_LOG"
 _MAX_SIGS = 256
@@ -106,7 +107,6 @@ class AutoKernel:
         return f"<AutoKernel {self.name}({ins}) -> {outs}; schedule chosen per shape class>"
 
     def __call__(self, *tensors):
-        from .kernel import signature
         sig = signature(tensors)
         kern, checked = self._kernel_signed(tensors, sig)
         return kern.call_signed(tensors, sig, checked)
@@ -119,13 +119,11 @@ class AutoKernel:
 
     def kernel_for(self, *tensors):
         """The compiled kernel for ``tensors``' shape class (chosen, maybe tuned, once)."""
-        from .kernel import signature
         return self._kernel_signed(tensors, signature(tensors))[0]
 
     def _kernel_signed(self, tensors, sig):
         """:meth:`kernel_for` when the caller has computed ``signature(tensors)``; also
         the checked inputs' ``(sizes, device)`` when a new signature was checked here."""
-        from .kernel import check_inputs, remember
         got = self._by_sig.get(sig) if sig is not None else None
         if got is not None:
             return got, None
@@ -151,7 +149,6 @@ class AutoKernel:
         """``(problem, device, candidates)``: what the auto-scheduler searches for
         ``tensors`` (the whole space, before the cost model ranks it)."""
         from ..schedule.space import candidates, device_of
-        from .kernel import check_inputs
         from .problem import problem_of
         sizes, tdev = check_inputs(self.name, self.inputs, tensors)
         device = device_of(tdev)
@@ -208,7 +205,6 @@ class AutoKernel:
         from ..schedule.cost import rank
         from ..schedule.space import candidates, device_of
         from ..schedule.store import canonical_json
-        from .kernel import check_inputs
         from .problem import problem_of
         sizes, tdev = check_inputs(self.name, self.inputs, tensors)
         device = device_of(tdev)
