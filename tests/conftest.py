@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import zlib
 from pathlib import Path
 
@@ -12,14 +11,13 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Kernels and tuned schedules go to a per-run directory, never the user's cache."""
-    old = os.environ.get("NEPTUNE_FUSION_CACHE_DIR")
-    os.environ["NEPTUNE_FUSION_CACHE_DIR"] = str(tmp_path_factory.mktemp("nf-cache"))
+    """Kernels and tuned schedules go to a per-run directory, never the user's cache; the
+    checks between passes are on."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NEPTUNE_FUSION_CACHE_DIR", str(tmp_path_factory.mktemp("nf-cache")))
+    mp.setenv("NEPTUNE_FUSION_VERIFY", "1")  # invariants checked between passes
     yield
-    if old is None:
-        os.environ.pop("NEPTUNE_FUSION_CACHE_DIR", None)
-    else:
-        os.environ["NEPTUNE_FUSION_CACHE_DIR"] = old
+    mp.undo()
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from neptune_fusion.schedule import store as store_mod
-from neptune_fusion.schedule.store import ScheduleStore, cache_root
+from neptune_fusion.schedule.store import ScheduleStore
+from neptune_fusion.settings import cache_root
 
 KEY = {"op": "attention", "shape": [1, 8, 128, 64], "dtype": "float16", "device": "H200"}
 RECORD = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "time_ms": 0.125}

@@ -7,7 +7,6 @@ error or when there is no GPU and ``--cpu-smoke`` was not given.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -24,6 +23,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from ..settings import set_triton_interpret, triton_interpret
 from .operators import operator_names
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,13 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.cpu_smoke:
         # Triton reads this when a kernel is defined: before any provider module is imported.
-        os.environ["TRITON_INTERPRET"] = "1"
+        set_triton_interpret()
         device = torch.device("cpu")
     else:
         if not torch.cuda.is_available():
             console.print(f"[bold red]error:[/] {NO_GPU}")
             return 2
-        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        if triton_interpret():
             console.print("[bold red]error:[/] TRITON_INTERPRET is set: unset it to time "
                           "compiled kernels on the GPU (it is only for --cpu-smoke).")
             return 2

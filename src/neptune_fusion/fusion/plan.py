@@ -12,8 +12,6 @@ every member that reads another member's value carries a proved :class:`Repair`.
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass
 
 from ..algebra.synth import Repair, synthesize
@@ -29,6 +27,7 @@ from ..analysis.normalize import normalize
 from ..errors import FusionError
 from ..ir.graph import tensors_in_order
 from ..ir.nodes import Compute, Expr, IndexVar, Reduce
+from ..settings import dump as _dump
 
 
 @dataclass(frozen=True)
@@ -117,14 +116,6 @@ class FusionPlan:
 
 
 # ----------------------------------------------------------------------------- passes
-
-
-def _dump(stage: str, text) -> None:
-    """``NEPTUNE_FUSION_DUMP=canon,normalize,graph,plan`` (or ``all``) prints a stage."""
-    want = os.environ.get("NEPTUNE_FUSION_DUMP", "")
-    if stage in want.split(",") or want == "all":
-        print(f"--- neptune-fusion: after {stage} ---\n{text() if callable(text) else text}",
-              file=sys.stderr)
 
 
 def _canonicalise(outputs: list[Compute], memo: dict):

@@ -20,7 +20,6 @@ straight to the compiled :class:`~neptune_fusion.runtime.kernel.Kernel`.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from dataclasses import dataclass
 from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
+from ..settings import log_enabled
 from .kernel import check_inputs, remember, signature
 
-LOG_ENV = "NEPTUNE_FUSION_LOG"
 _MAX_SIGS = 256
 
 
@@ -58,12 +57,6 @@ def fingerprint(outputs) -> str:
                 if isinstance(node, Const):
                     h.update(repr(node.value).encode() + b";")
     return h.hexdigest()[:32]
-
-
-def log_enabled(flag: bool | None) -> bool:
-    if flag is not None:
-        return bool(flag)
-    return os.environ.get(LOG_ENV, "").strip() not in ("", "0", "false", "no")
 
 
 class AutoKernel:

@@ -9,7 +9,8 @@ compiled kernel it launches it directly -- on the current device and stream, wit
 Triton's launch hooks, as ``fn[grid]`` does. The one specialisation the signature does
 not fix is the tensors' 16-byte alignment (Triton compiles an aligned and an unaligned
 variant); callers say whether every tensor is aligned, and only aligned calls take the
-direct path (the kernel kept is the aligned variant).
+direct path (the kernel kept is the aligned variant). ``NEPTUNE_FUSION_DIRECT_LAUNCH=0``
+(read when the launcher is made) keeps every launch on Triton's dispatcher.
 
 The launch plans of one kernel share their compiled kernels by a ``key``: the values of
 every non-tensor argument, except that a symbolic size counts only by whether it fits
@@ -24,6 +25,8 @@ so an :class:`Address` inside one buffer stands in for each workspace tensor.
 
 from __future__ import annotations
 
+from ..settings import direct_launch
+
 _ALIGN = 16  # Triton specialises pointer arguments on divisibility by 16 bytes
 _SCRATCH_ALIGN = 256  # each workspace tensor's offset inside the shared buffer
 
@@ -36,7 +39,7 @@ def aligned(tensors) -> bool:
 class Launcher:
     """Launch ``fn`` on ``grid`` with ``opts`` (``num_warps``, ``num_stages``)."""
 
-    __slots__ = ("fn", "grid", "opts", "direct", "shared", "key")
+    __slots__ = ("fn", "grid", "opts", "direct", "shared", "key", "allow_direct")
 
     def __init__(self, fn, grid: tuple[int, ...], opts: dict, shared: dict | None = None,
                  key=None) -> None:
@@ -46,8 +49,10 @@ class Launcher:
         self.direct = None  # the compiled kernel's launcher for this grid, once known
         self.shared = {} if shared is None else shared  # key -> compiled kernel
         self.key = key
+        self.allow_direct = direct_launch()
 
     def __call__(self, args: list, is_aligned: bool) -> None:
+        is_aligned = is_aligned and self.allow_direct
         if is_aligned:
             if self.direct is None and self.key in self.shared:
                 self.direct = direct_runner(self.shared[self.key], self.grid)

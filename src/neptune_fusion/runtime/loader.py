@@ -7,8 +7,8 @@ Triton decides between compiling and interpreting when ``@triton.jit`` runs, fro
 imports parts of itself lazily during the first interpreted launch and checks the
 variable then). So the module is imported twice, once per mode, each time with the
 variable set for the duration of the import, and interpreted launches run with it set
-too. :func:`interpreter_mode` is the one place that touches the variable; a lock keeps
-concurrent users from seeing each other's setting.
+too. :func:`neptune_fusion.settings.triton_interpret_as` is the one place that touches
+the variable; a lock keeps concurrent users from seeing each other's setting.
 """
 
 from __future__ import annotations
@@ -19,35 +19,18 @@ import importlib.util
 import os
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from types import ModuleType
 
-_ENV = "TRITON_INTERPRET"
-_LOCK = threading.RLock()
+from ..settings import cache_root
+from ..settings import triton_interpret_as as interpreter_mode
 
 
 def cache_dir() -> Path:
     """Where generated kernel sources live: ``<cache root>/kernels`` (see
-    :func:`~neptune_fusion.schedule.store.cache_root`: ``$NEPTUNE_FUSION_CACHE_DIR`` or
+    :func:`~neptune_fusion.settings.cache_root`: ``$NEPTUNE_FUSION_CACHE_DIR`` or
     ``~/.cache/neptune-fusion``)."""
-    from ..schedule.store import cache_root
     return cache_root() / "kernels"
-
-
-@contextlib.contextmanager
-def interpreter_mode(on: bool):
-    """``TRITON_INTERPRET`` set to ``on`` while the block runs, then restored."""
-    with _LOCK:
-        old = os.environ.get(_ENV)
-        os.environ[_ENV] = "1" if on else "0"
-        try:
-            yield
-        finally:
-            if old is None:
-                os.environ.pop(_ENV, None)
-            else:
-                os.environ[_ENV] = old
 
 
 @contextlib.contextmanager

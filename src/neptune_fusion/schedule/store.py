@@ -34,19 +34,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..settings import cache_root
+
 FORMAT = 1
 _TMP_PREFIX = ".tmp-"
 _SUFFIX = ".json"
-
-
-def cache_root() -> Path:
-    """``$NEPTUNE_FUSION_CACHE_DIR``, else ``$XDG_CACHE_HOME/neptune-fusion``, else
-    ``~/.cache/neptune-fusion``."""
-    env = os.environ.get("NEPTUNE_FUSION_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "neptune-fusion"
 
 
 def canonical_json(obj: Any) -> str:
