@@ -51,15 +51,6 @@ def _strip(d: sp.Expr, c_syms: set) -> sp.Expr:
     return d
 
 
-def _samples(c_syms: list, n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        pt = sample_point(c_syms, rng)
-        out.append({s: sp.Rational(round(v * 64), 64) for s, v in pt.items()})
-    return out
-
-
 def _in_span(d: sp.Expr, basis: list[sp.Expr], c_syms: list) -> bool:
     """Whether ``d`` looks like a combination of ``basis`` with ``c``-free coefficients.
 

@@ -43,13 +43,6 @@ def _numeric(f, syms, pt: dict) -> float:
     return v.real if abs(v.imag) <= 1e-12 * (1 + abs(v.real)) else float("nan")
 
 
-def numeric_value(expr: sp.Expr, pt: dict) -> float:
-    """``expr`` at ``pt`` as a real float (NaN where undefined or complex)."""
-    syms = sorted(expr.free_symbols, key=lambda s: s.name)
-    f = compile_numeric(syms, expr)
-    return float("nan") if f is None else _numeric(f, syms, pt)
-
-
 _SCALES = (1.0, 0.3, 0.1, 2.0)
 
 

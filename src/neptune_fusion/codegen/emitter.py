@@ -22,12 +22,6 @@ class Names:
     def __init__(self, reserved: set[str] | None = None) -> None:
         self.taken: set[str] = set(reserved or ())
 
-    def reserve(self, name: str) -> str:
-        if name in self.taken:
-            raise ValueError(f"name {name!r} is taken")  # pragma: no cover - a bug
-        self.taken.add(name)
-        return name
-
     def fresh(self, hint: str) -> str:
         base = re.sub(r"\W", "_", hint) or "t"
         if base[0].isdigit() or keyword.iskeyword(base):

@@ -29,16 +29,6 @@ class Contraction:
     y: str
 
 
-def tile_roles(e: Expr, role_of: Callable[[IndexVar], str | None]) -> frozenset[str]:
-    """The tile axes (row, loop, col, inner) an expression spans."""
-    out = set()
-    for v in e.free_vars:
-        r = role_of(v)
-        if r is not None and r != "grid":
-            out.add(r)
-    return frozenset(out)
-
-
 def canonical(roles) -> tuple[str, ...]:
     return tuple(sorted(roles, key=TILE_ORDER.__getitem__))
 
