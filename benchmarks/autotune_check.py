@@ -100,8 +100,7 @@ def kernel_tensors(q, k, v, slopes):
     return [qin, k, v] + ([slopes.float().contiguous()] if slopes is not None else [])
 
 
-def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel",),
-               only: list | None = None) -> dict:
+def exhaustive(op, seq: int, auto_store: str, only: list | None = None) -> dict:
     import torch
     import triton.testing
 
@@ -126,12 +125,10 @@ def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel
     problem, device, space = auto.space_for(*tensors)
     if only is not None:   # --best-from: the recorded best schedules, timed next to auto
         from neptune_fusion.schedule.schedule import Schedule
-        space = [chosen] + [Schedule.from_dict(d) for d in only
-                            if Schedule.from_dict(d) != chosen]
-    if "last_block" in merges:   # the experimental one-kernel split-k merge, timed too
-        from dataclasses import replace
-        space = space + [replace(s, merge="last_block") for s in space
-                         if s.strategy == "split"]
+        # older records carry the removed split-k "merge" field (always "kernel" there)
+        recorded = [Schedule.from_dict({k: v for k, v in d.items() if k != "merge"})
+                    for d in only]
+        space = [chosen] + [s for s in recorded if s != chosen]
     rows = []
     want = out
     for s in space:
@@ -150,7 +147,7 @@ def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel
         except Exception as exc:  # noqa: BLE001 - a schedule that fails is reported
             rows.append({"schedule": s.to_dict(), "ms": None,
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
-        print(f"    {s.strategy} {s.merge} {s.block_m}x{s.block_n} k{s.splits} w{s.num_warps} "
+        print(f"    {s.strategy} {s.block_m}x{s.block_n} k{s.splits} w{s.num_warps} "
               f"st{s.num_stages}: {rows[-1].get('ms') or rows[-1].get('error')}", flush=True)
     auto_ms = triton.testing.do_bench_cudagraph(
         lambda: auto.kernel_of(chosen).launch(*tensors), rep=50, return_mode="median")
@@ -178,8 +175,6 @@ def main() -> None:
     ap.add_argument("--best-from", nargs="*", default=None, metavar="JSON",
                     help="instead of the whole space, time the auto choice next to the best "
                     "schedules recorded in these earlier autotune.json files (same process)")
-    ap.add_argument("--merges", default="kernel",
-                    help="split-k merges in the exhaustive space: kernel[,last_block]")
     args = ap.parse_args()
     import torch
     import triton
@@ -214,8 +209,7 @@ def main() -> None:
                 print(row["profiled"]["log"][-5000:], flush=True)
             if not args.no_exhaustive:
                 only = None if args.best_from is None else recorded.get(op.name, [])
-                row.update(exhaustive(op, args.seq, str(root / "nf"),
-                                      tuple(args.merges.split(",")), only))
+                row.update(exhaustive(op, args.seq, str(root / "nf"), only))
                 print(f"  auto {row['auto_ms']:.4f} ms vs best {row['best_ms']:.4f} ms: "
                       f"{row['ratio']:.3f} (space {row['space']}, failed {row['failed']}), "
                       f"rel err {row['rel_error']:.2e}", flush=True)

@@ -2,10 +2,10 @@
 
 Usage on a GPU:
     PYTHONPATH=src python benchmarks/decode_profile.py --ops DC-GQA --seqs 16384 \
-        --splits 8,16,32 --merges kernel,last_block --out results/dir
+        --splits 8,16,32 --out results/dir
 
 For each decode operator and length: the auto-scheduled kernel, then the same schedule with
-each split count and merge form. Every variant is checked against the float64 reference
+each split count. Every variant is checked against the float64 reference
 (relative Frobenius error), timed as CUDA-graph replay (median GPU time of the whole call)
 and profiled with ``torch.profiler`` (mean GPU time per generated kernel over 20 calls), so
 the partial kernel, the combine kernel and the gap between them can be told apart. Also
@@ -83,9 +83,8 @@ def main() -> None:
     ap.add_argument("--ops", default="DC-Causal,DC-GQA,DC-ALiBi,DC-SoftCap")
     ap.add_argument("--seqs", default="16384")
     ap.add_argument("--splits", default="", help="split counts to try besides auto's")
-    ap.add_argument("--merges", default="kernel", help="kernel[,last_block]")
     ap.add_argument("--variants", default="", help="more schedules besides auto's tiles: "
-                    "comma-separated block_n:warps:stages:splits:merge")
+                    "comma-separated block_n:warps:stages:splits")
     ap.add_argument("--out", default="decode-profile-out")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -110,12 +109,11 @@ def main() -> None:
             chosen = auto.last_choice.schedule
             variants = [("auto", None)]
             for n in [int(x) for x in args.splits.split(",") if x]:
-                for m in args.merges.split(","):
-                    variants.append((f"k{n} {m}", variant(chosen, splits=n, merge=m)))
+                variants.append((f"k{n}", variant(chosen, splits=n)))
             for text in (x for x in args.variants.split(",") if x):
-                bn, w, st, n, m = text.split(":")
+                bn, w, st, n = text.split(":")
                 variants.append((text, variant(chosen, block_n=int(bn), num_warps=int(w),
-                                            num_stages=int(st), splits=int(n), merge=m)))
+                                            num_stages=int(st), splits=int(n))))
             kv_bytes = 2 * k.numel() * k.element_size()
             for label, sched in variants:
                 row = {"op": op.name, "seq": seq, "variant": label,

@@ -49,7 +49,9 @@ def evaluate(row: dict, ks=range(1, 7), seq: int = 16384) -> dict:
     problem = replace(Problem(**row["problem"]), itemsize=2, fp32=False)
     if not problem.visits and row["op"].startswith("PF"):
         problem = replace(problem, visits=visits_of(row["op"], seq))
-    measured = {Schedule.from_dict(r["schedule"]): r["ms"] for r in row["rows"]}
+    # older records carry the removed split-k "merge" field (always "kernel" there)
+    measured = {Schedule.from_dict({k: v for k, v in r["schedule"].items() if k != "merge"}):
+                r["ms"] for r in row["rows"]}
     ok = {s: ms for s, ms in measured.items() if ms is not None}
     best = min(ok.values())
     order = [e.schedule for e in rank(problem, list(measured), H200)]

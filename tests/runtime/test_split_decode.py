@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from neptune_fusion import ops
-from neptune_fusion.errors import ScheduleError
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.schedule.schedule import Schedule
 
@@ -157,34 +156,6 @@ def test_gqa_decode_packs_the_group_with_alibi(splits):
     assert "slopes_base + offs_i" in kern.source
     ref = _ref(q, k, v, scale=0.125, alibi=slopes)
     assert (out.double() - ref).abs().max().item() < 1e-5
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("n,splits", [(37, 1), (100, 7)])
-def test_decode_last_block_merge(name, n, splits):
-    """Split-k merged in one kernel by the last program of each row block (its GPU memory
-    ordering was checked on an H200 by benchmarks/decode_profile.py: repeated calls
-    bit-identical)."""
-    opt = CASES[name]
-    q, k, v = _inputs(n, torch.float32, opt.get("gqa", False))
-    slopes = torch.tensor([0.5, 0.25]) if opt.get("alibi") else None
-    sched = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=splits,
-                     merge="last_block")
-    cache = AttentionCache(store=False)
-    out = ops.attention(q, k, v, scale=1 / math.sqrt(64), causal=True, q_start=n - 1,
-                        alibi_slopes=slopes, softcap=opt.get("softcap"), cache=cache,
-                        schedule=sched)
-    [kern] = cache.kernels()
-    assert len(kern.kernels) == 1 and "atomic_add(counter_ptr" in kern.source
-    ref = _ref(q, k, v, scale=1 / math.sqrt(64), alibi=slopes, softcap=opt.get("softcap"))
-    assert (out.double() - ref).abs().max().item() < 1e-5
-
-
-def test_merge_needs_split():
-    with pytest.raises(ScheduleError, match="merge='last_block' needs strategy='split'"):
-        Schedule(merge="last_block").check()
-    with pytest.raises(ScheduleError, match="merge must be one of kernel, last_block"):
-        Schedule(strategy="split", splits=2, merge="atomic").check()
 
 
 def test_combine_column_programs_need_every_output_on_the_column_axis():

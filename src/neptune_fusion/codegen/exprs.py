@@ -56,10 +56,8 @@ class Lowerer(TileOps):
 
     def __init__(self, prog: TileProgram, env: dict[Expr, Val], block: Block,
                  hoist: Block | None, variant: frozenset, guard: bool = False,
-                 uses: dict | None = None, hints: dict | None = None,
-                 bypass_l1: bool = False) -> None:
+                 uses: dict | None = None, hints: dict | None = None) -> None:
         self.prog, self.env, self.block, self.hoist = prog, env, block, hoist
-        self.bypass_l1 = bypass_l1   # loads with cache_modifier=".cg" (split-k merge)
         self.variant_leaves, self.guard = variant, guard
         self.uses, self.hints = uses or {}, hints or {}
         self.roles = {a.var: a for a in prog.axes}

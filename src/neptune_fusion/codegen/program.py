@@ -128,17 +128,14 @@ class Split:
     """Split-k: which of the two kernels this program is, and the fp32 workspace.
 
     ``workspace[k]`` holds state variable ``k`` of every split, indexed
-    ``[split, *grid, row, (col)]``; the partial kernel writes it, the combine reads it
-    (or, stage ``"merged"``, the partial kernel's last program per row block reads it).
+    ``[split, *grid, row, (col)]``; the partial kernel writes it, the combine reads it.
     """
 
     splits: int
-    stage: str                                   # "partial" | "combine" | "merged"
+    stage: str                                   # "partial" | "combine"
     workspace: tuple[tuple[StateVar, TensorArg], ...]
     chunk: Expr                                  # loop elements per split (a BLOCK_N multiple)
     col_blocks: int = 1   # "combine": programs per row block over the col axis (grid z)
-    # "merged": one kernel; its outputs are the workspace, then the results, which the
-    # last program of each row block to arrive (an atomic counter) computes by merging
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CodegenError
-from ..ir.dtypes import int64
-from ..ir.nodes import Expr, Param
-from ..ir.traverse import substitute, walk
+from ..ir.nodes import Expr
+from ..ir.traverse import walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
 from .ops import ATOM, literal, tl_dtype
@@ -55,8 +54,6 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
     out.extend(KernelArg(s.name, "size", s) for s in prog.sizes)
     if prog.schedule.count_visits:
         out.append(KernelArg("visits_ptr", "visits", None))
-    if prog.split is not None and prog.split.stage == "merged":
-        out.append(KernelArg("counter_ptr", "counter", None))
     out.extend(KernelArg(name, "block", ax) for name, ax in prog.blocks())
     out.append(KernelArg("INTERPRET", "flag", None))
     return tuple(out)
@@ -95,12 +92,7 @@ def generate(prog: TileProgram) -> str:
         _segment(prog, seg, bounds, loops, pre, env, state_params, dict(zip(
             [a for a, _ in seg.hints], [n for _, n in seg.hints])))
     post = Block(names, 1, parent=pre)
-    if prog.split is not None and prog.split.stage == "merged":
-        n_ws = len(prog.split.workspace)
-        _epilogue(prog, post, pre, env, state_params, prog.outputs[:n_ws])
-        _last_block_merge(prog, post, pre, env, state_params, prog.outputs[n_ws:])
-    else:
-        _epilogue(prog, post, pre, env, state_params, prog.outputs)
+    _epilogue(prog, post, pre, env, state_params, prog.outputs)
     what = "a rolling-update (FlashAttention-class) kernel" if prog.split is None else \
         f"split-k {prog.split.stage} kernel ({prog.split.splits} splits, FlashDecoding-class)"
     lines = [
@@ -170,7 +162,7 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
                 pre.emit(f"{nxt} = {rest} // {ext.code}")
                 rest = nxt
         env[a.var] = Val(a.name, (), "i32")
-    if prog.split is not None and prog.split.stage in ("partial", "merged"):
+    if prog.split is not None and prog.split.stage == "partial":
         pre.emit("pid_split = tl.program_id(2)")
         env[SPLIT_ID] = Val("pid_split", (), "i32")
     pre.emit("i_first = pid_row * BLOCK_M")
@@ -230,39 +222,11 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
         body.emit(f"{targets} = {', '.join(v.code for v in news)}")
 
 
-MERGE_SPLIT = Param("merge_split", int64)   # the merge loop's split index (stage "merged")
-
-
-def _last_block_merge(prog: TileProgram, post: Block, pre: Block, env, state_params,
-                      finals) -> None:
-    """Stage "merged": after its workspace stores, each program counts itself in; the
-    last of its row block's splits merges them all and writes the results. The barrier
-    and the counter's acquire-release order every program's stores before the last one's
-    loads, which bypass L1 (it is not coherent across multiprocessors)."""
-    post.comment("the last split of this row block to arrive merges them all")
-    post.emit("tl.debug_barrier()")
-    slot = "pid_row * tl.num_programs(1) + pid_grid" if prog.grid else "pid_row"
-    post.emit(f'arrived = tl.atomic_add(counter_ptr + {slot}, 1, sem="acq_rel", '
-              'scope="gpu")')
-    with post.nested(f"if arrived == {prog.split.splits - 1}:") as merge:
-        for s in prog.state:
-            shape = ", ".join(_block_of(prog, r) for r in s.roles)
-            init, _ = literal(s.init)
-            merge.emit(f"{s.name} = tl.full([{shape}], {init}, tl.float32)")
-        # its own split index: values of the partial part keyed by ``split_id`` (chunk
-        # bounds, workspace addresses) must not be reused for the merge's loop variable
-        _combine_loops(prog, merge, env, state_params, bypass_l1=True, split=MERGE_SPLIT)
-        _epilogue(prog, merge, pre, env, state_params, finals)
-
-
-def _combine_loops(prog: TileProgram, loops: Block, env, state_params,
-                   bypass_l1: bool = False, split: Param = SPLIT_ID) -> None:
+def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:
     """Split-k combine: loops over the splits merging the partial states with the
     derived repairs (see :func:`.split.combine_steps`)."""
     from .split import combine_steps
     for steps in combine_steps(prog):
-        if split is not SPLIT_ID:
-            steps = tuple((s, substitute(e, {SPLIT_ID: split})) for s, e in steps)
         loops.comment("merge the splits' states: " + ", ".join(s.name for s, _ in steps))
         sid = loops.names.fresh("split_id")
         # no split's loads depend on a value merged in the same loop, so unrolled their
@@ -276,10 +240,10 @@ def _combine_loops(prog: TileProgram, loops: Block, env, state_params,
             head = f"for {sid} in tl.range(0, {n}, loop_unroll_factor=8):"
         with loops.nested(head) as body:
             local = dict(env)
-            local[split] = Val(sid, (), "i32")
+            local[SPLIT_ID] = Val(sid, (), "i32")
             roots = [e for _, e in steps]
-            low = Lowerer(prog, local, body, None, state_params | {split},
-                          uses=count_uses(roots), bypass_l1=bypass_l1)
+            low = Lowerer(prog, local, body, None, state_params | {SPLIT_ID},
+                          uses=count_uses(roots))
             news = [low.lower(e, force=f"{s.name}_new") for s, e in steps]
             body.emit(f"{', '.join(s.name for s, _ in steps)} = "
                       f"{', '.join(v.code for v in news)}")

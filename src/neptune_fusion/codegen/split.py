@@ -175,21 +175,13 @@ def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
                    segments=(), split=info, col=col, rules=(rule,))
 
 
-def merged_program(prog: TileProgram, splits: int) -> TileProgram:
-    """One kernel: the partial kernel, whose last program per row block to finish (an
-    atomic counter) merges every split's state and writes ``prog``'s outputs."""
-    part = partial_program(prog, splits)
-    info = replace(part.split, stage="merged")
-    return replace(part, name=f"{prog.name}_merged", outputs=part.outputs + prog.outputs,
-                   split=info, rules=prog.rules + (
-                       f"split-k: {splits} splits, merged by the last program",))
-
-
 def split_programs(prog: TileProgram, splits: int, merge: str = "kernel"
                    ) -> tuple[TileProgram, ...]:
-    """Split-k: ``(partial, combine)``, or ``(merged,)`` with ``merge="last_block"``."""
-    if merge == "last_block":
-        return (merged_program(prog, splits),)
+    """Split-k: ``(partial, combine)``.
+
+    ``merge`` is transitional (issue 13): split-k always merges in a second kernel, and
+    the argument goes once runtime/manifest.py stops passing ``schedule.merge``.
+    """
     part = partial_program(prog, splits)
     return part, combine_program(prog, part)
 

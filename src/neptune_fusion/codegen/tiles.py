@@ -66,8 +66,6 @@ class Val:
 class TileOps:
     """Loads, addresses, masks, tile reductions and contractions (see module docstring)."""
 
-    bypass_l1 = False   # loads with cache_modifier=".cg" (set by the split-k merge)
-
     # ------------------------------------------------------------------ memory
     def needs_mask(self, ax: Axis) -> bool:
         ext = ax.extent
@@ -153,8 +151,6 @@ class TileOps:
         code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
         if mask is not None:
             code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
-        if self.bypass_l1:
-            code += ', cache_modifier=".cg"'
         return Val(code + ")", axes, KIND[e.tensor.dtype.name])
 
     # ------------------------------------------------------------------ reductions

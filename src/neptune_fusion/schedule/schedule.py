@@ -15,7 +15,6 @@ from ..errors import ScheduleError
 
 FP32_PRECISIONS = ("ieee", "tf32")
 STRATEGIES = ("rolling", "split")
-MERGES = ("kernel", "last_block")
 
 
 def _pow2(x: int) -> bool:
@@ -40,10 +39,6 @@ class Schedule:
     * ``strategy``: ``"rolling"`` (one program walks the whole fused axis) or ``"split"``
       (split-k: ``splits`` programs each walk one chunk of it and write their partial state
       to a float32 workspace; a second kernel merges the partials with the derived repairs);
-    * ``merge``: how split-k partial states are merged: ``"kernel"`` (a second kernel,
-      the default) or ``"last_block"`` (one kernel whose last program per row block
-      merges, found by an atomic counter; correct on an H200 but not faster there, so
-      the auto-scheduler does not pick it);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
     """
@@ -59,7 +54,6 @@ class Schedule:
     count_visits: bool = False
     strategy: str = "rolling"
     splits: int = 1
-    merge: str = "kernel"
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -86,16 +80,18 @@ class Schedule:
             raise ScheduleError(f"schedule: splits must be an int >= 1, got {self.splits!r}")
         if self.strategy == "rolling" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
-        if self.merge not in MERGES:
-            raise ScheduleError(f"schedule: merge must be one of {', '.join(MERGES)}, "
-                                f"got {self.merge!r}")
-        if self.merge != "kernel" and self.strategy != "split":
-            raise ScheduleError(f"schedule: merge={self.merge!r} needs strategy='split'")
         for name in ("exp2", "partition", "fast_tanh", "count_visits"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
                                     f"got {getattr(self, name)!r}")
         return self
+
+    @property
+    def merge(self) -> str:
+        """Transitional (issue 13), not a field: split-k always merges in a second kernel.
+        Only runtime/manifest.py reads it, to pass on to ``split_programs``; both go
+        together."""
+        return "kernel"
 
     def to_dict(self) -> dict:
         return asdict(self)
