@@ -13,18 +13,16 @@ makes the first repair vanish (checked, see :func:`_check_first_tile`).
 
 from __future__ import annotations
 
-import math
 import re
 
 from ..algebra.synth import moved, running, state
 from ..errors import CodegenError, UnschedulableError
 from ..fusion.plan import FusedGroup, FusionPlan
-from ..ir.dtypes import float32, int64
-from ..ir.fold import IDENTITY, fconst, fold
+from ..ir.dtypes import float32
+from ..ir.fold import fconst, fold
 from ..ir.graph import placeholders
 from ..ir.nodes import (
     Binary,
-    Cast,
     Const,
     Expr,
     IndexVar,
@@ -32,14 +30,15 @@ from ..ir.nodes import (
     Placeholder,
     Reduce,
     Size,
-    Unary,
     Where,
     fresh_uid,
 )
 from ..ir.pow2 import next_pow2 as _next_pow2
+from ..ir.reducers import combined_with, reducer, running_expr, safe_expr
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
 from .exp2 import to_exp2
+from .ops import REDUCE_OPS
 from .program import (
     LOOP_LO,
     TILE_END,
@@ -53,8 +52,6 @@ from .program import (
     extent_expr,
 )
 from .variants import build_segments
-
-_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
 
 
 def ident(name: str, taken: set[str]) -> str:
@@ -73,11 +70,6 @@ def ident(name: str, taken: set[str]) -> str:
 def next_pow2(n: int, least: int = 16) -> int:
     """A tile size covering ``n`` (a power of two, at least 16 for ``tl.dot``)."""
     return _next_pow2(n, least)
-
-
-def safe(x: Expr) -> Expr:
-    """``x`` if finite, else 0: how a consumer reads a producer's running value."""
-    return Where(Binary("lt", Unary("abs", x), fconst(math.inf)), x, fconst(0.0))
 
 
 # ------------------------------------------------------------------------ the plan
@@ -179,13 +171,14 @@ def _accumulators(plan, g, loop, grid, row, col, taken):
         if m.repair is None:
             op, prods, terms, updates = m.node.op, (), (substitute(m.node.body, ren),), ()
         else:
-            op = m.node.op if m.repair.method == "inversion" else "sum"
+            op = combined_with(m.node.op, m.repair.method)
             prods = tuple(index[id(p)] for p in m.repair.producers)
             terms = tuple(substitute(t, ren) for t in m.repair.terms)
             updates = m.repair.update
-        if op not in IDENTITY or op == "prod":
-            raise CodegenError(f"{m.name}: reducer {op} is not lowered (sum, max, min are)")
-        svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, IDENTITY[op])
+        if op not in REDUCE_OPS:
+            raise CodegenError(f"{m.name}: reducer {op} is not lowered "
+                               f"({', '.join(REDUCE_OPS)} are)")
+        svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, reducer(op).identity)
                       for n in (ident(s, taken) for s in m.state_names[:len(terms)]))
         accs.append(Accumulator(m.name, op, prods, terms, updates, svars))
     return tuple(accs)
@@ -196,7 +189,8 @@ def _vanishes(accs: tuple[Accumulator, ...], a: Accumulator, i: int) -> bool:
     identities and the producers at theirs, it gives the identity back for any new
     producer value (FlashAttention's ``0 * exp(-inf - m') = 0``)."""
     env = {state(n): fconst(s.init) for n, s in enumerate(a.state)}
-    env.update({running(n): fconst(IDENTITY[accs[p].op]) for n, p in enumerate(a.producers)})
+    env.update({running(n): fconst(reducer(accs[p].op).identity)
+                for n, p in enumerate(a.producers)})
     for probe in (-1e4, -1.0, 0.0, 2.5, 1e4):
         env.update({moved(n): fconst(probe) for n in range(len(a.producers))})
         got = fold(substitute(a.updates[i], env))
@@ -206,19 +200,9 @@ def _vanishes(accs: tuple[Accumulator, ...], a: Accumulator, i: int) -> bool:
 
 
 def _running(acc: Accumulator, value: Expr, end: Expr, loop: IndexVar) -> Expr:
-    """A producer's running value from its state ``value`` covering ``[0, end)``.
-
-    A max/min is its running extreme. A sum is extrapolated to the whole axis,
-    ``value * n / end`` (the fused reference's rule: consumers of a mean are centred on the
-    running mean), and reads as the state itself before any element (``end = 0``).
-    """
-    if acc.op != "sum":
-        return value
-    n = Cast(extent_expr(loop.extent), float32)
-    scaled = Binary("mul", value, Binary("div", n, Cast(end, float32)))
-    if end is TILE_END:
-        return scaled
-    return Where(Binary("gt", end, Const(0, int64)), scaled, value)
+    """A producer's running value from its state ``value`` covering ``[0, end)`` (the
+    reducer table's rule; ``end`` is positive at a tile's end)."""
+    return running_expr(acc.op, value, end, extent_expr(loop.extent), end is TILE_END)
 
 
 def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
@@ -229,11 +213,11 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
         olds = [s.param for s in a.state]
         if not a.producers:
             parts = [Reduce(a.op, a.terms[0], (loop,))]
-            comps = [Binary(_COMBINE[a.op], olds[0], parts[0])]
+            comps = [Binary(reducer(a.op).combine, olds[0], parts[0])]
         else:
             if any(p >= k for p in a.producers):
                 raise CodegenError(f"{a.name} is listed before its producers")
-            run_new = {n: safe(_running(accs[p], new[p][0], TILE_END, loop))
+            run_new = {n: safe_expr(accs[p].op, _running(accs[p], new[p][0], TILE_END, loop))
                        for n, p in enumerate(a.producers)}
             for n, p in enumerate(a.producers):
                 hints.append((run_new[n], f"{accs[p].state[0].name}_run"))
@@ -252,7 +236,7 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
             for u, o in zip(ups, olds):
                 if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
                     hints.append((u.b if u.a is o else u.a, "alpha"))
-            comps = [Binary(_COMBINE[a.op], u, p) for u, p in zip(ups, parts)]
+            comps = [Binary(reducer(a.op).combine, u, p) for u, p in zip(ups, parts)]
         new[k] = [fold(c) for c in comps]
         for s, c, p in zip(a.state, new[k], parts):
             hints.append((c, f"{s.name}_new"))

@@ -27,8 +27,8 @@ from ..errors import CodegenError, UnschedulableError
 from ..ir.dtypes import float32, int64
 from ..ir.fold import fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Where, fresh_uid
+from ..ir.reducers import reducer, safe_expr
 from ..ir.traverse import substitute, walk
-from .lower import _COMBINE, safe
 from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram, extent_expr
 
 
@@ -115,22 +115,22 @@ def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
         olds = [s.param for s in a.state]
         if not a.producers:
             level[k] = 0
-            news = [Binary(_COMBINE[a.op], olds[0], load(a.state[0]))]
+            news = [Binary(reducer(a.op).combine, olds[0], load(a.state[0]))]
         else:
             if any(p not in level for p in a.producers):
                 raise CodegenError(f"{a.name}: a producer comes after its consumer")
             level[k] = 1 + max(level[p] for p in a.producers)
             env = {state(i): load(s) for i, s in enumerate(a.state)}
             for n, p in enumerate(a.producers):
-                prod = prog.accumulators[p].state[0]
-                env[running(n)] = safe(load(prod))     # the split's producer value
-                env[moved(n)] = safe(prod.param)       # the merged (final) one
+                op, prod = prog.accumulators[p].op, prog.accumulators[p].state[0]
+                env[running(n)] = safe_expr(op, load(prod))     # the split's producer value
+                env[moved(n)] = safe_expr(op, prod.param)       # the merged (final) one
             news = []
             for i, s in enumerate(a.state):
                 mine = substitute(a.updates[i], env)
                 if _linear_in_own(a.updates[i], i):   # identity stays exact (no 0 * inf)
                     mine = Where(Binary("eq", load(s), fconst(s.init)), fconst(s.init), mine)
-                news.append(Binary(_COMBINE[a.op], olds[i], mine))
+                news.append(Binary(reducer(a.op).combine, olds[i], mine))
         news = [fold(Where(nonempty, n, o)) for n, o in zip(news, olds)]
         while len(groups) <= level[k]:
             groups.append([])

@@ -15,8 +15,9 @@ reduction's contribution its identity (checked by folding, :func:`gating`).
 
 from __future__ import annotations
 
-from ..ir.fold import IDENTITY, RULES, bconst, fconst, fold, is_const
+from ..ir.fold import RULES, bconst, fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary, Where
+from ..ir.reducers import reducer
 from ..ir.traverse import rewrite, substitute, walk
 from ..schedule.partition import Partition, conjuncts, constraint, loop_bounds
 from ..schedule.schedule import Schedule
@@ -79,7 +80,7 @@ def gating(cond: Expr, reduces: list[Reduce]) -> bool:
         return False
     for r in reduces:
         got = fold(substitute(r.body, {cond: bconst(False)}))
-        if not (isinstance(got, Const) and got.value == IDENTITY[r.op]):
+        if not (isinstance(got, Const) and got.value == reducer(r.op).identity):
             return False
     return True
 
@@ -119,7 +120,7 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     def guarded(x: Expr) -> Expr | None:
         # op(body, j) -> op(where(j < extent, body, identity), j), innermost first
         if isinstance(x, Reduce) and x.axes == (loop,) and not even:
-            return Reduce(x.op, Where(guard, x.body, fconst(IDENTITY[x.op])), x.axes)
+            return Reduce(x.op, Where(guard, x.body, fconst(reducer(x.op).identity)), x.axes)
         return None
 
     def masked(e: Expr) -> Expr:

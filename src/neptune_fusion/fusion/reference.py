@@ -7,12 +7,13 @@ partial states per chunk and merges them (FlashDecoding's combine, derived). Bot
 equal the unfused reference: this is how the algebra is checked before any GPU code.
 
 Running values. A consumer reads its producer's *running* value, which the repair makes
-exact for any value; the choice only matters for rounding. A ``max`` producer's running
-value is its running maximum. A ``sum`` producer's is its partial sum scaled to the whole
-axis (``partial * n / seen``), so a consumer of a mean is centred on the running mean:
-that is what makes the variance and LayerNorm states Welford-like and stable in float32.
-A non-finite running value (the identity of an empty max) is read as 0, the derived form
-of FlashAttention's guard for fully masked rows.
+exact for any value; the choice only matters for rounding. The reducer table
+(:mod:`neptune_fusion.ir.reducers`) says how: a ``max`` producer's running value is its
+running maximum; a ``sum`` producer's is its partial sum scaled to the whole axis
+(``partial * n / seen``), so a consumer of a mean is centred on the running mean: that is
+what makes the variance and LayerNorm states Welford-like and stable in float32. A
+non-finite running value (the identity of an empty max) is read as 0, the derived form of
+FlashAttention's guard for fully masked rows.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from ..algebra.synth import moved, running, state
 from ..errors import NeptuneError
 from ..ir.dtypes import float32
 from ..ir.nodes import Expr, IndexVar, Param, Reduce
+from ..ir.reducers import combined_with, reducer, running_array, safe_array
 from ..ir.traverse import substitute
 from ..reference.feeds import bind_feeds
 from ..reference.interp import Interpreter, numeric, reduce_array
 from .plan import FusedGroup, FusionPlan, Member, plan
-
-_COMBINE = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
 @dataclass
@@ -41,10 +41,6 @@ class State:
     comps: list[np.ndarray]
     seen: list[np.ndarray]  # producer values the components are expressed at
     count: int              # loop elements covered
-
-
-def safe(x: np.ndarray) -> np.ndarray:
-    return np.where(np.isfinite(x), x, np.zeros((), x.dtype))
 
 
 class GroupRunner:
@@ -61,17 +57,14 @@ class GroupRunner:
     def _terms(self, m: Member) -> list[tuple[str, Expr]]:
         if m.repair is None:
             return [(m.node.op, substitute(m.node.body, self.finals))]
-        op = m.node.op if m.repair.method == "inversion" else "sum"
+        op = combined_with(m.node.op, m.repair.method)
         return [(op, substitute(t, self.finals)) for t in m.repair.terms]
 
     def running_value(self, m: Member, st: State) -> np.ndarray:
-        v = st.comps[0]
-        if m.node.op == "sum" and 0 < st.count < self.extent:
-            v = v * (self.extent / st.count)
-        return v
+        return running_array(m.node.op, st.comps[0], st.count, self.extent)
 
     def partial(self, m: Member, lo: int, hi: int, prod: list[np.ndarray]) -> State:
-        seen = [safe(p) for p in prod]
+        seen = [safe_array(p.op, v, np) for p, v in zip(m.producers, prod)]
         params = dict(self.values)
         params.update({running(k): v for k, v in enumerate(seen)})
         axis = m.node.axes[0]
@@ -86,10 +79,10 @@ class GroupRunner:
         if m.repair is None or not states:
             comps = [states[0].comps[0]] if states else []
             for s in states[1:]:
-                comps = [_COMBINE[m.node.op](comps[0], s.comps[0])]
+                comps = [reducer(m.node.op).ufunc(comps[0], s.comps[0])]
             return State(comps, [], sum(s.count for s in states))
-        goal = [safe(t) for t in target]
-        op = m.node.op if m.repair.method == "inversion" else "sum"
+        goal = [safe_array(p.op, t, np) for p, t in zip(m.producers, target)]
+        combine = reducer(combined_with(m.node.op, m.repair.method)).ufunc
         total: list[np.ndarray] | None = None
         for s in states:
             params = dict(self.values)
@@ -100,8 +93,7 @@ class GroupRunner:
                                  ftype=self.base.ftype)
             fixed = [interp.eval(substitute(u, self.finals), self.plan.context)
                      for u in m.repair.update]
-            total = fixed if total is None else \
-                [_COMBINE[op](a, b) for a, b in zip(total, fixed)]
+            total = fixed if total is None else [combine(a, b) for a, b in zip(total, fixed)]
         return State(total, goal, sum(s.count for s in states))
 
     def _producer_values(self, m: Member, states: dict[int, State]) -> list[np.ndarray]:

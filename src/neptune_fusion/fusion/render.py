@@ -7,10 +7,9 @@ import sympy as sp
 from ..ir.dtypes import float32
 from ..ir.nodes import Expr, Param, Reduce
 from ..ir.printer import expr_str
+from ..ir.reducers import combined_with, reducer
 from ..ir.traverse import substitute
 
-_COMBINE = {"sum": "{a} + {b}", "prod": "{a} * {b}", "max": "max({a}, {b})",
-            "min": "min({a}, {b})"}
 _LONG = 28
 
 
@@ -51,7 +50,7 @@ def member_rules(plan, member, legend: _Legend, group_axes=None) -> list[str]:
     if rep is None:
         body = legend.name_for(_finals_text(plan, substitute(substitute(
             member.node.body, {r: Param(n, float32) for r, n in plan.names.items()}), loop)))
-        return [f"{n}' = " + _COMBINE[op].format(a=n, b=f"{op}_tile({body})")]
+        return [f"{n}' = " + reducer(op).formula.format(a=n, b=f"{op}_tile({body})")]
     env = {}
     for s, meaning in rep.meaning.items():
         nm = s.name
@@ -69,12 +68,12 @@ def member_rules(plan, member, legend: _Legend, group_axes=None) -> list[str]:
     by_name = {s.name: s for s in rep.meaning}
     moved = {s: env[by_name[s.name + "_new"]] for s in rep.meaning
              if s.name.startswith("r") and s.name[1:].isdigit()}
+    formula = reducer(combined_with(op, rep.method)).formula
     lines = []
     for i, name in enumerate(member.state_names):
         h = str(rep.sym_update[i].xreplace(env))
         term = str(rep.sym_terms[i].xreplace(moved).xreplace(env))
-        lines.append(f"{name}' = " + _COMBINE[op if rep.method == "inversion" else "sum"]
-                     .format(a=h, b=f"{op}_tile({term})"))
+        lines.append(f"{name}' = " + formula.format(a=h, b=f"{op}_tile({term})"))
     return lines
 
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 from .dtypes import DType, bool_, float32, int64
 from .nodes import Binary, Cast, Const, Expr, Reduce, Unary, Where
+from .reducers import REDUCERS
 from .traverse import rewrite
 
 INF = math.inf
-IDENTITY = {"sum": 0.0, "max": -INF, "min": INF, "prod": 1.0}
 
 
 def fconst(v: float) -> Const:
@@ -219,9 +219,10 @@ def _constants(e: Expr) -> Expr | None:
 
 def _reduce_identity(e: Expr) -> Expr | None:
     # op(identity, j) = identity
-    if isinstance(e, Reduce) and isinstance(e.body, Const) and \
-            e.body.value == IDENTITY.get(e.op):
-        return fconst(IDENTITY[e.op])
+    if isinstance(e, Reduce) and isinstance(e.body, Const):
+        r = REDUCERS.get(e.op)
+        if r is not None and e.body.value == r.identity:
+            return fconst(r.identity)
     return None
 
 

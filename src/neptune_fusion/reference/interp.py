@@ -32,6 +32,7 @@ from ..ir.nodes import (
     Unary,
     Where,
 )
+from ..ir.reducers import reducer
 
 _UNARY = {
     "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
@@ -45,8 +46,6 @@ _BINARY = {
     "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
     "eq": np.equal, "ne": np.not_equal, "and": np.logical_and, "or": np.logical_or,
 }
-REDUCERS = {"sum": np.sum, "max": np.max, "min": np.min, "prod": np.prod}
-IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf, "prod": 1.0}
 
 
 def numeric(dtype, ftype: type = np.float64) -> type:
@@ -65,11 +64,12 @@ def position(ctx: tuple[IndexVar, ...], v: IndexVar) -> int:
 
 
 def reduce_array(op: str, arr: np.ndarray, axis: tuple[int, ...]) -> np.ndarray:
-    """Reduce with the reducer's identity for empty extents."""
-    fn = REDUCERS[op]
-    if op in ("max", "min"):
-        return fn(arr, axis=axis, initial=IDENTITY[op])
-    return fn(arr, axis=axis)
+    """Reduce with the reducer's identity for empty extents (NumPy knows those of
+    ``add`` and ``multiply``; ``maximum`` and ``minimum`` have none, so it is given)."""
+    r = reducer(op)
+    if r.ufunc.identity is None:
+        return r.ufunc.reduce(arr, axis=axis, initial=r.identity)
+    return r.ufunc.reduce(arr, axis=axis)
 
 
 class Interpreter:

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from ..algebra.synth import moved, running, state
 from ..errors import NeptuneError
 from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
-
-_COMBINE = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "mul"}
+from ..ir.reducers import combined_with, reducer, running_array, safe_array
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,6 @@ def evaluate(e: Expr, env: Mapping[Param, object]):
     raise NeptuneError(f"merge_partials: {type(e).__name__} in a repair is not evaluated")
 
 
-def _safe(x):
-    import torch
-    return torch.where(torch.isfinite(x), x, torch.zeros((), dtype=x.dtype))
-
-
 def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Partial:
     """Merge ``partials`` (:class:`Partial` or dicts name -> tensor(s)) of ``plan``'s one
     fused group with the derived repairs (see module docstring). ``extent`` is the length
@@ -134,10 +128,10 @@ def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Pa
         return t
 
     def value(m, st, count):
-        v = full(m, st[m.name][0])
-        if m.node.op == "sum" and 0 < count < n:
-            v = v * (n / count)
-        return v
+        """Member ``m``'s running value (non-finite read as 0) from a state over ``count``
+        of the ``n`` elements."""
+        v = running_array(m.node.op, full(m, st[m.name][0]), count, n)
+        return safe_array(m.node.op, torch.as_tensor(v), torch)
 
     merged: dict[str, tuple] = {}
     for m in g.members:
@@ -149,21 +143,19 @@ def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Pa
             acc = None
             for p in parts:
                 c = torch.as_tensor(p.states[m.name][0])
-                acc = c if acc is None else getattr(torch, _COMBINE[m.node.op])(acc, c)
+                acc = c if acc is None else getattr(torch, reducer(m.node.op).torch)(acc, c)
             merged[m.name] = (acc,)
             continue
         prods = [by_node[id(p)] for p in m.repair.producers]
-        goal = [_safe(torch.as_tensor(value(p, merged, total))) for p in prods]
-        op = m.node.op if m.repair.method == "inversion" else "sum"
+        goal = [value(p, merged, total) for p in prods]
+        combine = getattr(torch, reducer(combined_with(m.node.op, m.repair.method)).torch)
         acc = None
         for p in parts:
             env = {state(i): full(m, c) for i, c in enumerate(p.states[m.name])}
-            env.update({running(k): _safe(torch.as_tensor(value(q, p.states, p.count)))
-                        for k, q in enumerate(prods)})
+            env.update({running(k): value(q, p.states, p.count) for k, q in enumerate(prods)})
             env.update({moved(k): v for k, v in enumerate(goal)})
             fixed = [torch.as_tensor(evaluate(u, env)) for u in m.repair.update]
-            acc = fixed if acc is None else \
-                [getattr(torch, _COMBINE[op])(a, b) for a, b in zip(acc, fixed)]
+            acc = fixed if acc is None else [combine(a, b) for a, b in zip(acc, fixed)]
         merged[m.name] = tuple(back(m, a) for a in acc)
     return Partial(merged, total)
 
