@@ -7,6 +7,7 @@ never ``a * b + c``. Python's precedence, low to high: comparisons < ``|`` < ``&
 
 Operators that need more than a format string (``tanh`` with its CUDA fast path,
 ``pow``) are handled by the lowerer; see :mod:`neptune_fusion.codegen.exprs`.
+``tests/test_op_tables.py`` checks that every op of the IR is in one of these tables.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ BINARY_OPS: dict[str, tuple[str, int, int, int]] = {
     "or": ("{0} | {1}", OR, OR, OR + 1),
 }
 
+# lowered by methods of the Lowerer, not by a template: tanh (its CUDA fast path) and
+# pow (constant exponents only)
+LOWERED_BY_METHOD = frozenset({"tanh", "pow"})
+
 REDUCE_OPS = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+# reducers of the IR that have no tile lowering: lowering one raises a CodegenError
+# (no fused chain needs a product state yet)
+NOT_LOWERED = frozenset({"prod"})
 
 # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at +-inf, absolute error ~1e-7 near 0
 TANH_PORTABLE = "1.0 - 2.0 / (tl.exp2({0} * " + repr(2.0 / math.log(2.0)) + ") + 1.0)"

@@ -34,12 +34,14 @@ from ..ir.nodes import (
 )
 from ..ir.reducers import reducer
 
-_UNARY = {
+# The NumPy function of every elementwise op of the IR (tests/test_op_tables.py checks
+# that each op has a row; reductions are in neptune_fusion.ir.reducers).
+UNARY = {
     "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
     "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "abs": np.abs, "not": np.logical_not,
 }
-_BINARY = {
+BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
     "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum,
@@ -152,12 +154,12 @@ class Interpreter:
         if isinstance(e, Load):
             return self._load(e, ctx)
         if isinstance(e, Unary):
-            return _UNARY[e.op](self.eval(e.x, ctx))
+            return UNARY[e.op](self.eval(e.x, ctx))
         if isinstance(e, Binary):
             a, b = self.eval(e.a, ctx), self.eval(e.b, ctx)
             if e.op == "div":
                 a, b = a.astype(self.ftype), b.astype(self.ftype)
-            return _BINARY[e.op](a, b)
+            return BINARY[e.op](a, b)
         if isinstance(e, Where):
             return np.where(self.eval(e.cond, ctx), self.eval(e.a, ctx), self.eval(e.b, ctx))
         if isinstance(e, Cast):

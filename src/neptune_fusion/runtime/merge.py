@@ -25,6 +25,15 @@ from ..errors import NeptuneError
 from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
 from ..ir.reducers import combined_with, reducer, running_array, safe_array
 
+# The torch function of every elementwise op of the IR, by name (torch is imported only
+# when merging; tests/test_op_tables.py checks that each op has a row).
+TORCH_UNARY = {op: op for op in ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
+                                 "tanh", "sigmoid", "abs")} | {"not": "logical_not"}
+TORCH_BINARY = {op: op for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
+                                  "lt", "le", "gt", "ge", "eq", "ne")} | {
+    "floordiv": "floor_divide", "mod": "remainder", "and": "logical_and",
+    "or": "logical_or"}
+
 
 @dataclass(frozen=True)
 class Partial:
@@ -70,20 +79,14 @@ def evaluate(e: Expr, env: Mapping[Param, object]):
         return e.value
     if isinstance(e, Cast):
         return evaluate(e.x, env)
-    if isinstance(e, Unary):
-        x = torch.as_tensor(evaluate(e.x, env), dtype=torch.float64)
-        fn = {"neg": torch.neg, "rsqrt": torch.rsqrt, "not": torch.logical_not}.get(e.op)
-        return (fn or getattr(torch, e.op))(x)
-    if isinstance(e, Binary):
-        a, b = evaluate(e.a, env), evaluate(e.b, env)
-        names = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow",
-                 "maximum": "maximum", "minimum": "minimum", "lt": "lt", "le": "le",
-                 "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "logical_and",
-                 "or": "logical_or"}
-        if e.op not in names:
+    if isinstance(e, (Unary, Binary)):
+        table = TORCH_UNARY if isinstance(e, Unary) else TORCH_BINARY
+        if e.op not in table:
             raise NeptuneError(f"merge_partials: op {e.op} in a repair is not evaluated")
-        a, b = torch.as_tensor(a), torch.as_tensor(b)
-        return getattr(torch, names[e.op])(a, b)
+        fn = getattr(torch, table[e.op])
+        if isinstance(e, Unary):
+            return fn(torch.as_tensor(evaluate(e.x, env), dtype=torch.float64))
+        return fn(torch.as_tensor(evaluate(e.a, env)), torch.as_tensor(evaluate(e.b, env)))
     if isinstance(e, Where):
         return torch.where(torch.as_tensor(evaluate(e.cond, env)),
                            torch.as_tensor(evaluate(e.a, env)),
