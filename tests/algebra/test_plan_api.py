@@ -62,3 +62,20 @@ def test_bad_fused_evaluation_options_are_named(rng):
             assert word in str(err)
         else:
             raise AssertionError(f"{kw} accepted")
+
+
+def test_nested_reductions_over_one_axis_get_distinct_binders():
+    """Canonical binders are named by height, so a max over k inside a sum over k inside a
+    max over k (one user axis, inlined three times) binds three different variables."""
+    from neptune_fusion.analysis.canon import SpatialVars, canonical_output
+    from neptune_fusion.ir.nodes import Reduce
+    from neptune_fusion.ir.traverse import walk
+    n = nf.size("N")
+    x = nf.placeholder((n, 8), name="x")
+    k = nf.reduce_axis(8, "k")
+    r1 = nf.compute((n,), lambda i: nf.max(x[i, k], k), name="r1")
+    r2 = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - r1[i]), k), name="r2")
+    out = nf.compute((n,), lambda i: nf.max(nf.exp(x[i, k] - r1[i]) / r2[i], k), name="out")
+    body, _ = canonical_output(out, SpatialVars(), {})
+    binders = {id(r.axes[0]) for r in walk(body) if isinstance(r, Reduce)}
+    assert len(binders) == 3

@@ -20,19 +20,21 @@ from ..ir.traverse import inline, rewrite, substitute
 _BINDER_BASE = -1_000_000  # canonical uids are negative: users' are positive
 
 
-def _height(e: Expr, memo: dict[int, int]) -> int:
-    h = memo.get(id(e))
-    if h is None:
+def _height(e: Expr, memo: dict[int, tuple[Expr, int]]) -> int:
+    # keyed by id, so the memo keeps each node alive: the rewrite below builds transient
+    # nodes, and a freed node's id can be reused by the next one (a stale height)
+    got = memo.get(id(e))
+    if got is None:
         h = max((_height(c, memo) for c in e.children()), default=0)
         if isinstance(e, Reduce):
             h += 1
-        memo[id(e)] = h
-    return h
+        memo[id(e)] = got = (e, h)
+    return got[1]
 
 
 def canonical_binders(root: Expr) -> Expr:
     """Rename every reduction's axes to canonical variables chosen by its height."""
-    heights: dict[int, int] = {}
+    heights: dict[int, tuple[Expr, int]] = {}
 
     def fn(e: Expr) -> Expr | None:
         if not isinstance(e, Reduce):
