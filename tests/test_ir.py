@@ -11,6 +11,7 @@ from neptune_fusion.ir.dtypes import as_dtype, promote
 from neptune_fusion.ir.graph import placeholders, tensors_in_order
 from neptune_fusion.ir.nodes import Binary, Compute, Const, IndexVar, Load, Reduce, Where
 from neptune_fusion.ir.traverse import inline, rewrite, substitute, walk
+from neptune_fusion.ir.verify import verify_body
 
 
 @pytest.fixture
@@ -259,6 +260,24 @@ def test_verify_rejects_logic_on_non_booleans(x):
                                        Load(x, (i, i)), Load(x, (i, zero))))
     with pytest.raises(nf.VerificationError, match="non-booleans"):
         nf.verify(bad)
+
+
+def test_verify_body_rejects_a_compute_left_uninlined(x):
+    c = nf.compute((4, 4), lambda i, j: x[i, j] * 2.0, name="c")
+    i = IndexVar("i", 4, "spatial", 10**9 + 3)
+    with pytest.raises(nf.VerificationError,
+                       match="after canon: output 'o': .* reads the compute 'c'"):
+        verify_body(Load(c, (i, i)), (i,), "after canon: output 'o'")
+
+
+def test_verify_body_rejects_a_nested_binder_bound_again(x):
+    i = IndexVar("i", 4, "spatial", 10**9 + 4)
+    k = IndexVar("k", 4, "reduce", 10**9 + 5)
+    inner = Reduce("max", Load(x, (i, k)), (k,))
+    body = Reduce("sum", Binary("sub", Load(x, (i, k)), inner), (k,))
+    with pytest.raises(nf.VerificationError, match="max inside sum binds k again"):
+        verify_body(body, (i,), "after normalize: output 'o'")
+    verify_body(Binary("add", inner, Load(x, (i, i))), (i,), "fine")
 
 
 # ------------------------------------------------------------------ dtypes and graph

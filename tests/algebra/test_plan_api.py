@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import neptune_fusion as nf
 from neptune_fusion.frontend.examples import plain_attention
@@ -79,3 +80,19 @@ def test_nested_reductions_over_one_axis_get_distinct_binders():
     body, _ = canonical_output(out, SpatialVars(), {})
     binders = {id(r.axes[0]) for r in walk(body) if isinstance(r, Reduce)}
     assert len(binders) == 3
+
+
+def test_the_verifier_runs_between_the_planner_passes(monkeypatch):
+    """With NEPTUNE_FUSION_VERIFY=1 (the suite's setting) a pass that breaks the IR is
+    named: here a normalisation that leaves an index variable nothing binds."""
+    from neptune_fusion.fusion import plan as planner
+    from neptune_fusion.ir.dtypes import float32
+    from neptune_fusion.ir.nodes import Binary, Cast, IndexVar
+    loose = IndexVar("z", 3, "spatial", 10**9 + 7)
+    monkeypatch.setattr(planner, "normalize", lambda b: Binary("add", b, Cast(loose, float32)))
+    (o,), _ = plain_attention(d=8)
+    with pytest.raises(nf.VerificationError,
+                       match="after normalize: output 'o': uses index variable\\(s\\) z"):
+        nf.plan(o)
+    monkeypatch.setenv("NEPTUNE_FUSION_VERIFY", "0")
+    nf.plan(o)  # verification off: the pass is not checked

@@ -27,7 +27,9 @@ from ..analysis.normalize import normalize
 from ..errors import FusionError
 from ..ir.graph import tensors_in_order
 from ..ir.nodes import Compute, Expr, IndexVar, Reduce
+from ..ir.verify import verify_body
 from ..settings import dump as _dump
+from ..settings import verify_enabled
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,20 @@ class FusionPlan:
 
 
 def _canonicalise(outputs: list[Compute], memo: dict):
+    """Every output's body inlined on shared canonical axes, then normalised; with
+    verification on, the IR verifier checks the bodies after each of the two passes."""
     sv = SpatialVars()
     bodies, axes = [], []
+    check = verify_enabled()
     for o in outputs:
         b, ax = canonical_output(o, sv, memo)
         _dump("canon", lambda o=o, b=b: f"{o.name} = {b}")
+        if check:
+            verify_body(b, ax, f"after canon: output {o.name!r}")
         b = canonical_binders(normalize(b))
         _dump("normalize", lambda o=o, b=b: f"{o.name} = {b}")
+        if check:
+            verify_body(b, ax, f"after normalize: output {o.name!r}")
         bodies.append(b)
         axes.append(ax)
     return bodies, axes, sv

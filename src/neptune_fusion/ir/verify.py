@@ -1,4 +1,9 @@
-"""The IR verifier: checks that a tensor program is well formed."""
+"""The IR verifier: checks that a tensor program, or a canonical output body, is well formed.
+
+:func:`verify` checks what a user builds (every tensor the outputs need);
+:func:`verify_body` checks the planner's canonical output bodies between its passes (with
+``NEPTUNE_FUSION_VERIFY=1``), where every compute is inlined and binders are renamed.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from .nodes import (
     Expr,
     IndexVar,
     Load,
+    Placeholder,
     Reduce,
     Tensor,
     Unary,
@@ -67,3 +73,26 @@ def verify(outputs: Tensor | list[Tensor]) -> None:
                 if not (isinstance(s, int) and a.extent == s):
                     raise VerificationError(f"{where}: axis {a} does not match extent {s}")
         verify_expr(t.body, frozenset(t.axes), where)
+
+
+def verify_body(body: Expr, axes: tuple[IndexVar, ...], where: str) -> None:
+    """Check a canonical output body over the output's ``axes``: well formed (as
+    :func:`verify_expr` checks), every compute inlined (it reads inputs only), and no
+    reduction rebinding a variable that an enclosing reduction binds (the canonical
+    binders keep nested reductions apart by height). Raises :class:`VerificationError`
+    naming ``where`` and the broken invariant."""
+    for a in axes:
+        if not isinstance(a, IndexVar) or a.kind != "spatial":
+            raise VerificationError(f"{where}: output axis {a} is not a spatial variable")
+    verify_expr(body, frozenset(axes), where)
+    for x in walk(body):
+        if isinstance(x, Load) and not isinstance(x.tensor, Placeholder):
+            raise VerificationError(f"{where}: {x} reads the compute {x.tensor.name!r}, "
+                                    "which should have been inlined")
+        if isinstance(x, Reduce):
+            outer = frozenset(x.axes)
+            for y in walk(x.body):
+                if isinstance(y, Reduce) and outer & frozenset(y.axes):
+                    names = ", ".join(sorted(a.name for a in outer & frozenset(y.axes)))
+                    raise VerificationError(f"{where}: {y.op} inside {x.op} binds {names} "
+                                            "again")
