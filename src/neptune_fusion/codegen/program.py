@@ -12,15 +12,23 @@ variable (the new value, in terms of :class:`~neptune_fusion.ir.nodes.Param` lea
 the state at the start of the tile), the loop bounds are integer IR over the program's
 first and last row, and the epilogue is one expression per output. The emitter decides
 nothing about *what* is computed; it only chooses how to print it.
+
+:meth:`TileProgram.check` states the structural invariants the emitter relies on; the
+pipeline runs it after each stage that builds a program when ``NEPTUNE_FUSION_VERIFY``
+is on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import VerificationError
 from ..ir.dtypes import int64
-from ..ir.nodes import Const, Expr, IndexVar, Param, Size, Tensor
+from ..ir.nodes import Const, Expr, IndexVar, Load, Param, Size, Tensor
+from ..ir.reducers import reducer
+from ..ir.traverse import walk
 from ..schedule.schedule import Schedule
+from .ops import REDUCE_OPS
 
 ROLES = ("grid", "row", "loop", "col", "inner")
 # Canonical axis order of 2-d tile values: rows, then the loop axis, then columns.
@@ -176,3 +184,186 @@ class TileProgram:
     def blocks(self) -> tuple[tuple[str, Axis], ...]:
         """Every constexpr tile size and the axis it covers."""
         return tuple((a.block, a) for a in self.axes if a.block is not None)
+
+    def check(self) -> TileProgram:
+        """Raise :class:`VerificationError` naming the first broken invariant; return self.
+
+        Axes play their roles with consistent tile sizes; every accumulator's state is
+        its reducer's and the loop bodies update exactly that state; every expression
+        reads only what the kernel defines there (its axes, the state, the loop's
+        position, its input tensors and size arguments); every output has the row axis;
+        the split-k stage, if any, agrees with the workspace it writes or reads.
+        """
+        for part in (_check_axes, _check_tensors, _check_state, _check_segments,
+                     _check_outputs, _check_split):
+            part(self)
+        return self
+
+
+def _fail(prog: TileProgram, invariant: str, detail: str) -> None:
+    raise VerificationError(f"tile program {prog.name!r}: {invariant}: {detail}")
+
+
+def _same(xs, ys) -> bool:
+    """The same objects in the same order."""
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys))
+
+
+def _pow2(n: int) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+def _check_axes(prog: TileProgram) -> None:
+    want = [(a, "grid") for a in prog.grid] + [(prog.row, "row"), (prog.loop, "loop")]
+    want += [(prog.col, "col")] if prog.col is not None else []
+    want += [(a, "inner") for a in prog.inner]
+    for a, role in want:
+        if a.role != role:
+            _fail(prog, "axis roles", f"{a.name} has role {a.role!r} where {role!r} belongs")
+        if (a.block is None) != (role == "grid"):
+            _fail(prog, "axis roles", f"{role} axis {a.name} has tile size {a.block!r}")
+        if a.block_size is not None and not _pow2(a.block_size):
+            _fail(prog, "tile sizes", f"{a.block} = {a.block_size} is not a power of two")
+    vars_ = [a.var for a in prog.axes]
+    if len({id(v) for v in vars_}) != len(vars_):
+        _fail(prog, "axis roles", "an index variable plays two roles")
+    names = [b for b, _ in prog.blocks()]
+    if len(set(names)) != len(names):
+        _fail(prog, "tile sizes", f"a tile size names two axes ({', '.join(names)})")
+    # the emitter prints BLOCK_M and BLOCK_N by name; the schedule gives their values
+    for a, name, size in ((prog.row, "BLOCK_M", prog.schedule.block_m),
+                          (prog.loop, "BLOCK_N", prog.schedule.block_n)):
+        if a.block != name or a.block_size != size:
+            _fail(prog, "tile sizes", f"the {a.role} axis is tiled by {a.block} = "
+                  f"{a.block_size}, not {name} = {size} (the schedule's)")
+
+
+def _check_tensors(prog: TileProgram) -> None:
+    args = prog.inputs + tuple(o.arg for o in prog.outputs)
+    for t in args:
+        kind = "input" if t in prog.inputs else "output"
+        if t.kind != kind:
+            _fail(prog, "tensor arguments", f"{t.name} is an {kind} of kind {t.kind!r}")
+    if len({t.name for t in args}) != len(args):
+        _fail(prog, "tensor arguments", "two tensor arguments share a name")
+    shapes = [s for t in args for s in t.tensor.shape]
+    extents = [a.extent for a in prog.axes]
+    for s in shapes + extents:
+        if isinstance(s, Size) and s not in prog.sizes:
+            _fail(prog, "sizes", f"{s.name} is read but not a size argument")
+
+
+def _check_state(prog: TileProgram) -> None:
+    names = [s.name for s in prog.state]
+    if len(set(names)) != len(names):
+        _fail(prog, "state", f"two state variables share a name ({', '.join(names)})")
+    for k, a in enumerate(prog.accumulators):
+        if a.op not in REDUCE_OPS:
+            _fail(prog, "state", f"{a.name} reduces with {a.op}, which is not lowered")
+        if any(not 0 <= p < k for p in a.producers):
+            _fail(prog, "state", f"{a.name} reads a producer that is not listed before it")
+        n = len(a.state)
+        if len(a.terms) != n or len(a.updates) != (n if a.producers else 0):
+            _fail(prog, "state", f"{a.name} has {n} state variable(s), {len(a.terms)} "
+                  f"term(s) and {len(a.updates)} update(s)")
+        for s in a.state:
+            if s.init != reducer(a.op).identity:
+                _fail(prog, "state", f"{s.name} starts at {s.init}, not the identity of "
+                      f"{a.op}")
+            if s.roles[:1] != ("row",) or not set(s.roles) <= {"row", "col"} or \
+                    ("col" in s.roles and prog.col is None):
+                _fail(prog, "state", f"{s.name} spans {s.roles}; states span the row "
+                      "axis and maybe the column axis")
+
+
+def _reads(prog: TileProgram, where: str, exprs, params: set, variables: set) -> None:
+    """Every Param, free index variable, Size and load of ``exprs`` is defined."""
+    inputs = {id(t.tensor) for t in prog.inputs}
+    for e in exprs:
+        loose = [v.name for v in e.free_vars if all(v is not u for u in variables)]
+        if loose:
+            _fail(prog, "defined values", f"{where} uses {', '.join(sorted(loose))}, "
+                  "not an axis there")
+        for x in walk(e):
+            if isinstance(x, Param) and x not in params:
+                _fail(prog, "defined values", f"{where} reads {x.name}, not defined there")
+            if isinstance(x, Size) and x not in prog.sizes:
+                _fail(prog, "sizes", f"{where} reads {x.name}, not a size argument")
+            if isinstance(x, Load) and id(x.tensor) not in inputs:
+                _fail(prog, "defined values", f"{where} loads {x.tensor.name}, not an input")
+
+
+def _check_segments(prog: TileProgram) -> None:
+    bound = dict(prog.bounds)
+    split = {SPLIT_ID} if prog.split is not None else set()
+    spatial = {a.var for a in prog.grid}
+    _reads(prog, "the loop bounds", bound.values(), {I_FIRST, I_LAST, BLOCK_N} | split,
+           spatial)
+    tile = {TILE_START, TILE_END, BLOCK_N, I_FIRST} | split
+    tile |= {LOOP_LO} if "lo" in bound else set()
+    tile |= {I_LAST} if any(x is I_LAST for e in bound.values() for x in walk(e)) else set()
+    state = {s.param for s in prog.state}
+    rows = spatial | {prog.row.var} | ({prog.col.var} if prog.col is not None else set())
+    if not prog.segments and (prog.split is None or prog.split.stage != "combine"):
+        _fail(prog, "segments", "no loop over the fused axis")
+    for seg in prog.segments:
+        where = f"segment {seg.lo}..{seg.hi}"
+        if seg.lo not in bound or seg.hi not in bound:
+            _fail(prog, "segments", f"{where} runs between bounds the prologue lacks")
+        if not _same([s for s, _ in seg.body], prog.state):
+            _fail(prog, "segments", f"{where} updates "
+                  f"{', '.join(s.name for s, _ in seg.body)}, not the accumulators' "
+                  f"state ({', '.join(s.name for s in prog.state)})")
+        if seg.guard and not seg.masked:
+            _fail(prog, "segments", f"{where} checks the axis end but is unmasked")
+        _reads(prog, where, [e for _, e in seg.body], state | tile, rows)
+
+
+def _check_outputs(prog: TileProgram) -> None:
+    state = {s.param for s in prog.state}
+    rows = {a.var for a in prog.grid} | {prog.row.var}
+    rows |= {prog.col.var} if prog.col is not None else set()
+    split = prog.split is not None and prog.split.stage == "partial"
+    for o in prog.outputs:
+        where = f"output {o.arg.name}"
+        if all(v is not prog.row.var for v in o.axes):
+            _fail(prog, "outputs", f"{where} does not have the row axis {prog.row.name}")
+        if len(o.axes) != o.arg.tensor.ndim:
+            _fail(prog, "outputs", f"{where} has {len(o.axes)} axes for a "
+                  f"{o.arg.tensor.ndim}-d tensor")
+        for v in o.axes:
+            if not (any(v is u for u in rows) or (split and v is SPLIT_ID)):
+                _fail(prog, "outputs", f"{where} is indexed by {v}, not a grid, row or "
+                      "column axis")
+        if not o.arg.tensor.dtype.is_float:
+            _fail(prog, "outputs", f"{where} is {o.arg.tensor.dtype}, not a float tensor")
+        _reads(prog, where, [o.body], state, rows)
+
+
+def _check_split(prog: TileProgram) -> None:
+    sp = prog.split
+    if sp is None:
+        return
+    if sp.stage not in ("partial", "combine") or not isinstance(sp.splits, int) \
+            or sp.splits < 1:
+        _fail(prog, "split-k", f"stage {sp.stage!r} with {sp.splits} splits")
+    if not _same([s for s, _ in sp.workspace], prog.state):
+        _fail(prog, "split-k", "the workspace does not hold exactly the accumulators' state")
+    for a in prog.accumulators:
+        if any(prog.accumulators[p].op not in ("max", "min") for p in a.producers):
+            _fail(prog, "split-k", f"{a.name} reads a producer that is not a max or min")
+    ws = tuple(arg for _, arg in sp.workspace)
+    if sp.stage == "partial":
+        if tuple(o.arg for o in prog.outputs) != ws or sp.col_blocks != 1 or \
+                any(o.body is not s.param for o, s in zip(prog.outputs, prog.state)):
+            _fail(prog, "split-k", "the partial kernel must store its state to the "
+                  "workspace, one output per state variable")
+        return
+    if tuple(t.tensor for t in prog.inputs) != tuple(t.tensor for t in ws):
+        _fail(prog, "split-k", "the combine kernel must read exactly the workspace")
+    if prog.segments or prog.bounds or prog.inner:
+        _fail(prog, "split-k", "the combine kernel has no loop over the fused axis")
+    c = prog.col
+    if sp.col_blocks > 1 and (c is None or c.block_size * sp.col_blocks != c.extent):
+        _fail(prog, "split-k", f"{sp.col_blocks} column programs do not cover the column "
+              "axis")

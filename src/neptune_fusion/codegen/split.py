@@ -29,6 +29,7 @@ from ..ir.fold import fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Where, fresh_uid
 from ..ir.reducers import reducer, safe_expr
 from ..ir.traverse import substitute, walk
+from ..settings import verify_enabled
 from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram, extent_expr
 
 
@@ -183,6 +184,10 @@ def split_programs(prog: TileProgram, splits: int, merge: str = "kernel"
     the argument goes once runtime/manifest.py stops passing ``schedule.merge``.
     """
     part = partial_program(prog, splits)
-    return part, combine_program(prog, part)
+    out = part, combine_program(prog, part)
+    if verify_enabled():
+        for p in out:
+            p.check()
+    return out
 
 
