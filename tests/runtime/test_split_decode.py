@@ -101,6 +101,27 @@ def test_split_needs_max_producers():
         nf_compile(var, [x], strategy="split", splits=2, block_m=16, block_n=16)
 
 
+def test_split_needs_outputs_that_read_only_the_state():
+    """Softmax's output reads x again after the loop, which the combine kernel does not
+    load: split-k is refused, so the auto-scheduler keeps one long row rolling (it used to
+    pick split-k there and fail while generating the combine kernel)."""
+    import neptune_fusion as nf
+    from neptune_fusion.errors import UnschedulableError
+    n, m = nf.sizes("N M")
+    x = nf.placeholder((n, m), "float32", name="x")
+    j = nf.reduce_axis(m, "j")
+    mx = nf.compute((n,), lambda i: nf.max(x[i, j], j), name="m")
+    e = nf.compute((n, m), lambda i, jj: nf.exp(x[i, jj] - mx[i]), name="e")
+    s = nf.compute((n,), lambda i: nf.sum(e[i, j], j), name="s")
+    y = nf.compute((n, m), lambda i, jj: e[i, jj] / s[i], name="y")
+    with pytest.raises(UnschedulableError, match="output y reads x after the loop"):
+        nf.compile(y, [x], strategy="split", splits=2, block_m=16, block_n=16)
+    kern = nf.compile(y, [x], cache=False)
+    xs = torch.randn(1, 4096)
+    assert torch.allclose(kern(xs), torch.softmax(xs, -1), atol=1e-6)
+    assert kern.last_choice.schedule.strategy == "rolling"
+
+
 def test_masked_splits_batch_and_visits():
     """A sliding window leaves whole splits fully masked (state at the identity, m=-inf):
     they must contribute nothing and never NaN; batch 2; visits counted over splits."""

@@ -67,6 +67,13 @@ def _check(prog: TileProgram, splits: int) -> None:
                     f"schedule strategy 'split': {a.name} reads the running sum "
                     f"{prog.accumulators[p].name}; split-k supports max and min "
                     "producers (a sum's running value needs the count)")
+    for o in prog.outputs:
+        read = sorted({x.tensor.name for x in walk(o.body) if isinstance(x, Load)})
+        if read:
+            raise UnschedulableError(
+                f"schedule strategy 'split': output {o.arg.name} reads "
+                f"{', '.join(read)} after the loop (softmax's x); the split-k combine "
+                "kernel reads only the partial states")
 
 
 def partial_program(prog: TileProgram, splits: int) -> TileProgram:
