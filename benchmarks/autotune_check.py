@@ -34,7 +34,7 @@ import json, sys, time
 t_start = time.perf_counter()
 import torch
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.workloads import make_inputs, select_operators
 (op,) = select_operators([sys.argv[1]])
 seq = int(sys.argv[2])
 dev = torch.device("cuda")
@@ -106,8 +106,8 @@ def exhaustive(op, seq: int, auto_store: str, merges: tuple[str, ...] = ("kernel
     import triton.testing
 
     from neptune_fusion import ops
-    from neptune_fusion.bench.operators import make_inputs
     from neptune_fusion.bench.reference import reference_attention
+    from neptune_fusion.bench.workloads import make_inputs
     from neptune_fusion.frontend.attention import AttentionCache
     from neptune_fusion.schedule.store import ScheduleStore
     dev = torch.device("cuda")
@@ -184,7 +184,7 @@ def main() -> None:
     import torch
     import triton
 
-    from neptune_fusion.bench.operators import select_operators
+    from neptune_fusion.bench.workloads import select_operators
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),

@@ -23,8 +23,8 @@ import time
 import torch
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.workloads import make_inputs, select_operators
 from neptune_fusion.frontend.attention import AttentionCache
 
 

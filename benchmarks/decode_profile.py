@@ -27,8 +27,8 @@ import triton
 import triton.testing
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.workloads import make_inputs, select_operators
 from neptune_fusion.frontend.attention import AttentionCache
 
 

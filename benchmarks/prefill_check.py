@@ -27,15 +27,15 @@ import torch
 
 from neptune_fusion import ops
 from neptune_fusion.bench.gate import relative_error, threshold_for
-from neptune_fusion.bench.operators import OPERATORS, make_inputs, prefill_flops, smoke_variant
 from neptune_fusion.bench.providers.base import Prepared, RunContext
 from neptune_fusion.bench.providers.sdpa import CUDNN, EFFICIENT, FLASH
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.bench.timing import gpu_timer, synchronize, wall_timer
+from neptune_fusion.bench.workloads import make_inputs, prefill_flops, smoke_variant
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.schedule.schedule import default_schedule
 
-PREFILL = [op for op in OPERATORS if op.phase == "PF"]
+PREFILL = [ops.OPERATORS[name] for name in ops.PREFILL]
 SDPA = (FLASH, CUDNN, EFFICIENT)
 
 

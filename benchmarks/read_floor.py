@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.workloads import make_inputs, select_operators
 from neptune_fusion.frontend.attention import AttentionCache
 
 SETS = 3
