@@ -25,7 +25,8 @@ DTYPES = ("bfloat16", "float16")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
 DESCRIPTION = ("Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
-               "Triton FA2 kernel and torch.compile, gated by a float64 reference.")
+               "baseline Triton FA2 kernel and torch.compile, each output gated by a "
+               "float64 reference.")
 NO_GPU = ("No CUDA GPU is visible: performance is only measured on a GPU.\n"
           "Run with --cpu-smoke to check the harness end to end on CPU "
           "(tiny shapes, Triton interpreter, no speed claims).")
@@ -51,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"comma-separated operators (default all: {','.join(OPERATORS)})")
     p.add_argument("--seqs", type=_seqs, default=None,
                    help="comma-separated key lengths (default 1024,4096,16384; smoke: 64)")
-    p.add_argument("--dtype", choices=DTYPES, default="float16")
+    p.add_argument("--dtype", choices=DTYPES, default="float16",
+                   help="input dtype (default float16)")
     p.add_argument("--providers", type=_csv, default=None,
                    help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
     p.add_argument("--out", type=Path, default=None,
