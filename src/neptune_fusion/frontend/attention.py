@@ -151,7 +151,7 @@ class AttentionCache:
     def _remember(self, key: tuple | None, plan: _CallPlan) -> None:
         if key is None:
             return
-        from ..runtime.kernel import remember
+        from ..runtime.inputs import remember
         with self._lock:
             # bounded: e.g. a decode loop's growing key length
             remember(self._calls, key, plan, _MAX_CALLS)

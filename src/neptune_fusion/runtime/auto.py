@@ -19,7 +19,6 @@ straight to the compiled :class:`~neptune_fusion.runtime.kernel.Kernel`.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
 from ..settings import log_enabled
-from .kernel import check_inputs, remember, signature
+from .inputs import check_inputs, remember, signature
 
 _MAX_SIGS = 256
 
@@ -42,21 +41,6 @@ class Choice:
     source: str
     trials: tuple = ()
     key: dict | None = None
-
-
-def fingerprint(outputs) -> str:
-    """A stable hash of the program: its printed form plus every constant exactly."""
-    from ..ir.graph import tensors_in_order
-    from ..ir.nodes import Compute, Const
-    from ..ir.printer import program_str
-    from ..ir.traverse import walk
-    h = hashlib.sha256(program_str(list(outputs)).encode())
-    for t in tensors_in_order(list(outputs)):
-        if isinstance(t, Compute):
-            for node in walk(t.body):
-                if isinstance(node, Const):
-                    h.update(repr(node.value).encode() + b";")
-    return h.hexdigest()[:32]
 
 
 class AutoKernel:

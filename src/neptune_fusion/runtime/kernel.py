@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..errors import CodegenError, FeedError, NeptuneError, ScheduleError
+from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder, Size
 from ..ir.pow2 import next_pow2
 from ..reference.evaluate import as_outputs
-from ..reference.feeds import bind_sizes
 from ..schedule.schedule import Schedule, make_schedule
+from .inputs import check_inputs, remember, signature
 from .launch import LaunchSpec
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
@@ -340,57 +340,6 @@ class Kernel:
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
         return check_inputs(self.specs[0].name, self.inputs, tensors)
-
-
-def signature(tensors) -> tuple | None:
-    """What a launch derives from its inputs besides their data: shapes, strides, dtypes
-    and devices; None for anything but plain tensors (a subclass's attributes may not be
-    plain data)."""
-    import torch
-    if all(type(t) is torch.Tensor for t in tensors):
-        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-    return None
-
-
-def remember(table: dict, key, value, limit: int) -> None:
-    """``table[key] = value``, dropping the oldest entry when ``table`` holds ``limit``."""
-    if len(table) >= limit:
-        table.pop(next(iter(table)))
-    table[key] = value
-
-
-def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
-    """Check ``tensors`` against the placeholders ``inputs`` of kernel ``name``; return
-    the bound sizes and the device. Every failure is a :class:`FeedError` naming the
-    argument."""
-    import torch
-    if len(tensors) != len(inputs):
-        names = ", ".join(p.name for p in inputs)
-        raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s) "
-                        f"({names}), got {len(tensors)}")
-    sizes: dict[Size, int] = {}
-    origin: dict[Size, str] = {}
-    device = None
-    for k, (p, t) in enumerate(zip(inputs, tensors)):
-        what = f"argument {k} ({p.name!r})"
-        if not isinstance(t, torch.Tensor):
-            raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
-        got = str(t.dtype).removeprefix("torch.")
-        if got != p.dtype.name:
-            raise FeedError(f"{what} must be {p.dtype}, got {got}")
-        if device is None:
-            device, first = t.device, p.name
-        elif t.device != device:
-            raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
-                            "all inputs must be on one device")
-        bind_sizes(p, tuple(t.shape), sizes, origin)
-        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise FeedError(f"{what} must have unit stride in its last dimension, got "
-                            f"strides {tuple(t.stride())}; call .contiguous()")
-    if device is not None and device.type not in ("cuda", "cpu"):
-        raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
-    return sizes, device
-
 
 
 def _value(ext, sizes: dict) -> int:

@@ -43,7 +43,7 @@ class Builder:
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            from .auto import fingerprint
+            from .fingerprint import fingerprint
             self._fingerprint = fingerprint(self.outputs)
         return self._fingerprint
 
