@@ -58,7 +58,7 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
     import torch
 
     from .codegen.outline import outline
-    from .runtime.kernel import compile as nf_compile
+    from .runtime.pipeline import compile as nf_compile
     kernel = nf_compile(o, inputs, block_m=16, block_n=16)
     console.rule("[bold]derived fusion plan")
     console.print(str(kernel.plan), markup=False, soft_wrap=True)

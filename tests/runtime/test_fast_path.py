@@ -18,7 +18,7 @@ from neptune_fusion.frontend.attention import (
     attention,
     attention_definition,
 )
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 from neptune_fusion.schedule.schedule import Schedule
 
 SMALL = Schedule(block_m=16, block_n=16)

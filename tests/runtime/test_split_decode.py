@@ -93,7 +93,7 @@ def test_schedule_errors(opts, msg):
 def test_split_needs_max_producers():
     import neptune_fusion as nf
     from neptune_fusion.errors import CodegenError
-    from neptune_fusion.runtime.kernel import compile as nf_compile
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
     x = nf.placeholder([8, 32], "float32", name="x")
     j = nf.reduce_axis(32, "j")
     mean = nf.compute([8], lambda i: nf.sum(x[i, j], j) / 32, name="mean")

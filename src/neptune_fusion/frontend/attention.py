@@ -164,7 +164,7 @@ class AttentionCache:
             if got is not None:
                 self.hits += 1
                 return got
-        from ..runtime.kernel import compile as nf_compile
+        from ..runtime.pipeline import compile as nf_compile
         outs, ins = attention_definition(spec)
         kern = nf_compile(outs[0], ins, schedule=schedule, name="attention", cache=self.store)
         with self._lock:
