@@ -20,7 +20,7 @@ from ..errors import CodegenError
 from ..ir.nodes import Size
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
-from .inputs import check_inputs, remember, signature
+from .inputs import CacheInfo, check_inputs, remember, signature
 from .launch import LaunchSpec
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
@@ -123,6 +123,7 @@ class Kernel:
         self._modules: dict[tuple[int, bool], object] = {}
         # launch plans by input signature (see _plan); owned by this kernel, bounded
         self._plans: dict[tuple, _LaunchPlan] = {}
+        self._hits = self._misses = 0   # of _plans, for cache_info
         # Triton's compiled kernels shared by the launch plans (launcher.reuse_key)
         self._compiled: dict[tuple, object] = {}
         # launch steps shared by launch plans (see _step), bounded like the plans
@@ -150,6 +151,11 @@ class Kernel:
         ins = ", ".join(p.name for p in self.inputs)
         outs = ", ".join(o.name for o in self.outputs)
         return f"<Kernel {self.specs[0].name}({ins}) -> {outs}; {self.schedule}>"
+
+    def cache_info(self) -> CacheInfo:
+        """The launch plans kept per input signature: calls that found theirs (hits),
+        calls that derived one (misses, tensor subclasses included: never kept)."""
+        return CacheInfo(self._hits, self._misses, _MAX_PLANS, len(self._plans))
 
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
@@ -212,7 +218,9 @@ class Kernel:
         """
         plan = self._plans.get(sig) if sig is not None else None
         if plan is not None:
+            self._hits += 1
             return plan
+        self._misses += 1
         sizes, device = self._check(tensors) if checked is None else checked
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
