@@ -17,7 +17,7 @@ from neptune_fusion import ops
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.codegen.visits import tile_visits
 from neptune_fusion.frontend.attention import AttentionCache
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 from neptune_fusion.schedule.schedule import Schedule
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
