@@ -34,13 +34,12 @@ import json, sys, time
 t_start = time.perf_counter()
 import torch
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators
 (op,) = select_operators([sys.argv[1]])
 seq = int(sys.argv[2])
 dev = torch.device("cuda")
 q, k, v = make_inputs(op, seq, torch.float16, dev)
-kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-          alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
+kw = attention_options(op, seq, dev)
 import triton, triton.language as tl
 @triton.jit
 def _floor(x_ptr, N: tl.constexpr):
@@ -102,23 +101,22 @@ def kernel_tensors(q, k, v, slopes):
 
 def exhaustive(op, seq: int, auto_store: str, only: list | None = None) -> dict:
     import torch
-    import triton.testing
 
     from neptune_fusion import ops
-    from neptune_fusion.bench.operators import make_inputs
+    from neptune_fusion.bench.gate import relative_error
     from neptune_fusion.bench.reference import reference_attention
+    from neptune_fusion.bench.timing import graph_timer
+    from neptune_fusion.bench.workloads import attention_options, make_inputs
     from neptune_fusion.frontend.attention import AttentionCache
     from neptune_fusion.schedule.store import ScheduleStore
     dev = torch.device("cuda")
     q, k, v = make_inputs(op, seq, torch.float16, dev)
-    slopes = op.alibi_slopes(dev)
-    kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-              alibi_slopes=slopes, softcap=op.softcap, window=op.window)
+    kw = attention_options(op, seq, dev)
+    slopes = kw["alibi_slopes"]
     cache = AttentionCache(store=ScheduleStore(auto_store))
     out = ops.attention(q, k, v, cache=cache, **kw)       # the stored (cold run's) choice
     ref = reference_attention(op, q, k, v)
-    err = (torch.linalg.norm((out.double() - ref).flatten())
-           / torch.linalg.norm(ref.flatten())).item()
+    err = relative_error(out, ref)
     (auto,) = cache.kernels()
     tensors = kernel_tensors(q, k, v, slopes)
     chosen = auto.schedule_for(*tensors)
@@ -140,8 +138,7 @@ def exhaustive(op, seq: int, auto_store: str, only: list | None = None) -> dict:
             e = (got.double() - want.double()).abs().max().item()
             if not e < 2e-2 * max(1.0, want.double().abs().max().item()):
                 raise RuntimeError(f"disagrees with the auto output by {e:.3g}")
-            ms = triton.testing.do_bench_cudagraph(lambda kk=kern: kk.launch(*tensors),
-                                                   rep=20, return_mode="median")
+            ms = graph_timer(rep_ms=20)(lambda kk=kern: kk.launch(*tensors))
             rows.append({"schedule": s.to_dict(), "ms": ms,
                          "compile_s": time.perf_counter() - t0})
         except Exception as exc:  # noqa: BLE001 - a schedule that fails is reported
@@ -149,8 +146,7 @@ def exhaustive(op, seq: int, auto_store: str, only: list | None = None) -> dict:
                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
         print(f"    {s.strategy} {s.block_m}x{s.block_n} k{s.splits} w{s.num_warps} "
               f"st{s.num_stages}: {rows[-1].get('ms') or rows[-1].get('error')}", flush=True)
-    auto_ms = triton.testing.do_bench_cudagraph(
-        lambda: auto.kernel_of(chosen).launch(*tensors), rep=50, return_mode="median")
+    auto_ms = graph_timer(rep_ms=50)(lambda: auto.kernel_of(chosen).launch(*tensors))
     ok = [r for r in rows if r["ms"] is not None]
     best = min(ok, key=lambda r: r["ms"])
     trials = [{"schedule": t.schedule.to_dict(), "model_ms": t.predicted_s * 1e3,
@@ -179,7 +175,7 @@ def main() -> None:
     import torch
     import triton
 
-    from neptune_fusion.bench.operators import select_operators
+    from neptune_fusion.bench.workloads import select_operators
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),

@@ -13,28 +13,23 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton.testing
+import triton
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.gate import relative_error
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.timing import copy_tbps, gpu_timer, graph_timer
+from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators
 
-
-def _time(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def _graph(fn) -> float:
-    """Median GPU ms of ``fn`` replayed from a CUDA graph (no host work)."""
-    return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+_time = gpu_timer(warmup_ms=25, rep_ms=200)   # eager: do_bench, L2 flushed, host included
+_graph = graph_timer(rep_ms=100)              # GPU time only: CUDA-graph replay
 
 
 def measure(op, seq: int, dev: torch.device) -> dict:
     """Relative error, eager and graph-replay ms of neptune-fusion, and graph-replay ms of
     SDPA's cuDNN and FlashAttention-2 backends where they apply; K+V bytes."""
     q, k, v = make_inputs(op, seq, torch.float16, dev)
-    kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-              alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
+    kw = attention_options(op, seq, dev)
 
     def call():
         return ops.attention(q, k, v, **kw)
@@ -42,8 +37,7 @@ def measure(op, seq: int, dev: torch.device) -> dict:
     out = call()
     ref = reference_attention(op, q, k, v)
     row = {"op": op.name, "seq": seq, "bytes": 2 * k.numel() * k.element_size(),
-           "rel_error": (torch.linalg.norm((out.double() - ref).flatten())
-                         / torch.linalg.norm(ref.flatten())).item(),
+           "rel_error": relative_error(out, ref),
            "eager_ms": _time(call), "graph_ms": _graph(call)}
     if op.softcap is None:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -60,8 +54,7 @@ def measure(op, seq: int, dev: torch.device) -> dict:
                         q, k, v, attn_mask=bias, scale=op.scale, enable_gqa=True)
             try:
                 got = sdpa()
-                err = (torch.linalg.norm((got.double() - ref).flatten())
-                       / torch.linalg.norm(ref.flatten())).item()
+                err = relative_error(got, ref)
                 if not err < 1e-2:
                     raise RuntimeError(f"relative error {err:.2e}")
                 row[f"{name}_graph_ms"] = _graph(sdpa)
@@ -77,10 +70,8 @@ def main() -> None:
     args = p.parse_args()
     seqs = [int(s) for s in args.seqs.split(",")]
     dev = torch.device("cuda")
-    a = torch.empty(1 << 28, dtype=torch.float32, device=dev).random_()
-    b = torch.empty_like(a)
-    copy_tbps = 2 * a.numel() * 4 / _time(lambda: b.copy_(a)) / 1e9
-    print(f"copy ceiling {copy_tbps:.2f} TB/s (1 GiB, read + write, do_bench)")
+    ceiling = copy_tbps(_time, dev)
+    print(f"copy ceiling {ceiling:.2f} TB/s (1 GiB, read + write, do_bench)")
     print(f"{'operator':<11} {'S':>6} {'rel.err':>8} {'eager ms':>9} {'graph ms':>9} "
           f"{'TB/s':>6} {'% copy':>7} {'cuDNN ms':>9} {'FA2 ms':>9}")
     rows = []
@@ -92,14 +83,14 @@ def main() -> None:
             base = [f"{r[k]:>9.4f}" if k in r else f"{'n/a':>9}"
                     for k in ("cudnn_graph_ms", "flash_graph_ms")]
             print(f"{op.name:<11} {seq:>6} {r['rel_error']:>8.1e} {r['eager_ms']:>9.4f} "
-                  f"{r['graph_ms']:>9.4f} {tbps:>6.2f} {tbps / copy_tbps:>6.0%} "
+                  f"{r['graph_ms']:>9.4f} {tbps:>6.2f} {tbps / ceiling:>6.0%} "
                   + " ".join(base), flush=True)
     if args.out:
         import json
         import time
         meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
                 "torch": torch.__version__, "triton": triton.__version__,
-                "copy_tbps": copy_tbps}
+                "copy_tbps": ceiling}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
 

@@ -5,7 +5,7 @@ Usage on a GPU:
         --splits 8,16,32 --out results/dir
 
 For each decode operator and length: the auto-scheduled kernel, then the same schedule with
-each split count. Every variant is checked against the float64 reference
+each split count (and any ``--variants``). Every variant is checked against the float64 reference
 (relative Frobenius error), timed as CUDA-graph replay (median GPU time of the whole call)
 and profiled with ``torch.profiler`` (mean GPU time per generated kernel over 20 calls), so
 the partial kernel, the combine kernel and the gap between them can be told apart. Also
@@ -24,21 +24,15 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.gate import relative_error
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.timing import copy_tbps, graph_timer
+from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators
 from neptune_fusion.frontend.attention import AttentionCache
 
-
-def copy_ceiling_tbps(dev) -> float:
-    """Device-to-device copy bandwidth (read + write bytes over time) of a 1 GiB buffer."""
-    src = torch.empty(1 << 29, dtype=torch.float16, device=dev)
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench_cudagraph(lambda: dst.copy_(src), rep=50,
-                                           return_mode="median")
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e12
+_graph = graph_timer(rep_ms=50)   # GPU time of the whole call: CUDA-graph replay
 
 
 def kernel_times(fn, calls: int = 20) -> dict[str, float]:
@@ -66,12 +60,11 @@ def variant(s, **kw):
 def measure(call, ref, kv_bytes: int, ceiling: float) -> dict:
     """Error against the float64 reference, graph-replay time, per-kernel times."""
     got = call()
-    row = {"rel_error": (torch.linalg.norm((got.double() - ref).flatten())
-                         / torch.linalg.norm(ref.flatten())).item()}
+    row = {"rel_error": relative_error(got, ref)}
     for _ in range(50):     # a racy merge shows up as a changing result
         if not torch.equal(call(), got):
             raise RuntimeError("result changed between identical calls")
-    row["graph_ms"] = triton.testing.do_bench_cudagraph(call, rep=50, return_mode="median")
+    row["graph_ms"] = _graph(call)
     row["kernels_us"] = kernel_times(call)
     row["tbps"] = kv_bytes / (row["graph_ms"] * 1e-3) / 1e12
     row["of_ceiling"] = row["tbps"] / ceiling
@@ -90,7 +83,7 @@ def main() -> None:
     dev = torch.device("cuda")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ceiling = copy_ceiling_tbps(dev)
+    ceiling = copy_tbps(_graph, dev)   # 1 GiB device copy, read + write
     meta = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__,
             "copy_tbps": ceiling}
@@ -99,9 +92,7 @@ def main() -> None:
     for op in select_operators(args.ops.split(",")):
         for seq in (int(s) for s in args.seqs.split(",")):
             q, k, v = make_inputs(op, seq, torch.float16, dev)
-            kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-                      alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap,
-                      window=op.window)
+            kw = attention_options(op, seq, dev)
             ref = reference_attention(op, q, k, v)
             cache = AttentionCache()
             ops.attention(q, k, v, cache=cache, **kw)

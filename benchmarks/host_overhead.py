@@ -25,11 +25,12 @@ import pstats
 import time
 
 import torch
-import triton.testing
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import make_inputs, select_operators
+from neptune_fusion.bench.gate import relative_error
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.timing import gpu_timer, graph_timer
+from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.runtime import launcher
 
@@ -49,7 +50,7 @@ def per_call_us(fn, n: int = 500, sync_each: bool = False) -> float:
 
 def launchers(cache: AttentionCache) -> list:
     """The launcher of every CUDA launch step of every launch plan in ``cache``."""
-    return [step.launcher for auto in cache.kernels() for kern in auto._kernels.values()
+    return [step.launcher for auto in cache.kernels() for kern in auto.kernels()
             for plan in kern._plans.values() for step in plan.steps
             if step.launcher is not None]
 
@@ -79,10 +80,6 @@ def dispatch_only(cache: AttentionCache):
             la.direct = direct
 
 
-def rel_error(got, ref) -> float:
-    return ((got.double() - ref).norm() / ref.norm()).item()
-
-
 def unaligned(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` whose address is 2 bytes past a 16-byte boundary."""
     flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
@@ -92,8 +89,7 @@ def unaligned(t: torch.Tensor) -> torch.Tensor:
 def run_op(name: str, seq: int, profile: bool) -> None:
     (op,) = select_operators([name])
     dev = torch.device("cuda")
-    kw = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-              alibi_slopes=op.alibi_slopes(dev), softcap=op.softcap, window=op.window)
+    kw = attention_options(op, seq, dev)
     q, k, v = make_inputs(op, seq, torch.float16, dev)
     cache = AttentionCache()
 
@@ -110,18 +106,17 @@ def run_op(name: str, seq: int, profile: bool) -> None:
     fresh = AttentionCache()                                 # first call: dispatch
     dispatched = ops.attention(q2, k2, v2, cache=fresh, **kw)
     off = ops.attention(q2, unaligned(k2), unaligned(v2), cache=cache, **kw)
-    print(f"  rel. error: direct {rel_error(direct, ref):.1e}, dispatch "
-          f"{rel_error(dispatched, ref):.1e} (bit-identical: "
-          f"{torch.equal(direct, dispatched)}), unaligned k, v {rel_error(off, ref):.1e}")
+    print(f"  rel. error: direct {relative_error(direct, ref):.1e}, dispatch "
+          f"{relative_error(dispatched, ref):.1e} (bit-identical: "
+          f"{torch.equal(direct, dispatched)}), unaligned k, v "
+          f"{relative_error(off, ref):.1e}")
     with dispatch_only(cache):
         print(f"  eager loop, Triton's dispatch only (before): "
               f"{per_call_us(call):8.1f} us/call")
     print(f"  eager loop         {per_call_us(call):8.1f} us/call")
     print(f"  eager + sync each  {per_call_us(call, sync_each=True):8.1f} us/call")
-    eager = triton.testing.do_bench(call, return_mode="median") * 1e3
-    print(f"  do_bench           {eager:8.1f} us")
-    print(f"  graph replay       "
-          f"{triton.testing.do_bench_cudagraph(call, return_mode='median') * 1e3:8.1f} us")
+    print(f"  do_bench           {gpu_timer()(call) * 1e3:8.1f} us")
+    print(f"  graph replay       {graph_timer(rep_ms=20)(call) * 1e3:8.1f} us")
     if profile:
         pr = cProfile.Profile()
         pr.enable()

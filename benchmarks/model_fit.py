@@ -32,7 +32,7 @@ def visits_of(op_name: str, seq: int) -> tuple:
 
     import neptune_fusion as nf
     from neptune_fusion import ops
-    from neptune_fusion.bench.operators import select_operators
+    from neptune_fusion.bench.workloads import select_operators
     (op,) = select_operators([op_name])
     [o], ins = ops.definition(op_name)
     n = 1 if op.phase == "DC" else seq

@@ -27,22 +27,25 @@ import torch
 
 from neptune_fusion import ops
 from neptune_fusion.bench.gate import relative_error, threshold_for
-from neptune_fusion.bench.operators import OPERATORS, make_inputs, prefill_flops, smoke_variant
 from neptune_fusion.bench.providers.base import Prepared, RunContext
 from neptune_fusion.bench.providers.sdpa import CUDNN, EFFICIENT, FLASH
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.bench.timing import gpu_timer, synchronize, wall_timer
+from neptune_fusion.bench.workloads import (
+    attention_options,
+    make_inputs,
+    prefill_flops,
+    smoke_variant,
+)
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.schedule.schedule import default_schedule
 
-PREFILL = [op for op in OPERATORS if op.phase == "PF"]
+PREFILL = [ops.OPERATORS[name] for name in ops.PREFILL]
 SDPA = (FLASH, CUDNN, EFFICIENT)
 
 
 def run_neptune(op, q, k, v, cache: AttentionCache):
-    seq = k.shape[2]
-    opts = dict(scale=op.scale, causal=op.causal, q_start=op.q_start(seq),
-                alibi_slopes=op.alibi_slopes(q.device), softcap=op.softcap, window=op.window)
+    opts = attention_options(op, k.shape[2], q.device)
     return lambda: ops.attention(q, k, v, cache=cache, **opts)
 
 

@@ -59,7 +59,7 @@ from .ir.verify import verify
 # `import neptune_fusion` stays fast.
 _LAZY = {
     "FusionPlan": "fusion.plan", "FusedGroup": "fusion.plan", "Member": "fusion.plan",
-    "Unfused": "fusion.plan", "compile": "runtime.kernel", "Kernel": "runtime.kernel",
+    "Unfused": "fusion.plan", "compile": "runtime.pipeline", "Kernel": "runtime.kernel",
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
     "Schedule": "schedule", "ScheduleStore": "schedule.store", "AutoKernel": "runtime.auto",
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",

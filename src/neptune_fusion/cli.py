@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.syntax import Syntax
 
 from ._version import __version__
+from .bench import cli as bench_cli  # the harness's options only: no torch, no providers
+from .ops import OPERATORS
 
 DEMO_TOLERANCE = 1e-10
 KERNEL_TOLERANCE = 1e-4  # the kernel computes in float32 (fp32 inputs, fp32 accumulation)
@@ -57,8 +59,8 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
     compare with ``want``, the float64 reference."""
     import torch
 
+    from . import compile as nf_compile
     from .codegen.outline import outline
-    from .runtime.kernel import compile as nf_compile
     kernel = nf_compile(o, inputs, block_m=16, block_n=16)
     console.rule("[bold]derived fusion plan")
     console.print(str(kernel.plan), markup=False, soft_wrap=True)
@@ -115,6 +117,96 @@ def _positive(text: str) -> int:
     return value
 
 
+SHOW_EXAMPLE = """\
+    import neptune_fusion as nf
+
+    def softmax():
+        N, M = nf.sizes("N M")
+        x = nf.placeholder((N, M), "float32", name="x")
+        j = nf.reduce_axis(M, "j")
+        m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+        e = nf.compute((N, M), lambda i, jj: nf.exp(x[i, jj] - m[i]), name="e")
+        s = nf.compute((N,), lambda i: nf.sum(e[i, j], j), name="s")
+        return nf.compute((N, M), lambda i, jj: e[i, jj] / s[i], name="y")
+"""
+
+
+def show_help() -> str:
+    """The epilog of ``show --help``: targets, the program contract, sizes, what runs."""
+    paragraphs = [
+        f"TARGET is an operator of neptune_fusion.ops ({', '.join(OPERATORS)}; any case) "
+        "or a program in a Python file, FILE.py:FUNCTION. FUNCTION is called with no "
+        "arguments and must return the program's outputs: an nf tensor made by "
+        "nf.compute, a list of them, or a pair (outputs, inputs) whose inputs (a list of "
+        "placeholders) fix the kernel's argument order. For example:",
+        None,
+        "Sizes (--shape): an operator has S (the sequence length: prefill N = M = S, "
+        "decode M = S with one query), or B, N, M directly; defaults B=1 and S=1024 "
+        "(prefill) or S=4096 (decode); heads and head dim are the operator's. A program's "
+        "symbolic sizes are named as in its nf.sizes(...); each one not given is 128.",
+        "--schedule and --source run nothing and need no GPU. On CPU they show the "
+        "auto-scheduler's pick (the cost model's best schedule: there is nothing to "
+        "measure under Triton's interpreter); on a GPU, the cost model's best, which the "
+        "first call of that shape class measures against the next few before keeping the "
+        "fastest. Several views may be combined; none given means --plan. Errors exit "
+        "with status 2 and one line on stderr."]
+    return "\n\n".join(SHOW_EXAMPLE.rstrip() if p is None else _wrap(p) for p in paragraphs)
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+    return textwrap.fill(text, width=88, break_on_hyphens=False)
+
+
+def run_show(args: argparse.Namespace, console: Console) -> int:
+    """Print the requested views of an operator or a program (see SHOW_HELP)."""
+    from . import explain as ex
+    wanted = [v for v in ("ir", "plan", "schedule", "source") if getattr(args, v)] or ["plan"]
+    try:
+        target = ex.resolve(args.target, ex.parse_shape(args.shape), args.dtype)
+        choice = ex.choose(target) if {"schedule", "source"} & set(wanted) else None
+        views = {"ir": lambda: ex.ir_text(target), "plan": lambda: ex.plan_text(target),
+                 "schedule": lambda: ex.schedule_text(target, choice, args.top),
+                 "source": lambda: ex.source_text(target, choice)}
+        texts = [(v, views[v]()) for v in wanted]
+    except ex.ShowError as err:
+        print(f"neptune-fusion show: error: {err}", file=sys.stderr)
+        return 2
+    for view, text in texts:
+        if len(texts) > 1:
+            console.rule(f"[bold]{view}")
+        print(text)
+    return 0
+
+
+def _add_show(sub) -> None:
+    show = sub.add_parser(
+        "show", help="print the plan, generated source or chosen schedule of an operator "
+                     "or a program",
+        description=_wrap("Show what neptune-fusion makes of TARGET: the fusion plan, the "
+                          "generated Triton source, the schedule the auto-scheduler picks "
+                          "on this machine, or the program itself."),
+        epilog=show_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    show.add_argument("target", metavar="TARGET", help="an operator name or FILE.py:FUNCTION")
+    show.add_argument("--plan", action="store_true",
+                      help="the fusion plan: fused groups, carried state, proved repairs")
+    show.add_argument("--source", action="store_true",
+                      help="the generated Triton source under the chosen schedule (every "
+                           "kernel: two for split-k)")
+    show.add_argument("--schedule", action="store_true",
+                      help="the chosen schedule as JSON and the cost model's best candidates "
+                           "with their predicted times")
+    show.add_argument("--ir", action="store_true", help="the program as written")
+    show.add_argument("--shape", action="append", metavar="NAME=N[,NAME=N]",
+                      help="sizes, e.g. S=4096 or N=4096,M=4096 (repeatable)")
+    show.add_argument("--dtype", default=None,
+                      help="operators only: float16 (default), bfloat16 or float32")
+    show.add_argument("--top", type=_positive, default=5,
+                      help="candidates listed by --schedule (default 5)")
+    show.set_defaults(handler=run_show)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser: global options and one sub-parser per command."""
     parser = argparse.ArgumentParser(
@@ -148,22 +240,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="remove every stored schedule and kernel record")
     cache.add_argument("--dir", default=None, help="cache directory (default: as above)")
     cache.set_defaults(handler=run_cache)
-    # The benchmark has its own parser (python -m neptune_fusion.bench); main() forwards.
-    sub.add_parser(
-        "bench", add_help=False,
-        help="benchmark the ten attention operators against SDPA, FlexAttention, Triton "
-             "and torch.compile (see: neptune-fusion bench --help)")
+    _add_show(sub)
+    bench = bench_cli.add_arguments(sub.add_parser(
+        "bench", help="benchmark the ten attention operators against SDPA, FlexAttention, "
+                      "Triton and torch.compile (plots need the [bench] extra)",
+        description=bench_cli.DESCRIPTION + " Same as python -m neptune_fusion.bench."))
+    bench.set_defaults(handler=lambda args, console: run_bench(args, bench))
     return parser
+
+
+def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The benchmark harness (:mod:`neptune_fusion.bench.cli`)."""
+    return bench_cli.run(args, parser.print_usage)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        from .bench.cli import main as bench_main
-        return bench_main(argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return 2

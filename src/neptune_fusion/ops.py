@@ -1,14 +1,23 @@
-"""Ready definitions of the ten attention operators of BENCHMARKS.md.
+"""The ten attention operators of BENCHMARKS.md: the one table of their facts.
 
-Each operator is plain data (:class:`OpSpec`); :func:`definition` gives its plain nf
-definition (for plans, the reference, the generated source) and :func:`run` (or the
-per-operator functions ``pf_global`` ... ``dc_softcap``) computes it on torch tensors
-through :func:`neptune_fusion.frontend.attention.attention`.
+Each operator is plain data (:class:`OpSpec`: phase, head layout, causal, ALiBi, soft-cap,
+window, head dim) in :data:`OPERATORS`, the only place these facts are written down; the
+benchmark harness (:mod:`neptune_fusion.bench`) reads it and adds only workload sizes.
+:func:`definition` gives an operator's plain nf definition (for plans, the reference, the
+generated source) and :func:`run` (or the per-operator functions ``pf_global`` ...
+``dc_softcap``) computes it on torch tensors through
+:func:`neptune_fusion.frontend.attention.attention`.
 
-Score semantics (shared with :mod:`neptune_fusion.bench.operators`), query position ``i``
-and key ``j``: ``s = scale * q_i . k_j``; soft-cap ``s = cap * tanh(s / cap)``; ALiBi
-``s = s + slope_h * (j - i)`` with ``slope_h = 2^(-8 (h + 1) / H)``; ``-inf`` where
-``j > i`` (causal) or ``i - j >= window``. Decode: one query at position ``S - 1``.
+Score semantics, query position ``i`` and key ``j``::
+
+    s = scale * q_i . k_j                   # scale = 1 / sqrt(head_dim)
+    s = cap * tanh(s / cap)                 # soft-cap, when ``softcap`` is set
+    s = s + slope_h * (j - i)               # ALiBi, slope_h = 2^(-8 (h + 1) / H)
+    s = -inf where j > i (causal) or i - j >= window (sliding window)
+    out_i = softmax_j(s) @ v
+
+Prefill (``PF``) has query length = key length = S; decode (``DC``) has one query at
+absolute position S - 1, so a causal decode query sees every key and needs no mask.
 
 :func:`attention` is the entry point the benchmark harness calls
 (:mod:`neptune_fusion.bench.providers.neptune`).
@@ -16,13 +25,23 @@ and key ``j``: ``s = scale * q_i . k_j``; soft-cap ``s = cap * tanh(s / cap)``; 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 from .frontend import lang as nf
 from .frontend.attention import AttentionCache, AttentionSpec, attention_definition
 from .frontend.attention import attention as _attention
 
 HEAD_DIM = 128
+Phase = Literal["PF", "DC"]
+
+
+def alibi_exponent(head1, heads: int):
+    """``log2`` of ALiBi's slope for the 1-based head ``head1`` of ``heads``:
+    ``-8 head1 / heads``. ``head1`` may be a number, an nf expression or a torch tensor,
+    so the kernels' score_mod and the harness's slope tensors share this one formula."""
+    return -8.0 * head1 / heads
 
 
 # ------------------------------------------------------------------ mods (plain data)
@@ -58,12 +77,12 @@ class SoftCap:
 
 @dataclass(frozen=True)
 class Alibi:
-    """score_mod: ``s + 2^(-8 (h + 1) / heads) * (j - i)``."""
+    """score_mod: ``s + 2^(-8 (h + 1) / heads) * (j - i)`` (:func:`alibi_exponent`)."""
 
     heads: int
 
     def __call__(self, s, b, h, i, j, **_):
-        slope = nf.exp2(-8.0 * nf.cast(h + 1, "float32") / self.heads)
+        slope = nf.exp2(alibi_exponent(nf.cast(h + 1, "float32"), self.heads))
         return s + slope * nf.cast(j - i, "float32")
 
 
@@ -105,18 +124,62 @@ def mask_mod_of(causal: bool, window: int | None):
 # ------------------------------------------------------------------ the operators
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OpSpec:
-    """One benchmark operator (batch 1, head dim 128, scale 1/sqrt(128))."""
+    """One operator: attention of a phase, a head layout and a score variant (scale
+    ``1/sqrt(head_dim)``; see the module docstring for the semantics)."""
 
     name: str
-    phase: str          # "PF" prefill (N = M = S) | "DC" decode (N = 1 at S - 1)
+    phase: Phase        # "PF" prefill (N = M = S) | "DC" decode (N = 1 at S - 1)
     q_heads: int
     kv_heads: int
     causal: bool = True
     alibi: bool = False
     softcap: float | None = None
     window: int | None = None
+    head_dim: int = HEAD_DIM
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("PF", "DC"):
+            raise ValueError(f"{self.name}: phase must be 'PF' or 'DC', got {self.phase!r}")
+        if self.q_heads % self.kv_heads:
+            raise ValueError(f"{self.name}: q_heads {self.q_heads} is not a multiple of "
+                             f"kv_heads {self.kv_heads}")
+        if self.window is not None and not self.causal:
+            raise ValueError(f"{self.name}: a sliding window is only defined for causal "
+                             "attention")
+
+    @property
+    def scale(self) -> float:
+        """Softmax scale 1/sqrt(head_dim)."""
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head (1 without GQA); kv head of query head h is h // group."""
+        return self.q_heads // self.kv_heads
+
+    def q_len(self, seq: int) -> int:
+        """Number of query rows at key length ``seq``."""
+        return seq if self.phase == "PF" else 1
+
+    def q_start(self, seq: int) -> int:
+        """Absolute position of the first query row."""
+        return 0 if self.phase == "PF" else seq - 1
+
+    def needs_mask(self, seq: int) -> bool:
+        """True when some (i, j) pair is masked out (decode at S - 1 sees every key)."""
+        if self.window is not None and self.window < seq:
+            return True
+        return self.causal and self.phase == "PF" and seq > 1
+
+    def alibi_slopes(self, device="cpu"):
+        """Per-query-head ALiBi slopes 2^(-8 (h + 1) / H) as a float32 tensor, or None."""
+        if not self.alibi:
+            return None
+        import torch
+        h = torch.arange(1, self.q_heads + 1, dtype=torch.float64, device=device)
+        return torch.exp2(alibi_exponent(h, self.q_heads)).to(torch.float32)
 
     def score_mod(self):
         return score_mod_of(self.softcap, Alibi(self.q_heads) if self.alibi else None)
@@ -141,28 +204,33 @@ PREFILL = tuple(n for n, op in OPERATORS.items() if op.phase == "PF")
 DECODE = tuple(n for n, op in OPERATORS.items() if op.phase == "DC")
 
 
-def _op(name: str) -> OpSpec:
-    try:
-        return OPERATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown operator {name!r}; choose from "
-                         f"{', '.join(OPERATORS)}") from None
+def operator(name: str) -> OpSpec:
+    """The operator called ``name`` (case-insensitive); ValueError listing the names."""
+    op = OPERATORS.get(name) or {n.lower(): o for n, o in OPERATORS.items()}.get(name.lower())
+    if op is None:
+        raise ValueError(f"unknown operator {name!r}; choose from {', '.join(OPERATORS)}")
+    return op
 
 
-def definition(name: str, dtype: str = "float16", head_dim: int = HEAD_DIM,
-               q_heads: int | None = None, kv_heads: int | None = None):
+def definition(name: str, dtype: str = "float16", head_dim: int | None = None,
+               q_heads: int | None = None, kv_heads: int | None = None,
+               packed: bool = False):
     """The plain nf definition of operator ``name``: ``([o], [q, k, v])``.
 
-    Head counts default to the operator's; pass smaller ones for small tests.
+    Head counts and head dim default to the operator's; pass smaller ones for small tests.
+    ``packed`` (decode with GQA only) gives the form :func:`run` compiles for one query:
+    q is (B, Hkv, group, D), the group's query heads packed into the rows.
     """
-    op = _op(name)
+    op = operator(name)
     hq = op.q_heads if q_heads is None else q_heads
     hkv = op.kv_heads if kv_heads is None else kv_heads
+    d = op.head_dim if head_dim is None else head_dim
+    if packed and (op.phase != "DC" or hq == hkv):
+        raise ValueError(f"{op.name}: packed applies to decode with GQA only")
     spec = AttentionSpec(
-        dtype=dtype, q_heads=hq, kv_heads=hkv, head_dim=head_dim, v_head_dim=head_dim,
-        scale=head_dim ** -0.5,
+        dtype=dtype, q_heads=hq, kv_heads=hkv, head_dim=d, v_head_dim=d, scale=d ** -0.5,
         score_mod=score_mod_of(op.softcap, Alibi(hq) if op.alibi else None),
-        mask_mod=op.mask_mod(), q_offset="end" if op.phase == "DC" else 0)
+        mask_mod=op.mask_mod(), q_offset="end" if op.phase == "DC" else 0, packed=packed)
     return attention_definition(spec)
 
 
@@ -172,7 +240,7 @@ def run(name: str, q, k, v, *, cache: AttentionCache | None = None, schedule=Non
     Decode operators take the query as the last position (``q_offset = M - N``). The
     ALiBi slopes follow the heads of ``q``.
     """
-    op = _op(name)
+    op = operator(name)
     alibi = Alibi(q.shape[1]) if op.alibi else None
     return _attention(q, k, v, score_mod=score_mod_of(op.softcap, alibi),
                       mask_mod=op.mask_mod(), enable_gqa=q.shape[1] != k.shape[1],

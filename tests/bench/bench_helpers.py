@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from neptune_fusion.bench.operators import OPERATORS, Operator, make_inputs, smoke_variant
 from neptune_fusion.bench.providers.base import Prepared, Provider, RunContext, Unsupported
 from neptune_fusion.bench.reference import reference_attention
+from neptune_fusion.bench.workloads import make_inputs, smoke_variant
+from neptune_fusion.ops import OPERATORS, OpSpec
 
 SEQ = 64
 
 
-def tiny(name: str) -> Operator:
+def tiny(name: str) -> OpSpec:
     """The smoke variant of the operator called ``name``."""
-    return smoke_variant(next(op for op in OPERATORS if op.name == name))
+    return smoke_variant(OPERATORS[name])
 
 
-def inputs(op: Operator, seq: int = SEQ, dtype: torch.dtype = torch.float16):
+def inputs(op: OpSpec, seq: int = SEQ, dtype: torch.dtype = torch.float16):
     """q, k, v and the float64 reference on CPU."""
     q, k, v = make_inputs(op, seq, dtype, "cpu")
     return q, k, v, reference_attention(op, q, k, v)

@@ -1,8 +1,9 @@
 """Test set-up for the benchmark harness: Triton interpreter on CPU, src layout on the path.
 
 TRITON_INTERPRET must be set before any Triton kernel is defined (Triton reads it when
-``@triton.jit`` runs), i.e. before ``neptune_fusion.bench.triton_fa2`` is imported. It is
-set only where there is no GPU, so GPU machines keep compiled kernels for other tests.
+``@triton.jit`` runs), i.e. before ``neptune_fusion.bench.providers.baseline_fa2`` is
+imported. It is set only where there is no GPU, so GPU machines keep compiled kernels for
+other tests.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The repo's Triton FA2 kernel against the float64 reference (interpreter on CPU)."""
+"""The repo's baseline Triton FA2 kernel against the float64 reference (interpreter on CPU)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 from bench_helpers import inputs, tiny
 
-from neptune_fusion.bench import triton_fa2
 from neptune_fusion.bench.gate import relative_error
-from neptune_fusion.bench.triton_fa2 import BlockConfig, check_shapes, fa2_forward
+from neptune_fusion.bench.providers import baseline_fa2
+from neptune_fusion.bench.providers.baseline_fa2 import BlockConfig, check_shapes, fa2_forward
 
-INTERPRETED = type(triton_fa2._fa2_forward).__name__ == "InterpretedFunction"
+INTERPRETED = type(baseline_fa2._fa2_forward).__name__ == "InterpretedFunction"
 DEVICE = "cpu" if INTERPRETED else "cuda"
 pytestmark = pytest.mark.skipif(not INTERPRETED and not torch.cuda.is_available(),
                                 reason="needs TRITON_INTERPRET=1 or a GPU")

@@ -10,7 +10,6 @@ from bench_helpers import SEQ, correct_prepare, fake, inputs, tiny, unsupported_
 
 from neptune_fusion.bench.gate import check, relative_error, threshold_for
 from neptune_fusion.bench.providers.base import Prepared, RunContext, UnsupportedError
-from neptune_fusion.bench.providers.neptune import NEPTUNE, NOT_AVAILABLE, find_entry_point
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.bench.runner import run_point
 from neptune_fusion.bench.timing import Ceilings
@@ -71,14 +70,6 @@ def test_unsupported_and_failing_providers_are_reported(prepare, status, text):
     assert rec.status == status
     assert text in rec.reason
     assert rec.ms is None and timer.calls == 0
-
-
-def test_neptune_without_codegen_is_unsupported_not_fatal():
-    entry, _ = find_entry_point()
-    if entry is not None:
-        pytest.skip("this neptune_fusion version has an attention entry point")
-    rec, _ = run(NEPTUNE)
-    assert rec.status == "unsupported" and rec.reason == NOT_AVAILABLE
 
 
 def test_relative_error_and_thresholds():

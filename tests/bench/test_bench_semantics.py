@@ -14,11 +14,12 @@ import torch
 from bench_helpers import inputs, tiny
 
 from neptune_fusion.bench.gate import relative_error
-from neptune_fusion.bench.operators import OPERATORS, make_inputs
 from neptune_fusion.bench.providers.compiled import plain_attention
 from neptune_fusion.bench.reference import additive_bias, reference_attention
+from neptune_fusion.bench.workloads import make_inputs
+from neptune_fusion.ops import OPERATORS
 
-NAMES = [op.name for op in OPERATORS]
+NAMES = list(OPERATORS)
 
 
 def test_decode_is_the_last_row_of_causal_prefill():

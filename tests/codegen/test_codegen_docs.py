@@ -6,9 +6,9 @@ import re
 from pathlib import Path
 
 from neptune_fusion import ops
-from neptune_fusion.codegen.lower import lower
 from neptune_fusion.codegen.outline import outline
 from neptune_fusion.fusion.plan import plan
+from neptune_fusion.runtime.pipeline import build_programs
 from neptune_fusion.schedule.schedule import Schedule
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "codegen.md"
@@ -24,7 +24,7 @@ def test_python_examples_run(capsys):
 
 def test_outline_in_the_doc_is_current():
     [o], ins = ops.definition("PF-Window", "float16", 128)
-    lines = [ln for ln in outline(lower(plan(o), ins, Schedule(), "nf_o"))
+    lines = [ln for ln in outline(*build_programs(plan(o), ins, Schedule(), "nf_o"))
              if not ln.startswith(("    ", "rule:"))]
     text = DOC.read_text()
     for line in lines:

@@ -7,16 +7,19 @@ import pytest
 from algebra.chains import FUSABLE, tanh_chain
 from neptune_fusion import ops
 from neptune_fusion.algebra.synth import running
-from neptune_fusion.codegen.exp2 import LOG2E, to_exp2
+from neptune_fusion.codegen.exp2 import LOG2E, apply_exp2, to_exp2
 from neptune_fusion.codegen.lower import lower
 from neptune_fusion.codegen.patterns import match_contraction
 from neptune_fusion.codegen.program import Accumulator, StateVar
+from neptune_fusion.codegen.source import generate
+from neptune_fusion.codegen.variants import partition_loop
 from neptune_fusion.errors import CodegenError, ScheduleError
 from neptune_fusion.frontend.examples import plain_attention
 from neptune_fusion.fusion.plan import plan
 from neptune_fusion.ir.fold import fconst
 from neptune_fusion.ir.nodes import Binary, Load, Param, Reduce, Unary, Where
 from neptune_fusion.ir.traverse import walk
+from neptune_fusion.runtime.pipeline import build_programs
 from neptune_fusion.schedule.schedule import Schedule, default_schedule, make_schedule
 
 DEFAULT = Schedule()
@@ -24,7 +27,13 @@ DEFAULT = Schedule()
 
 def program(name="PF-Causal", schedule=DEFAULT, head_dim=64):
     [o], ins = ops.definition(name, "float16", head_dim, 4, 2 if name != "PF-Global" else 4)
-    return lower(plan(o), ins, schedule)
+    return rolling(o, ins, schedule)
+
+
+def rolling(o, ins, schedule):
+    """The finished rolling program (every stage of the pipeline up to the split)."""
+    [prog] = build_programs(plan(o), ins, schedule, "fused_kernel")
+    return prog
 
 
 def loop_wheres(expr, loop):
@@ -78,10 +87,32 @@ def test_segments_and_masks(name, segments):
 
 def test_even_extent_needs_no_boundary_loop():
     [o], ins = plain_attention(64, 128, 32, "float16")
-    p = lower(plan(o), ins, Schedule(block_m=32, block_n=32))
+    p = rolling(o, ins, Schedule(block_m=32, block_n=32))
     assert [s.masked for s in p.segments] == [False]
-    p = lower(plan(o), ins, Schedule(block_m=32, block_n=32, partition=False))
+    p = rolling(o, ins, Schedule(block_m=32, block_n=32, partition=False))
     assert [s.masked for s in p.segments] == [True]
+
+
+def test_stages_in_order():
+    """``lower`` gives one unmasked loop over every tile; ``apply_exp2`` rewrites it in
+    place (only when the schedule asks); ``partition_loop`` adds the masked loops. Each
+    refuses a program past its place in the pipeline."""
+    [o], ins = ops.definition("PF-Causal", "float16", 64, 4, 2)
+    sched = Schedule(block_m=32, block_n=32)
+    low = lower(plan(o), ins, sched)
+    assert [(s.lo, s.hi, s.masked) for s in low.segments] == [("lo", "hi", False)]
+    assert [n for n, _ in low.bounds] == ["lo", "hi"] and low.rules == ()
+    assert apply_exp2(lower(plan(o), ins, Schedule(exp2=False))).rules == ()
+    fast = apply_exp2(low)
+    assert fast.accumulators[0].scaled == LOG2E and len(fast.segments) == 1
+    done = partition_loop(fast)
+    assert [s.masked for s in done.segments] == [False, True]   # interior, diagonal
+    assert done.rules[:-1] == fast.rules and done.rules[-1].startswith("loop partition")
+    assert generate(done) == generate(rolling(o, ins, sched))   # the pipeline's stages
+    with pytest.raises(CodegenError, match="partitioned once"):
+        partition_loop(done)
+    with pytest.raises(CodegenError, match="only before the loop partition"):
+        apply_exp2(done)
 
 
 def test_contraction_patterns():
@@ -119,7 +150,7 @@ def test_unsupported_plans_say_why(chain, why):
     outs, _ = chain()
     from neptune_fusion.ir.graph import placeholders
     with pytest.raises(CodegenError, match=why):
-        lower(plan(outs), placeholders(outs), Schedule())
+        rolling(outs, placeholders(outs), Schedule())
 
 
 @pytest.mark.parametrize("options, text", [

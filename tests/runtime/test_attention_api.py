@@ -12,7 +12,7 @@ import neptune_fusion as nf
 from algebra.chains import FUSABLE
 from neptune_fusion import ops
 from neptune_fusion.frontend.attention import AttentionCache, attention
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 from neptune_fusion.schedule.schedule import Schedule
 
 SMALL = Schedule(block_m=16, block_n=16)

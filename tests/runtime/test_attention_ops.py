@@ -14,23 +14,21 @@ import pytest
 import torch
 
 from neptune_fusion import ops
-from neptune_fusion.bench.operators import OPERATORS as BENCH_OPS
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.codegen.visits import tile_visits
 from neptune_fusion.frontend.attention import AttentionCache
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 from neptune_fusion.schedule.schedule import Schedule
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 SMALL = Schedule(block_m=32, block_n=16)
-BY_NAME = {op.name: op for op in BENCH_OPS}
 
 
 HEADS = {1: (2, 2), 2: (4, 2), 4: (4, 1), 8: (8, 1)}  # group size -> (q heads, kv heads)
 
 
 def small(name: str, head_dim: int, window: int = 24):
-    op = BY_NAME[name]
+    op = ops.OPERATORS[name]
     hq, hkv = HEADS[op.q_heads // op.kv_heads]
     return dataclasses.replace(op, q_heads=hq, kv_heads=hkv, head_dim=head_dim,
                                window=window if op.window else None)

@@ -18,7 +18,7 @@ from neptune_fusion.frontend.attention import (
     attention,
     attention_definition,
 )
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 from neptune_fusion.schedule.schedule import Schedule
 
 SMALL = Schedule(block_m=16, block_n=16)
@@ -39,10 +39,10 @@ def test_kernel_repeated_calls_identical_and_new_length_validated(kern):
     q, k, v = (randn(1, 2, 20, 32, seed=s) for s in range(3))
     first = kern(q, k, v)
     assert torch.equal(kern(q, k, v), first)          # the cached plan
-    assert len(kern._plans) == 1
+    assert kern.cache_info() == (1, 1, 256, 1)          # (hits, misses, maxsize, currsize)
     q2, k2, v2 = (randn(1, 2, 37, 32, seed=s) for s in range(3))
     other = kern(q2, k2, v2)                          # a new signature: a new plan
-    assert other.shape == (1, 2, 37, 32) and len(kern._plans) == 2
+    assert other.shape == (1, 2, 37, 32) and kern.cache_info().currsize == 2
     assert torch.equal(kern(q, k, v), first)
     with pytest.raises(FeedError, match=r"argument 1 \('k'\) must be float16, got float32"):
         kern(q2, k2.float(), v2)

@@ -10,7 +10,7 @@ from algebra.chains import tanh_chain
 from neptune_fusion import ops
 from neptune_fusion.errors import CodegenError, FeedError, NeptuneError, SizeBindingError
 from neptune_fusion.frontend.attention import AttentionCache, attention
-from neptune_fusion.runtime.kernel import compile as nf_compile
+from neptune_fusion.runtime.pipeline import compile as nf_compile
 
 
 @pytest.fixture(scope="module")

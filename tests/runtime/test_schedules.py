@@ -375,7 +375,7 @@ def test_visited_share_matches_the_kernels_tile_count():
     """The cost model's visited-tile share: exactly the partition's own count when every
     row block is sampled, below 1 for causal, 1 for full attention."""
     from neptune_fusion.codegen.visits import tile_visits, visited_fraction
-    from neptune_fusion.runtime.kernel import check_inputs
+    from neptune_fusion.runtime.inputs import check_inputs
     o, ins, (q, k, v) = _small_causal()
     kern = nf.compile(o, ins, schedule=Schedule(block_m=16, block_n=16), cache=False)
     sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
@@ -401,7 +401,7 @@ def test_tuning_refuses_a_cuda_graph_capture(monkeypatch):
     o, ins, (q, k, v) = _small_causal()
     kern = nf.compile(o, ins, cache=False)
     problem, device, space = kern.space_for(q, k, v)
-    from neptune_fusion.runtime.kernel import check_inputs
+    from neptune_fusion.runtime.inputs import check_inputs
     sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
     with pytest.raises(nf.ScheduleError, match="call it once before the capture"):
         kern._measure(rank(problem, space, H200), [q, k, v], sizes, {})

@@ -92,7 +92,7 @@ def test_schedule_errors(opts, msg):
 def test_split_needs_max_producers():
     import neptune_fusion as nf
     from neptune_fusion.errors import CodegenError
-    from neptune_fusion.runtime.kernel import compile as nf_compile
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
     x = nf.placeholder([8, 32], "float32", name="x")
     j = nf.reduce_axis(32, "j")
     mean = nf.compute([8], lambda i: nf.sum(x[i, j], j) / 32, name="mean")
@@ -244,8 +244,10 @@ def test_growing_decode_loop_keeps_one_call_plan():
         out = ops.attention(q, k, v, scale=0.125, causal=True, q_start=m - 1, cache=cache)
         ref = _ref(q, k, v, scale=0.125)
         assert (out.double() - ref).abs().max().item() < 1e-5
-    assert len(cache._calls) == 1 and len(cache) == 1
+    assert cache.call_info() == (5, 1, 1024, 1) and len(cache) == 1
+    assert cache.cache_info() == (5, 1, None, 1)   # a call-plan hit is a kernel hit
     (auto,) = cache.kernels()   # lengths 61-64 and 65-66 are two shape classes
-    assert sum(len(kern._plans) for kern in auto._kernels.values()) == 6
-    for kern in auto._kernels.values():   # the launch steps are shared by the lengths
-        assert len(kern._steps) == (len(kern.specs) if kern._plans else 0)
+    assert auto.cache_info() == (4, 2, None, 2)
+    assert sum(kern.cache_info().currsize for kern in auto.kernels()) == 6
+    for kern in auto.kernels():   # the launch steps are shared by the lengths
+        assert len(kern._steps) == (len(kern.specs) if kern.cache_info().currsize else 0)

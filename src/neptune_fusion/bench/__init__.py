@@ -1,9 +1,12 @@
-"""The benchmark harness: the ten attention operators of BENCHMARKS.md, the baselines a
-user would pick instead (SDPA backends, FlexAttention, a Triton FA2 kernel, torch.compile),
-neptune-fusion, a float64 correctness gate, and the reports.
+"""The benchmark harness: the ten attention operators of :mod:`neptune_fusion.ops` at
+benchmark sizes, the baselines a user would pick instead (SDPA backends, FlexAttention, a
+baseline Triton FA2 kernel, torch.compile), neptune-fusion, a float64 correctness gate,
+and the reports.
 
-Run ``python -m neptune_fusion.bench --help`` (or ``neptune-fusion bench``). Importing this
-package is cheap: the providers and Triton kernels load only when a run starts.
+Run ``neptune-fusion bench --help`` (or ``python -m neptune_fusion.bench``); the plots
+need matplotlib (``pip install 'neptune-fusion[bench]'``). The core package never
+imports this one. Importing it is cheap: the providers and Triton kernels load only when
+a run starts.
 """
 
 from __future__ import annotations

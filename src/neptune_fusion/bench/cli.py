@@ -1,4 +1,9 @@
-"""``python -m neptune_fusion.bench`` / ``neptune-fusion bench``: run, report, write results.
+"""``neptune-fusion bench`` / ``python -m neptune_fusion.bench``: run, report, write results.
+
+The arguments are defined once (:func:`add_arguments`) for both entry points: the
+``bench`` subcommand of :mod:`neptune_fusion.cli` and this module's own parser. Importing
+this module is cheap (no torch, no providers) so that the main command line can offer
+``bench --help`` without loading the harness.
 
 Exit status: 0 when the run completed (whatever each provider's status), 2 for a usage
 error or when there is no GPU and ``--cpu-smoke`` was not given.
@@ -8,27 +13,20 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-
+from ..ops import OPERATORS
 from ..settings import set_triton_interpret, triton_interpret
-from .operators import operator_names
+from .providers import PROVIDER_NAMES
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = ("bfloat16", "float16")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
+DESCRIPTION = ("Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
+               "baseline Triton FA2 kernel and torch.compile, each output gated by a "
+               "float64 reference.")
 NO_GPU = ("No CUDA GPU is visible: performance is only measured on a GPU.\n"
           "Run with --cpu-smoke to check the harness end to end on CPU "
           "(tiny shapes, Triton interpreter, no speed claims).")
@@ -48,18 +46,14 @@ def _seqs(text: str) -> tuple[int, ...]:
     return seqs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    from .providers import PROVIDER_NAMES
-    p = argparse.ArgumentParser(
-        prog="neptune-fusion bench",
-        description="Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
-                    "Triton FA2 kernel and torch.compile, gated by a float64 reference.")
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The benchmark's options, added to ``p``; returns ``p``."""
     p.add_argument("--ops", type=_csv, default=None,
-                   help=f"comma-separated operators (default all: {','.join(operator_names())})")
+                   help=f"comma-separated operators (default all: {','.join(OPERATORS)})")
     p.add_argument("--seqs", type=_seqs, default=None,
                    help="comma-separated key lengths (default 1024,4096,16384; smoke: 64)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16")
+    p.add_argument("--dtype", choices=DTYPES, default="float16",
+                   help="input dtype (default float16)")
     p.add_argument("--providers", type=_csv, default=None,
                    help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
     p.add_argument("--out", type=Path, default=None,
@@ -68,8 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny shapes on CPU under the Triton interpreter; no speed claims")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-plots", action="store_true",
+                   help="skip the PNG plots (they need matplotlib: the [bench] extra)")
     return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m neptune_fusion.bench``."""
+    return add_arguments(argparse.ArgumentParser(prog="neptune-fusion bench",
+                                                 description=DESCRIPTION))
 
 
 def slug(text: str) -> str:
@@ -82,11 +83,19 @@ def default_out_dir(now: datetime, device_name: str) -> Path:
     return Path("benchmarks") / "results" / f"{now:%Y-%m-%d-%H%M%S}-{slug(device_name)}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; see ``--help``. Returns the process exit status."""
+def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None) -> int:
+    """Run the benchmark for parsed ``args`` (:func:`add_arguments`); the exit status."""
+    import torch
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
     console = Console()
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
     if args.cpu_smoke:
         # Triton reads this when a kernel is defined: before any provider module is imported.
         set_triton_interpret()
@@ -101,21 +110,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
 
-    from .operators import select_operators
     from .providers import select_providers
+    from .workloads import select_operators
     try:
         ops = select_operators(args.ops)
         providers = select_providers(args.providers)
     except ValueError as exc:
-        parser.print_usage()
+        print_usage()
         console.print(f"[bold red]error:[/] {exc}")
         return 2
     seqs = args.seqs or (SMOKE_SEQS if args.cpu_smoke else DEFAULT_SEQS)
 
     from .session import Session
-    session = Session(ops=ops, seqs=seqs, providers=providers, dtype=DTYPES[args.dtype],
-                      device=device, smoke=args.cpu_smoke, warmup_ms=args.warmup_ms,
-                      rep_ms=args.rep_ms, plots=not args.no_plots)
+    session = Session(ops=ops, seqs=seqs, providers=providers,
+                      dtype=getattr(torch, args.dtype), device=device, smoke=args.cpu_smoke,
+                      warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, plots=not args.no_plots)
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
     out_dir = args.out or default_out_dir(now, device_name)
@@ -124,3 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         transient=True)
     session.run(console, progress, out_dir, now)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the benchmark; see ``--help``. Returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    return run(args, parser.print_usage)

@@ -12,13 +12,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .operators import Operator, decode_bytes, prefill_flops
+from ..ops import OpSpec
 from .record import Record
+from .workloads import decode_bytes, prefill_flops
 
 UNITS = {"PF": "TFLOP/s", "DC": "TB/s"}
 
 
-def throughput(op: Operator, seq: int, ms: float, elem_size: int) -> float:
+def throughput(op: OpSpec, seq: int, ms: float, elem_size: int) -> float:
     """TFLOP/s for prefill, TB/s of K+V read for decode, at ``ms`` milliseconds."""
     if ms <= 0:
         raise ValueError(f"throughput: time must be positive, got {ms} ms")

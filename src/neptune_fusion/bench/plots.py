@@ -1,7 +1,7 @@
 """PNG plots, one per operator across sequence lengths, one line per provider.
 
-matplotlib is optional: it is imported only here, when plots are requested, and its
-absence is reported as a note instead of an error.
+matplotlib is optional (``pip install 'neptune-fusion[bench]'``): it is imported only here,
+when plots are requested, and its absence is reported as a note instead of an error.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def plot_operators(records: Sequence[Record], ceilings: dict, out_dir: Path,
                    smoke: bool) -> tuple[list[Path], str]:
     """Write ``<op>.png`` per operator; returns (paths, note explaining any omission)."""
     if not have_matplotlib():
-        return [], "matplotlib is not installed: plots skipped (pip install matplotlib)."
+        return [], ("matplotlib is not installed: plots skipped "
+                    "(pip install 'neptune-fusion[bench]').")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

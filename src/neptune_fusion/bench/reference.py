@@ -1,7 +1,7 @@
 """Float64 reference attention and the additive score bias shared with the plain baselines.
 
 The reference upcasts the (fp16/bf16) inputs to float64 on their own device and evaluates
-the score semantics of :mod:`neptune_fusion.bench.operators` literally, one query head and
+the score semantics of :mod:`neptune_fusion.ops` literally, one query head and
 one block of query rows at a time so that S = 16384 fits in memory.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from .operators import Operator
+from ..ops import OpSpec
 
 # Largest score block materialised at once (float64 elements): 2^27 x 8 B = 1 GiB.
 MAX_BLOCK_ELEMENTS = 1 << 27
 
 
-def additive_bias(op: Operator, seq: int, *, dtype: torch.dtype, device: torch.device | str,
+def additive_bias(op: OpSpec, seq: int, *, dtype: torch.dtype, device: torch.device | str,
                   heads: slice | None = None, rows: tuple[int, int] | None = None,
                   ) -> torch.Tensor | None:
     """The additive score bias (ALiBi plus -inf where masked), shape (h, r, S).
@@ -46,7 +46,7 @@ def additive_bias(op: Operator, seq: int, *, dtype: torch.dtype, device: torch.d
     return bias
 
 
-def dense_bias(op: Operator, seq: int, *, dtype: torch.dtype,
+def dense_bias(op: OpSpec, seq: int, *, dtype: torch.dtype,
                device: torch.device | str) -> torch.Tensor | None:
     """The full (1, H or 1, Sq, S) bias, built one head at a time to bound peak memory."""
     if not op.alibi:
@@ -58,7 +58,7 @@ def dense_bias(op: Operator, seq: int, *, dtype: torch.dtype,
     return out
 
 
-def reference_attention(op: Operator, q: torch.Tensor, k: torch.Tensor,
+def reference_attention(op: OpSpec, q: torch.Tensor, k: torch.Tensor,
                         v: torch.Tensor, heads: list[int] | None = None) -> torch.Tensor:
     """Float64 attention of ``op`` on (B, H, S, D) inputs, on the inputs' device.
 

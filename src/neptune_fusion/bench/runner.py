@@ -16,20 +16,21 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops import OpSpec
 from .gate import check
 from .metrics import UNITS, fraction_of_ceiling, throughput
-from .operators import Operator, make_inputs, smoke_variant
 from .providers.base import NO_KERNEL_MARKERS, Provider, RunContext, Unsupported, UnsupportedError
 from .record import Record
 from .reference import reference_attention
 from .timing import Ceilings, synchronize
+from .workloads import make_inputs, smoke_variant
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What to run: operators x sequence lengths x providers."""
 
-    ops: tuple[Operator, ...]
+    ops: tuple[OpSpec, ...]
     seqs: tuple[int, ...]
     providers: tuple[Provider, ...]
 
@@ -65,7 +66,7 @@ def release_memory(device: torch.device, collect: bool = True) -> None:
         torch.cuda.empty_cache()
 
 
-def run_point(provider: Provider, op: Operator, seq: int, q: torch.Tensor, k: torch.Tensor,
+def run_point(provider: Provider, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings) -> Record:
     """Prepare, gate and time one provider on one point; never raises for provider faults."""
     base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,

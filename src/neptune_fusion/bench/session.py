@@ -14,9 +14,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
+from ..ops import HEAD_DIM, OpSpec
 from .gate import threshold_for
 from .metrics import compare
-from .operators import BATCH, HEAD_DIM, SMOKE_HEAD_DIVISOR, Operator
 from .plots import plot_operators
 from .providers.base import Provider, RunContext, Timer
 from .report import markdown
@@ -24,13 +24,14 @@ from .results import build_document, environment, write_json
 from .runner import Plan, first_line, run_plan
 from .table import render
 from .timing import Ceilings, gpu_timer, measure_ceilings, wall_timer
+from .workloads import BATCH, SMOKE_HEAD_DIVISOR
 
 
 @dataclass(frozen=True, slots=True)
 class Session:
     """Everything a run needs, fixed before it starts."""
 
-    ops: tuple[Operator, ...]
+    ops: tuple[OpSpec, ...]
     seqs: tuple[int, ...]
     providers: tuple[Provider, ...]
     dtype: torch.dtype

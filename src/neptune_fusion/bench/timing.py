@@ -1,9 +1,12 @@
-"""Timers and the hardware ceilings measured in the same run.
+"""Timers and the hardware ceilings measured in the same run, shared by the harness and
+the scripts in ``benchmarks/``.
 
-On a GPU every time is the median of ``triton.testing.do_bench`` (which runs the callable
-once, estimates its time, warms up for ``warmup`` ms and clears the L2 cache before each of
-the timed repetitions within ``rep`` ms). The CPU smoke run uses a wall-clock timer whose
-numbers mean nothing and are never printed.
+On a GPU every harness time is the median of ``triton.testing.do_bench`` (which runs the
+callable once, estimates its time, warms up for ``warmup`` ms and clears the L2 cache
+before each of the timed repetitions within ``rep`` ms): :func:`gpu_timer`.
+:func:`graph_timer` times GPU work alone (CUDA-graph replay, no host overhead), for the
+scripts that separate the two. The CPU smoke run uses a wall-clock timer whose numbers
+mean nothing and are never printed.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ def gpu_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Timer:
 
     def timer(fn: Callable[[], object]) -> float:
         return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return timer
+
+
+def graph_timer(rep_ms: int = 100) -> Timer:
+    """Median milliseconds of ``fn`` replayed from a CUDA graph
+    (``triton.testing.do_bench_cudagraph``): GPU time only, no launch or Python overhead."""
+    from triton.testing import do_bench_cudagraph
+
+    def timer(fn: Callable[[], object]) -> float:
+        return float(do_bench_cudagraph(fn, rep=rep_ms, return_mode="median"))
     return timer
 
 

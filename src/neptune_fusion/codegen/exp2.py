@@ -13,6 +13,9 @@ consumers only as ``m*L`` can then be *kept* in the scaled domain: carry ``m2 = 
 Legality: after the rewrite, no consumer may read the producer other than through
 ``m*L`` (checked on the IR: the producer is substituted as ``m2 / L`` and every
 occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``.
+
+The rule rewrites the accumulators' templates (:func:`to_exp2`); the pipeline's stage
+``exp2`` is :func:`apply_exp2`, which also re-derives the per-tile body from them.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from ..algebra.synth import moved, running
 from ..ir.fold import fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Param, Unary, Where
 from ..ir.traverse import rewrite, substitute, walk
-from .program import Accumulator, Output
+from .lower import rederive
+from .program import Accumulator, Output, TileProgram
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -125,3 +129,12 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
               for p in candidates}
     outs = tuple(replace(o, body=fold(substitute(o.body, finals))) for o in outputs)
     return tuple(new), outs, tuple(notes)
+
+
+def apply_exp2(prog: TileProgram) -> TileProgram:
+    """Stage ``exp2``: the rule applied to a lowered ``prog`` when its schedule asks for it
+    (``Schedule.exp2``), the per-tile body re-derived; else ``prog`` itself."""
+    if not prog.schedule.exp2:
+        return prog
+    accs, outs, notes = to_exp2(prog.accumulators, prog.outputs)
+    return replace(rederive(prog, accs, outs), rules=prog.rules + notes)

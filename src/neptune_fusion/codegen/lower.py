@@ -1,19 +1,25 @@
-"""From a fusion plan to a tile program: the rolling update as data.
+"""From a fusion plan to a tile program: the rolling update as data (stage ``lower``).
 
     plan -> roles of the axes -> accumulators (members on the loop variable j)
-         -> [exp2 domain] -> per-tile state updates (IR) -> loop partition -> TileProgram
+         -> per-tile state updates (IR) -> TileProgram: one loop over every tile
 
 The per-tile update is exactly the fused reference's algorithm
 (:class:`neptune_fusion.fusion.reference.GroupRunner`): for each member in order, the
 producers' new running values (non-finite read as 0), the tile's partial of each term at
 those values, and the old state repaired to them and merged. The state starts at the
 reducers' identities with the producers' values at theirs (``-inf`` for a max), which
-makes the first repair vanish (checked, see :func:`_check_first_tile`).
+makes the first repair vanish (checked, see :func:`_vanishes`).
+
+The next stages of the pipeline (:mod:`neptune_fusion.runtime.pipeline`) rewrite this
+program: :func:`~.exp2.apply_exp2` (exp -> exp2) re-derives the per-tile body from the
+rewritten accumulators with :func:`rederive`, and :func:`~.variants.partition_loop` splits
+the one loop into masked boundary and unmasked interior loops.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from ..algebra.synth import moved, running, state
 from ..errors import CodegenError, UnschedulableError
@@ -37,7 +43,6 @@ from ..ir.pow2 import next_pow2 as _next_pow2
 from ..ir.reducers import combined_with, reducer, running_expr, safe_expr
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
-from .exp2 import to_exp2
 from .ops import REDUCE_OPS
 from .program import (
     LOOP_LO,
@@ -46,12 +51,12 @@ from .program import (
     Accumulator,
     Axis,
     Output,
+    Segment,
     StateVar,
     TensorArg,
     TileProgram,
     extent_expr,
 )
-from .variants import build_segments
 
 
 def ident(name: str, taken: set[str]) -> str:
@@ -247,7 +252,9 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
 
 def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
           name: str = "fused_kernel") -> TileProgram:
-    """The tile program of ``plan`` under ``schedule`` (see module docstring)."""
+    """Stage ``lower``: the tile program of ``plan`` under ``schedule`` (see module
+    docstring), before the speed rules and the loop partition: one loop over every tile
+    of the loop axis, its body without boundary masks (``partition_loop`` adds them)."""
     schedule.check()
     g = _the_group(plan)
     axis0 = g.axes[0]
@@ -270,27 +277,43 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         outs.append(Output(TensorArg(ident(o.name, taken), o, "output"), axes,
                            fold(substitute(body, finals))))
     outs = tuple(outs)
-    rules: tuple[str, ...] = ()
-    if schedule.exp2:
-        accs, outs, rules = to_exp2(accs, outs)
     body, hints = _steps(accs, loop)
     exprs = [e for _, e in body] + [o.body for o in outs]
     inner = _inner_axes(exprs, loop, taken)
-    bounds, segments, notes = build_segments(body, hints, row, loop, schedule)
-    sizes = _sizes([p for p in inputs] + [o.arg.tensor for o in outs],
-                   exprs + [e for _, e in bounds])
-    unbound = [s.name for s in sizes
-               if not any(s is d for p in inputs for d in p.shape)]
-    if unbound:
-        raise CodegenError(f"size(s) {', '.join(unbound)} are not the shape of any input")
     col_axis = None
     if col is not None:
         col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken),
                         next_pow2(col.extent) if isinstance(col.extent, int) else None)
+    ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
     return TileProgram(
-        name=name, inputs=ins, outputs=outs, sizes=sizes,
+        name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
         grid=tuple(Axis(v, "grid") for v in grid),
         row=Axis(row, "row", "BLOCK_M", schedule.block_m),
         col=col_axis, loop=Axis(loop, "loop", "BLOCK_N", schedule.block_n),
-        inner=inner, accumulators=accs, bounds=bounds, segments=segments,
-        schedule=schedule, rules=rules + notes)
+        inner=inner, accumulators=accs,
+        bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
+        segments=(Segment("lo", "hi", False, body, tuple(hints)),),
+        schedule=schedule)
+
+
+def rederive(prog: TileProgram, accs: tuple[Accumulator, ...],
+             outputs: tuple[Output, ...]) -> TileProgram:
+    """A lowered ``prog`` (one loop) with new accumulators and outputs -- a rewrite of the
+    update templates such as exp -> exp2 -- and its per-tile body derived from them."""
+    if len(prog.segments) != 1 or prog.segments[0].masked:
+        raise CodegenError(f"{prog.name}: the per-tile body is re-derived only before the "
+                           "loop partition (one loop over every tile)")
+    body, hints = _steps(accs, prog.loop.var)
+    return replace(prog, accumulators=accs, outputs=outputs,
+                   segments=(replace(prog.segments[0], body=body, hints=tuple(hints)),))
+
+
+def kernel_sizes(inputs, outputs: tuple[Output, ...], exprs) -> tuple[Size, ...]:
+    """The symbolic sizes a kernel takes as int arguments: those of the input placeholders'
+    shapes, then any the outputs and ``exprs`` use, which must be among the former."""
+    sizes = _sizes([p for p in inputs] + [o.arg.tensor for o in outputs], exprs)
+    unbound = [s.name for s in sizes
+               if not any(s is d for p in inputs for d in p.shape)]
+    if unbound:
+        raise CodegenError(f"size(s) {', '.join(unbound)} are not the shape of any input")
+    return sizes

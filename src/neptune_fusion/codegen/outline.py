@@ -17,8 +17,10 @@ def _shape(prog: TileProgram, roles: tuple[str, ...]) -> str:
     return ", ".join(blocks[r] for r in roles)
 
 
-def outline(prog: TileProgram) -> list[str]:
-    """One line per part of the kernel: grid, tiles, state, loops, epilogue, rules."""
+def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
+    """One line per part of the kernel: grid, tiles, state, loops, epilogue, rules;
+    with ``bodies`` (the pipeline's dumps) also each loop's new value of every state
+    variable."""
     s = prog.schedule
     grid = " * ".join(str(a.extent) for a in prog.grid) or "1"
     lines = [f"kernel {prog.name}: grid (cdiv({prog.row.extent}, BLOCK_M), {grid}); "
@@ -34,12 +36,15 @@ def outline(prog: TileProgram) -> list[str]:
         lines.append(f"{label} = {expr_str(substitute(e, named))}")
         named[e] = Param(label, e.dtype)
     updated = ", ".join(v.name for v in prog.state)
+    finals = {v.param: Param(v.name, v.param.dtype) for v in prog.state}
     for seg in prog.segments:
         kind = "boundary tiles, masked" if seg.masked else "interior tiles, no masks"
         lines.append(f"for {prog.loop.name}0 in range({prog.loop.name}_{seg.lo}, "
                      f"{prog.loop.name}_{seg.hi}, BLOCK_N):  # {kind}")
-        lines.append(f"    update {updated}")
-    finals = {v.param: Param(v.name, v.param.dtype) for v in prog.state}
+        if not bodies:
+            lines.append(f"    update {updated}")
+        for v, e in seg.body if bodies else ():
+            lines.append(f"    {v.name} = {expr_str(substitute(e, finals))}")
     for o in prog.outputs:
         idx = ", ".join(a.name for a in o.axes)
         lines.append(f"store {o.arg.name}[{idx}] = {expr_str(substitute(o.body, finals))}")

@@ -11,17 +11,24 @@ The per-tile body is specialised twice, by pure IR rewrites:
 
 Skipping tiles is legal only for *gating* conditions: those whose falsity makes every tile
 reduction's contribution its identity (checked by folding, :func:`gating`).
+
+The pipeline's stage ``partition`` is :func:`partition_loop`: a lowered program's one loop
+becomes these loops (with ``Schedule.partition`` off: one loop over every tile, masked).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..errors import CodegenError
 from ..ir.fold import RULES, bconst, fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary, Where
 from ..ir.reducers import reducer
 from ..ir.traverse import rewrite, substitute, walk
 from ..schedule.partition import Partition, conjuncts, constraint, loop_bounds
 from ..schedule.schedule import Schedule
-from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar
+from .lower import kernel_sizes
+from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar, TileProgram
 
 NINF = -float("inf")
 
@@ -150,3 +157,19 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     notes = (f"loop partition: {len(part.gating)} gating and {len(part.exact)} interior "
              f"constraint(s); {len(segs)} loop(s), interior tiles unmasked",)
     return tuple((n, named[n]) for n in used), tuple(segs), notes
+
+
+def partition_loop(prog: TileProgram) -> TileProgram:
+    """Stage ``partition``: the one loop of a lowered ``prog`` as the bounds and loops of
+    :func:`build_segments`; the kernel's sizes now include those its bounds use."""
+    if len(prog.segments) != 1 or prog.segments[0].masked:
+        raise CodegenError(f"{prog.name}: the loop is partitioned once, after lowering "
+                           "(one loop over every tile, no masks yet)")
+    whole = prog.segments[0]
+    bounds, segments, notes = build_segments(whole.body, whole.hints, prog.row.var,
+                                             prog.loop.var, prog.schedule)
+    exprs = [e for _, e in whole.body] + [o.body for o in prog.outputs]
+    sizes = kernel_sizes([a.tensor for a in prog.inputs], prog.outputs,
+                         exprs + [e for _, e in bounds])
+    return replace(prog, bounds=bounds, segments=segments, sizes=sizes,
+                   rules=prog.rules + notes)

@@ -118,11 +118,26 @@ class AttentionCache:
         # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
         self._calls: dict[tuple, _CallPlan] = {}
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self.hits = 0      # kernel lookups answered from the cache (a call plan is one)
+        self.misses = 0    # kernels compiled
+        self._call_hits = self._call_misses = 0
 
     def __len__(self) -> int:
         return len(self._kernels)
+
+    def cache_info(self):
+        """The compiled kernels (a :class:`~neptune_fusion.runtime.inputs.CacheInfo`):
+        lookups answered from the cache (hits), kernels compiled (misses); unbounded."""
+        from ..runtime.inputs import CacheInfo
+        with self._lock:
+            return CacheInfo(self.hits, self.misses, None, len(self._kernels))
+
+    def call_info(self):
+        """The call plans (what :func:`attention` derives from a call's key, see
+        :func:`_call_key`): calls that found theirs (hits) and plans made (misses)."""
+        from ..runtime.inputs import CacheInfo
+        with self._lock:
+            return CacheInfo(self._call_hits, self._call_misses, _MAX_CALLS, len(self._calls))
 
     def kernels(self) -> list:
         """The compiled kernels, in no particular order."""
@@ -134,6 +149,7 @@ class AttentionCache:
             self._kernels.clear()
             self._calls.clear()
             self.hits = self.misses = 0
+            self._call_hits = self._call_misses = 0
 
     def _call_plan(self, key: tuple | None) -> _CallPlan | None:
         """The cached plan of a call ``key``, counted as a kernel hit; None if unseen."""
@@ -146,15 +162,17 @@ class AttentionCache:
         if plan is not None:
             with self._lock:
                 self.hits += 1  # the kernel lookup this plan stands for
+                self._call_hits += 1
         return plan
 
     def _remember(self, key: tuple | None, plan: _CallPlan) -> None:
         if key is None:
             return
-        from ..runtime.kernel import remember
+        from ..runtime.inputs import remember
         with self._lock:
             # bounded: e.g. a decode loop's growing key length
             remember(self._calls, key, plan, _MAX_CALLS)
+            self._call_misses += 1
 
     def kernel(self, spec: AttentionSpec, schedule):
         """The kernel of ``spec`` under ``schedule``, compiled on first use."""
@@ -164,7 +182,7 @@ class AttentionCache:
             if got is not None:
                 self.hits += 1
                 return got
-        from ..runtime.kernel import compile as nf_compile
+        from ..runtime.pipeline import compile as nf_compile
         outs, ins = attention_definition(spec)
         kern = nf_compile(outs[0], ins, schedule=schedule, name="attention", cache=self.store)
         with self._lock:

@@ -1,10 +1,12 @@
 """Kernels on torch tensors: ``compile`` a plain operator into a :class:`Kernel`.
 
-See :mod:`neptune_fusion.runtime.kernel` and docs/codegen.md.
+See :mod:`neptune_fusion.runtime.pipeline` (the stages, ``compile``),
+:mod:`neptune_fusion.runtime.kernel` (launching) and docs/codegen.md.
 """
 
 from __future__ import annotations
 
-from .kernel import GeneratedKernel, Kernel, Launch, compile  # noqa: A004
+from .kernel import GeneratedKernel, Kernel, Launch
+from .pipeline import compile  # noqa: A004
 
 __all__ = ["compile", "Kernel", "GeneratedKernel", "Launch"]

@@ -19,7 +19,6 @@ straight to the compiled :class:`~neptune_fusion.runtime.kernel.Kernel`.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
 from ..settings import log_enabled
-from .kernel import check_inputs, remember, signature
+from .inputs import CacheInfo, check_inputs, remember, signature
 
 _MAX_SIGS = 256
 
@@ -42,21 +41,6 @@ class Choice:
     source: str
     trials: tuple = ()
     key: dict | None = None
-
-
-def fingerprint(outputs) -> str:
-    """A stable hash of the program: its printed form plus every constant exactly."""
-    from ..ir.graph import tensors_in_order
-    from ..ir.nodes import Compute, Const
-    from ..ir.printer import program_str
-    from ..ir.traverse import walk
-    h = hashlib.sha256(program_str(list(outputs)).encode())
-    for t in tensors_in_order(list(outputs)):
-        if isinstance(t, Compute):
-            for node in walk(t.body):
-                if isinstance(node, Const):
-                    h.update(repr(node.value).encode() + b";")
-    return h.hexdigest()[:32]
 
 
 class AutoKernel:
@@ -82,6 +66,7 @@ class AutoKernel:
         self._by_class: dict[str, Choice] = {}
         self._by_sig: dict[tuple, object] = {}
         self._by_bucket: dict[tuple, object] = {}
+        self._hits = self._misses = 0   # shape classes known / chosen, for cache_info
         # the base schedule's tile program -- the axes the cost model needs -- is lowered
         # only when a shape class is not in the cache
         self._prog0 = None
@@ -119,6 +104,7 @@ class AutoKernel:
         the checked inputs' ``(sizes, device)`` when a new signature was checked here."""
         got = self._by_sig.get(sig) if sig is not None else None
         if got is not None:
+            self._hits += 1
             return got, None
         with self._lock:
             # a new signature of a known shape class (a decode loop's growing KV length):
@@ -128,10 +114,24 @@ class AutoKernel:
                    tuple(t.dtype for t in tensors))
             kern = self._by_bucket.get(cls)
             if kern is None:
+                self._misses += 1
                 kern = self._by_bucket[cls] = self._choose(tensors)
+            else:
+                self._hits += 1
             if sig is not None:
                 remember(self._by_sig, sig, kern, _MAX_SIGS)
         return kern, (sizes, tdev)
+
+    def cache_info(self) -> CacheInfo:
+        """The shape classes seen: lookups (calls, :meth:`kernel_for`) of a known one
+        (hits) and of a new one, which chose its schedule (misses); unbounded."""
+        return CacheInfo(self._hits, self._misses, None, len(self._by_bucket))
+
+    def kernels(self) -> list:
+        """The compiled :class:`~neptune_fusion.runtime.kernel.Kernel` s, one per
+        schedule chosen (or asked for with :meth:`kernel_of`)."""
+        with self._lock:
+            return list(self._kernels.values())
 
     def kernel_of(self, schedule: Schedule):
         """The concrete kernel of an explicit ``schedule`` (built once, validated)."""

@@ -1,13 +1,12 @@
-"""``compile``: plain operator in, callable fused kernel out.
+"""``Kernel``: a compiled operator's launch machinery.
 
-    outputs -> plan (fusion) -> schedule -> tile program (codegen.lower)
-            -> Triton source (codegen.source) -> Kernel
-
-A :class:`Kernel` runs on torch tensors: CUDA tensors launch the compiled Triton kernel,
-CPU tensors run the *same* generated kernel under Triton's interpreter. Inputs are checked
-at call time (count, type, dtype, rank, device, unit stride in the last dimension, sizes
-bound consistently); every failure is a :class:`~neptune_fusion.errors.FeedError` naming
-the argument.
+A :class:`Kernel` runs the generated kernels of one schedule from their
+:class:`~neptune_fusion.runtime.launch.LaunchSpec` s (built by the pipeline,
+:mod:`neptune_fusion.runtime.pipeline`, or read from the cache): CUDA tensors launch the
+compiled Triton kernels, CPU tensors run the *same* generated kernels under Triton's
+interpreter. Inputs are checked at call time (:func:`~.inputs.check_inputs`); what a launch
+derives from them besides their data is cached per input signature as a launch plan
+(:meth:`Kernel.cache_info` counts them).
 """
 
 from __future__ import annotations
@@ -17,18 +16,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..errors import CodegenError, FeedError, NeptuneError, ScheduleError
-from ..ir.graph import placeholders
-from ..ir.nodes import Placeholder, Size
+from ..errors import CodegenError
+from ..ir.nodes import Size
 from ..ir.pow2 import next_pow2
-from ..reference.evaluate import as_outputs
-from ..reference.feeds import bind_sizes
-from ..schedule.schedule import Schedule, make_schedule
+from ..schedule.schedule import Schedule
+from .inputs import CacheInfo, check_inputs, remember, signature
 from .launch import LaunchSpec
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
-
-_SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
 
 
 class GeneratedKernel:
@@ -128,6 +123,7 @@ class Kernel:
         self._modules: dict[tuple[int, bool], object] = {}
         # launch plans by input signature (see _plan); owned by this kernel, bounded
         self._plans: dict[tuple, _LaunchPlan] = {}
+        self._hits = self._misses = 0   # of _plans, for cache_info
         # Triton's compiled kernels shared by the launch plans (launcher.reuse_key)
         self._compiled: dict[tuple, object] = {}
         # launch steps shared by launch plans (see _step), bounded like the plans
@@ -155,6 +151,11 @@ class Kernel:
         ins = ", ".join(p.name for p in self.inputs)
         outs = ", ".join(o.name for o in self.outputs)
         return f"<Kernel {self.specs[0].name}({ins}) -> {outs}; {self.schedule}>"
+
+    def cache_info(self) -> CacheInfo:
+        """The launch plans kept per input signature: calls that found theirs (hits),
+        calls that derived one (misses, tensor subclasses included: never kept)."""
+        return CacheInfo(self._hits, self._misses, _MAX_PLANS, len(self._plans))
 
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
@@ -217,7 +218,9 @@ class Kernel:
         """
         plan = self._plans.get(sig) if sig is not None else None
         if plan is not None:
+            self._hits += 1
             return plan
+        self._misses += 1
         sizes, device = self._check(tensors) if checked is None else checked
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
@@ -342,57 +345,6 @@ class Kernel:
         return check_inputs(self.specs[0].name, self.inputs, tensors)
 
 
-def signature(tensors) -> tuple | None:
-    """What a launch derives from its inputs besides their data: shapes, strides, dtypes
-    and devices; None for anything but plain tensors (a subclass's attributes may not be
-    plain data)."""
-    import torch
-    if all(type(t) is torch.Tensor for t in tensors):
-        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
-    return None
-
-
-def remember(table: dict, key, value, limit: int) -> None:
-    """``table[key] = value``, dropping the oldest entry when ``table`` holds ``limit``."""
-    if len(table) >= limit:
-        table.pop(next(iter(table)))
-    table[key] = value
-
-
-def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
-    """Check ``tensors`` against the placeholders ``inputs`` of kernel ``name``; return
-    the bound sizes and the device. Every failure is a :class:`FeedError` naming the
-    argument."""
-    import torch
-    if len(tensors) != len(inputs):
-        names = ", ".join(p.name for p in inputs)
-        raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s) "
-                        f"({names}), got {len(tensors)}")
-    sizes: dict[Size, int] = {}
-    origin: dict[Size, str] = {}
-    device = None
-    for k, (p, t) in enumerate(zip(inputs, tensors)):
-        what = f"argument {k} ({p.name!r})"
-        if not isinstance(t, torch.Tensor):
-            raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
-        got = str(t.dtype).removeprefix("torch.")
-        if got != p.dtype.name:
-            raise FeedError(f"{what} must be {p.dtype}, got {got}")
-        if device is None:
-            device, first = t.device, p.name
-        elif t.device != device:
-            raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
-                            "all inputs must be on one device")
-        bind_sizes(p, tuple(t.shape), sizes, origin)
-        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise FeedError(f"{what} must have unit stride in its last dimension, got "
-                            f"strides {tuple(t.stride())}; call .contiguous()")
-    if device is not None and device.type not in ("cuda", "cpu"):
-        raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
-    return sizes, device
-
-
-
 def _value(ext, sizes: dict) -> int:
     """An extent's value: ``sizes`` maps size names to bound values."""
     return sizes[ext] if isinstance(ext, str) else int(ext)
@@ -422,73 +374,3 @@ def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
         out.append(step)
         step *= max(n, 1)
     return tuple(reversed(out))
-
-
-
-
-_TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
-
-
-def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
-            name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
-            **options):
-    """Compile plain ``outputs`` into one fused operator.
-
-    ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
-    dependency order). ``schedule``:
-
-    * ``"auto"`` (default): an :class:`~neptune_fusion.runtime.auto.AutoKernel` that
-      chooses the schedule per shape class at the first call (cost model; on a GPU the
-      best ``top_k`` candidates measured), remembered in ``cache`` (a
-      :class:`~neptune_fusion.schedule.store.ScheduleStore`, a directory, ``None`` for
-      the default ``~/.cache/neptune-fusion``, ``False`` for none). ``log`` (default:
-      ``$NEPTUNE_FUSION_LOG``) prints the candidates and their times.
-    * a :class:`~neptune_fusion.schedule.schedule.Schedule` (or its dict/JSON form): that
-      schedule exactly, validated -- :class:`~neptune_fusion.errors.ScheduleError` names
-      the field and the violated invariant. Returns a :class:`Kernel`.
-
-    ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
-    ``"auto"`` means an explicit schedule (the defaults plus ``options``).
-    """
-    outs, single = as_outputs(outputs)
-    needed = placeholders(outs)
-    inputs = list(needed if inputs is None else inputs)
-    for k, p in enumerate(inputs):
-        if not isinstance(p, Placeholder):
-            raise NeptuneError(f"inputs[{k}] must be a placeholder, got {p!r}")
-        if p.dtype.name not in _SUPPORTED:
-            raise NeptuneError(f"input {p.name!r} is {p.dtype}; kernels take "
-                               f"{', '.join(sorted(_SUPPORTED))}")
-    if len(set(inputs)) != len(inputs):
-        raise NeptuneError("inputs lists a placeholder twice")
-    missing = [p.name for p in needed if p not in inputs]
-    if missing:
-        raise CodegenError(f"the outputs read {', '.join(missing)}, not among the inputs")
-    auto = isinstance(schedule, str) and schedule == "auto" \
-        and not any(f in options for f in _TILE_FIELDS)
-    if isinstance(schedule, str) and schedule != "auto":
-        raise ScheduleError(f"schedule must be 'auto', a Schedule or its dict, got "
-                            f"{schedule!r}")
-    if isinstance(schedule, dict):
-        schedule = Schedule.from_dict(schedule)
-    sched = make_schedule(None if isinstance(schedule, str) else schedule, **options)
-    kname = _identifier(name or "nf_" + "_".join(o.name for o in outs))
-    from ..schedule.store import ScheduleStore
-    if cache is None or isinstance(cache, (str, Path)):
-        store = ScheduleStore(cache)
-    else:
-        store = cache or None
-    from .manifest import Builder
-    builder = Builder(outs, inputs, kname, single, store)
-    if not auto:
-        return builder.build(sched)
-    from .auto import AutoKernel
-    builder.check_plan()
-    return AutoKernel(outs, inputs, builder, single, kname, sched, builder.build,
-                      store=store, top_k=top_k, log=log)
-
-
-def _identifier(name: str) -> str:
-    import re
-    out = re.sub(r"\W", "_", name)
-    return out if out and not out[0].isdigit() else "k_" + out

@@ -3,8 +3,9 @@
 A schedule says *how* a plan runs (tile sizes, launch parameters, which speed rules apply),
 never *what* it computes: every schedule that passes :meth:`Schedule.check` gives the same
 result up to rounding. The defaults are the FlashAttention-2 shape that is fast on an H200
-for head dim 128 (BLOCK_M=128, BLOCK_N=64, 8 warps, 3 pipeline stages); an auto-scheduler
-will pick them from the shape later.
+for head dim 128 (BLOCK_M=128, BLOCK_N=64, 8 warps, 3 pipeline stages); with
+``schedule="auto"`` the auto-scheduler (:mod:`neptune_fusion.runtime.auto`) picks a schedule
+per shape class from the search space (:mod:`.space`) by the cost model (:mod:`.cost`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class Schedule:
       (split-k: ``splits`` programs each walk one chunk of it and write their partial state
       to a float32 workspace; a second kernel merges the partials with the derived repairs);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
-      buffer (masked and interior tiles apart), see :attr:`Kernel.last_visits`.
+      buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
 
     block_m: int = 128

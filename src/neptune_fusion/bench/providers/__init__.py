@@ -1,19 +1,20 @@
-"""Attention providers: the baselines and neptune-fusion behind one interface.
+"""Attention providers: the baselines and neptune-fusion behind one interface
+(:mod:`.base`).
 
-Provider modules are imported on demand by :func:`all_providers`, so that a caller can set
-``TRITON_INTERPRET=1`` (CPU smoke run) before any Triton kernel is defined.
+Provider modules (and torch, Triton) are imported on demand by :func:`all_providers`, so
+that a caller can set ``TRITON_INTERPRET=1`` (CPU smoke run) before any Triton kernel is
+defined, and so that the command line can list the names without loading them. The
+baseline kernel written for the benchmark lives here too: :mod:`.baseline_fa2`.
 """
 
 from __future__ import annotations
-
-from .base import Group, Prepared, Provider, RunContext, Timer, Unsupported, UnsupportedError
 
 PROVIDER_NAMES: tuple[str, ...] = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex",
                                    "triton-fa2", "torch-compile", "neptune")
 
 
-def all_providers() -> tuple[Provider, ...]:
-    """Every provider, in report order (importing their modules)."""
+def all_providers() -> tuple:
+    """Every :class:`~.base.Provider`, in report order (importing their modules)."""
     from .compiled import COMPILED
     from .fa2 import FA2
     from .flex import FLEX
@@ -22,7 +23,7 @@ def all_providers() -> tuple[Provider, ...]:
     return (FLASH, CUDNN, EFFICIENT, FLEX, FA2, COMPILED, NEPTUNE)
 
 
-def select_providers(names: list[str] | None) -> tuple[Provider, ...]:
+def select_providers(names: list[str] | None) -> tuple:
     """The providers named, in report order; all of them for None or an empty list."""
     if names:
         unknown = [n for n in names if n not in PROVIDER_NAMES]
@@ -33,5 +34,4 @@ def select_providers(names: list[str] | None) -> tuple[Provider, ...]:
     return tuple(p for p in all_providers() if p.name in wanted)
 
 
-__all__ = ["PROVIDER_NAMES", "Group", "Prepared", "Provider", "RunContext", "Timer",
-           "Unsupported", "UnsupportedError", "all_providers", "select_providers"]
+__all__ = ["PROVIDER_NAMES", "all_providers", "select_providers"]

@@ -17,7 +17,7 @@ from typing import Literal
 
 import torch
 
-from ..operators import Operator
+from ...ops import OpSpec
 
 Timer = Callable[[Callable[[], object]], float]
 """Times a zero-argument callable; returns milliseconds (median)."""
@@ -59,7 +59,7 @@ class RunContext:
     smoke: bool = False
 
 
-PrepareFn = Callable[[Operator, torch.Tensor, torch.Tensor, torch.Tensor, RunContext],
+PrepareFn = Callable[[OpSpec, torch.Tensor, torch.Tensor, torch.Tensor, RunContext],
                      "Prepared | Unsupported"]
 
 

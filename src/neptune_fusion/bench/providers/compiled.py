@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..operators import Operator
+from ...ops import OpSpec
 from ..reference import additive_bias
 from ._compile import raise_recompile_limits
 from .base import Prepared, Provider, RunContext, Unsupported
 
 
-def plain_attention(op: Operator, seq: int) -> Callable[..., torch.Tensor]:
+def plain_attention(op: OpSpec, seq: int) -> Callable[..., torch.Tensor]:
     """The uncompiled plain-PyTorch attention of ``op`` at key length ``seq``."""
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -36,7 +36,7 @@ def plain_attention(op: Operator, seq: int) -> Callable[..., torch.Tensor]:
     return attention
 
 
-def prepare(op: Operator, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ctx: RunContext) -> Prepared | Unsupported:
     """Compile the plain attention of ``op`` (compilation happens at the first call)."""
     raise_recompile_limits()

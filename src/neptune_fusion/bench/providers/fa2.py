@@ -1,4 +1,4 @@
-"""The Triton FlashAttention-2 kernel of this repository (:mod:`..triton_fa2`).
+"""The baseline Triton FlashAttention-2 kernel of this repository (:mod:`.baseline_fa2`).
 
 Covers Global, Causal and GQA prefill (causal with GQA included); ALiBi, soft-cap, sliding
 window and decode are reported unsupported. On a GPU ``prepare`` tries a few tile configs
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..operators import Operator
-from ..triton_fa2 import BlockConfig, check_shapes, fa2_forward
+from ...ops import OpSpec
 from .base import Prepared, Provider, RunContext, Unsupported
+from .baseline_fa2 import BlockConfig, check_shapes, fa2_forward
 
 GPU_CONFIGS: tuple[BlockConfig, ...] = (
     BlockConfig(128, 64, num_warps=4, num_stages=3),
@@ -24,7 +24,7 @@ GPU_CONFIGS: tuple[BlockConfig, ...] = (
 SMOKE_CONFIG = BlockConfig(32, 16, num_warps=4, num_stages=1)
 
 
-def _why_unsupported(op: Operator) -> str:
+def _why_unsupported(op: OpSpec) -> str:
     if op.phase == "DC":
         return "decode (one query row) is not covered by this FA2 kernel"
     extras = [name for name, on in (("ALiBi", op.alibi), ("soft-cap", op.softcap is not None),
@@ -32,7 +32,7 @@ def _why_unsupported(op: Operator) -> str:
     return f"{' and '.join(extras)} not covered by this FA2 kernel" if extras else ""
 
 
-def prepare(op: Operator, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ctx: RunContext) -> Prepared | Unsupported:
     """Pick the fastest tile config that fits the shape and return the launch closure."""
     why = _why_unsupported(op)

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import torch
 
-from ..operators import Operator
+from ...ops import OpSpec
 from ._compile import raise_recompile_limits
 from .base import Prepared, Provider, RunContext, Unsupported
 
 
-def score_mod_for(op: Operator, seq: int, device: torch.device) -> Callable | None:
+def score_mod_for(op: OpSpec, seq: int, device: torch.device) -> Callable | None:
     """The score_mod for ``op`` (soft-cap first, then ALiBi), or None when scores are plain."""
     cap = op.softcap
     slopes = op.alibi_slopes(device)
@@ -41,7 +41,7 @@ def score_mod_for(op: Operator, seq: int, device: torch.device) -> Callable | No
     return both
 
 
-def mask_mod_for(op: Operator, seq: int) -> Callable | None:
+def mask_mod_for(op: OpSpec, seq: int) -> Callable | None:
     """The mask_mod (causal, sliding window) in absolute positions, or None when unmasked."""
     if not op.needs_mask(seq):
         return None
@@ -58,7 +58,7 @@ def mask_mod_for(op: Operator, seq: int) -> Callable | None:
     return sliding
 
 
-def prepare(op: Operator, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ctx: RunContext) -> Prepared | Unsupported:
     """Build the block mask and the compiled flex_attention call for ``op``."""
     try:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..operators import Operator
+from ...ops import OpSpec
 from ..reference import dense_bias
 from .base import NO_KERNEL_MARKERS, Prepared, Provider, RunContext, Unsupported
 
@@ -51,7 +51,7 @@ def _attempt(call: Callable[[], torch.Tensor]) -> tuple[torch.Tensor | None, str
 
 
 def _make(backend: SDPBackend) -> Callable[..., Prepared | Unsupported]:
-    def prepare(op: Operator, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 ctx: RunContext) -> Prepared | Unsupported:
         if op.softcap is not None:
             return Unsupported("SDPA cannot express a soft-cap")

@@ -1,4 +1,7 @@
-"""A Triton FlashAttention-2 forward kernel (the algorithm of Triton's fused-attention tutorial).
+"""Baseline: a hand-written Triton FlashAttention-2 forward kernel (the algorithm of
+Triton's fused-attention tutorial), timed by the ``triton-fa2`` provider (:mod:`.fa2`).
+Not part of neptune-fusion's compiler: it is what the generated kernels are measured
+against.
 
 One program computes a BLOCK_M tile of query rows of one (batch, query head) and streams
 the keys in BLOCK_N tiles with the online softmax: running max ``m``, running sum ``l`` and
@@ -138,7 +141,7 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
         raise ValueError(f"fa2_forward: {why}")
     if q.device.type == "cpu" and type(_fa2_forward).__name__ != "InterpretedFunction":
         raise RuntimeError("fa2_forward: CPU tensors need TRITON_INTERPRET=1 set before "
-                           "neptune_fusion.bench.triton_fa2 is imported")
+                           "neptune_fusion.bench.providers.baseline_fa2 is imported")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     batch, q_heads, seq, head_dim = q.shape
     out = torch.empty_like(q)

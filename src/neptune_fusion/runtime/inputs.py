@@ -1,0 +1,78 @@
+"""What a call derives from its input tensors, before any launch.
+
+* :func:`check_inputs`: the tensors against a kernel's placeholders (count, type, dtype,
+  rank, device, unit stride in the last dimension, sizes bound consistently); every
+  failure is a :class:`~neptune_fusion.errors.FeedError` naming the argument;
+* :func:`signature`: what a launch depends on besides the data (shapes, strides, dtypes,
+  devices), the key of the per-signature tables of :class:`~.kernel.Kernel`,
+  :class:`~.auto.AutoKernel` and :class:`~neptune_fusion.frontend.attention.AttentionCache`;
+* :func:`remember` keeps those tables bounded, and :class:`CacheInfo` is what their
+  owners' ``cache_info()`` report (as ``functools.lru_cache``'s does).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..errors import FeedError
+from ..ir.nodes import Size
+from ..reference.feeds import bind_sizes
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of one cache table, in the spirit of ``functools.lru_cache``."""
+
+    hits: int                # lookups answered from the table
+    misses: int              # lookups that had to build (and then kept) an entry
+    maxsize: int | None      # entries kept at most, oldest dropped first (None: no bound)
+    currsize: int            # entries now
+
+
+def signature(tensors) -> tuple | None:
+    """What a launch derives from its inputs besides their data: shapes, strides, dtypes
+    and devices; None for anything but plain tensors (a subclass's attributes may not be
+    plain data)."""
+    import torch
+    if all(type(t) is torch.Tensor for t in tensors):
+        return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+    return None
+
+
+def remember(table: dict, key, value, limit: int) -> None:
+    """``table[key] = value``, dropping the oldest entry when ``table`` holds ``limit``."""
+    if len(table) >= limit:
+        table.pop(next(iter(table)))
+    table[key] = value
+
+
+def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
+    """Check ``tensors`` against the placeholders ``inputs`` of kernel ``name``; return
+    the bound sizes and the device. Every failure is a :class:`FeedError` naming the
+    argument."""
+    import torch
+    if len(tensors) != len(inputs):
+        names = ", ".join(p.name for p in inputs)
+        raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s) "
+                        f"({names}), got {len(tensors)}")
+    sizes: dict[Size, int] = {}
+    origin: dict[Size, str] = {}
+    device = None
+    for k, (p, t) in enumerate(zip(inputs, tensors)):
+        what = f"argument {k} ({p.name!r})"
+        if not isinstance(t, torch.Tensor):
+            raise FeedError(f"{what} must be a torch tensor, got {type(t).__name__}")
+        got = str(t.dtype).removeprefix("torch.")
+        if got != p.dtype.name:
+            raise FeedError(f"{what} must be {p.dtype}, got {got}")
+        if device is None:
+            device, first = t.device, p.name
+        elif t.device != device:
+            raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
+                            "all inputs must be on one device")
+        bind_sizes(p, tuple(t.shape), sizes, origin)
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise FeedError(f"{what} must have unit stride in its last dimension, got "
+                            f"strides {tuple(t.stride())}; call .contiguous()")
+    if device is not None and device.type not in ("cuda", "cpu"):
+        raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
+    return sizes, device

@@ -1,0 +1,233 @@
+"""The compiler's pipeline: ``compile()`` and the stages it runs, in order, in one place.
+
+    outputs --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
+            --check_plan--> one fused loop, or UnschedulableError
+            --lower--> TileProgram             (codegen/lower.py: one loop, no masks yet)
+            --apply_exp2--> TileProgram        (codegen/exp2.py: when Schedule.exp2)
+            --partition_loop--> TileProgram    (codegen/variants.py: boundary/interior)
+            --split_programs--> TileProgram(s) (codegen/split.py: when strategy "split")
+            --generate--> Triton source        (codegen/source.py), one per program
+            --specs_of--> LaunchSpec(s)        (runtime/launch.py) --> Kernel
+
+:func:`build_programs` and :func:`launch_specs` are that list as code.
+``NEPTUNE_FUSION_DUMP=lower,exp2,partition,split,source`` prints the result of each
+stage (see :mod:`neptune_fusion.settings`). A :class:`Builder` drives them for one
+definition, once per schedule, through the disk cache: the launch specs (generated
+source included) are stored as checksummed JSON under ``<cache>/launches``, keyed by the
+definition's fingerprint, input names/dtypes/shapes, the schedule and the package
+version. Warm, the specs are read back and the kernel is runnable without importing SymPy
+or lowering anything; the plan and tile programs are derived only if asked for. A
+malformed entry is ignored (and rewritten by the cold path). The check that a definition
+is one fused loop is remembered the same way, so a warm ``schedule="auto"`` compile skips
+the plan too.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from .. import settings
+from ..errors import CodegenError, NeptuneError, ScheduleError
+from ..ir.graph import placeholders
+from ..ir.nodes import Placeholder
+from ..reference.evaluate import as_outputs
+from ..schedule.schedule import Schedule, make_schedule
+from .launch import LaunchSpec, ext_of, specs_of
+
+_SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
+_TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
+
+
+def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
+    """The tile programs of ``plan`` under ``schedule``, in launch order: one (rolling) or
+    two (split-k: partial, combine). Each stage's result is dumped on request."""
+    from ..codegen.exp2 import apply_exp2
+    from ..codegen.lower import check_plan, lower
+    from ..codegen.outline import outline
+    from ..codegen.split import split_programs
+    from ..codegen.variants import partition_loop
+
+    def dump(stage: str, programs) -> None:
+        settings.dump(stage, lambda: "\n\n".join("\n".join(outline(p, bodies=True))
+                                                 for p in programs))
+
+    check_plan(plan)
+    prog = lower(plan, list(inputs), schedule, name=name)
+    dump("lower", [prog])
+    prog = apply_exp2(prog)
+    dump("exp2", [prog])
+    prog = partition_loop(prog)
+    dump("partition", [prog])
+    # NEPTUNE_FUSION_VERIFY: the tile program's invariant check (TileProgram.check) is to
+    # run here, on the finished rolling program, when settings.verify_enabled()
+    programs = (prog,) if schedule.strategy == "rolling" else \
+        split_programs(prog, schedule.splits, schedule.merge)
+    dump("split", programs)
+    return programs
+
+
+def launch_specs(programs, inputs) -> tuple[LaunchSpec, ...]:
+    """The generated source of each program, and the launch specs of them all."""
+    from ..codegen.source import generate
+    sources = [generate(p) for p in programs]
+    settings.dump("source", lambda: "\n\n".join(sources))
+    return specs_of(programs, inputs, sources)
+
+
+class Builder:
+    """The pipeline for one definition: kernels, one per schedule, through the cache."""
+
+    def __init__(self, outputs, inputs, name: str, single: bool, store) -> None:
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        self.name = name
+        self.single = single
+        self._specs_store = None
+        if store is not None:
+            from ..schedule.store import ScheduleStore
+            self._specs_store = ScheduleStore(store.root, subdir="launches")
+        self._plan = None
+        self._fingerprint: str | None = None
+        self._lowered: dict[Schedule, tuple] = {}
+        self._lock = threading.RLock()
+        self.from_cache = 0        # kernels built from stored specs (for tests and logs)
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            from .fingerprint import fingerprint
+            self._fingerprint = fingerprint(self.outputs)
+        return self._fingerprint
+
+    @property
+    def plan(self):
+        """The fusion plan, derived on first use."""
+        with self._lock:
+            if self._plan is None:
+                from ..fusion.plan import plan as make_plan
+                self._plan = make_plan(list(self.outputs))
+            return self._plan
+
+    def _key(self, what: str, schedule: Schedule | None = None) -> dict:
+        from .._version import __version__, code_version
+        key = {"what": f"neptune-fusion {what}", "program": self.fingerprint,
+               "name": self.name, "version": __version__, "code": code_version(),
+               "inputs": [[p.name, p.dtype.name, [ext_of(d) for d in p.shape]]
+                          for p in self.inputs]}
+        if schedule is not None:
+            key["schedule"] = schedule.to_dict()
+        return key
+
+    def check_plan(self) -> None:
+        """Raise what lowering would for a chain that is not one fused loop (skipped when
+        the cache remembers this definition passing)."""
+        key = self._key("plan check")
+        if self._specs_store is not None and self._specs_store.get(key) is not None:
+            return
+        from ..codegen.lower import check_plan
+        check_plan(self.plan)
+        if self._specs_store is not None:
+            self._specs_store.put(key, {"single_pass": True})
+
+    def lowered(self, schedule: Schedule) -> tuple:
+        """``(plan, programs)`` of ``schedule``: built once."""
+        with self._lock:
+            got = self._lowered.get(schedule)
+            if got is None:
+                programs = build_programs(self.plan, self.inputs, schedule, self.name)
+                got = self._lowered[schedule] = (self.plan, programs)
+            return got
+
+    def build(self, schedule: Schedule):
+        """The :class:`Kernel` of ``schedule`` (checked), from stored specs if present."""
+        from .kernel import Kernel
+        schedule.check()
+        specs = self._stored(schedule)
+        cached = specs is not None
+        if specs is None:
+            specs = launch_specs(self.lowered(schedule)[1], self.inputs)
+            if self._specs_store is not None:
+                self._specs_store.put(self._key("kernels", schedule),
+                                      {"launches": [s.to_dict() for s in specs]})
+        else:
+            self.from_cache += 1
+        return Kernel(self.outputs, self.inputs, specs, schedule, self.single,
+                      lambda: self.lowered(schedule), from_cache=cached)
+
+    def _stored(self, schedule: Schedule) -> tuple[LaunchSpec, ...] | None:
+        if self._specs_store is None:
+            return None
+        rec = self._specs_store.get(self._key("kernels", schedule))
+        if rec is None:
+            return None
+        try:
+            specs = tuple(LaunchSpec.from_dict(d) for d in rec["launches"])
+        except (NeptuneError, KeyError, TypeError):
+            return None
+        return specs or None
+
+
+def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
+            name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
+            **options):
+    """Compile plain ``outputs`` into one fused operator.
+
+    ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
+    dependency order). ``schedule``:
+
+    * ``"auto"`` (default): an :class:`~neptune_fusion.runtime.auto.AutoKernel` that
+      chooses the schedule per shape class at the first call (cost model; on a GPU the
+      best ``top_k`` candidates measured), remembered in ``cache`` (a
+      :class:`~neptune_fusion.schedule.store.ScheduleStore`, a directory, ``None`` for
+      the default ``~/.cache/neptune-fusion``, ``False`` for none). ``log`` (default:
+      ``$NEPTUNE_FUSION_LOG``) prints the candidates and their times.
+    * a :class:`~neptune_fusion.schedule.schedule.Schedule` (or its dict/JSON form): that
+      schedule exactly, validated -- :class:`~neptune_fusion.errors.ScheduleError` names
+      the field and the violated invariant. Returns a
+      :class:`~neptune_fusion.runtime.kernel.Kernel`.
+
+    ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
+    ``"auto"`` means an explicit schedule (the defaults plus ``options``).
+    """
+    outs, single = as_outputs(outputs)
+    needed = placeholders(outs)
+    inputs = list(needed if inputs is None else inputs)
+    for k, p in enumerate(inputs):
+        if not isinstance(p, Placeholder):
+            raise NeptuneError(f"inputs[{k}] must be a placeholder, got {p!r}")
+        if p.dtype.name not in _SUPPORTED:
+            raise NeptuneError(f"input {p.name!r} is {p.dtype}; kernels take "
+                               f"{', '.join(sorted(_SUPPORTED))}")
+    if len(set(inputs)) != len(inputs):
+        raise NeptuneError("inputs lists a placeholder twice")
+    missing = [p.name for p in needed if p not in inputs]
+    if missing:
+        raise CodegenError(f"the outputs read {', '.join(missing)}, not among the inputs")
+    auto = isinstance(schedule, str) and schedule == "auto" \
+        and not any(f in options for f in _TILE_FIELDS)
+    if isinstance(schedule, str) and schedule != "auto":
+        raise ScheduleError(f"schedule must be 'auto', a Schedule or its dict, got "
+                            f"{schedule!r}")
+    if isinstance(schedule, dict):
+        schedule = Schedule.from_dict(schedule)
+    sched = make_schedule(None if isinstance(schedule, str) else schedule, **options)
+    kname = _identifier(name or "nf_" + "_".join(o.name for o in outs))
+    from ..schedule.store import ScheduleStore
+    if cache is None or isinstance(cache, (str, Path)):
+        store = ScheduleStore(cache)
+    else:
+        store = cache or None
+    builder = Builder(outs, inputs, kname, single, store)
+    if not auto:
+        return builder.build(sched)
+    from .auto import AutoKernel
+    builder.check_plan()
+    return AutoKernel(outs, inputs, builder, single, kname, sched, builder.build,
+                      store=store, top_k=top_k, log=log)
+
+
+def _identifier(name: str) -> str:
+    import re
+    out = re.sub(r"\W", "_", name)
+    return out if out and not out[0].isdigit() else "k_" + out
