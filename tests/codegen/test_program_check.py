@@ -9,8 +9,10 @@ import pytest
 
 from neptune_fusion import ops
 from neptune_fusion.algebra.synth import running
+from neptune_fusion.codegen.exp2 import apply_exp2
 from neptune_fusion.codegen.lower import lower
 from neptune_fusion.codegen.split import split_programs
+from neptune_fusion.codegen.variants import partition_loop
 from neptune_fusion.errors import VerificationError
 from neptune_fusion.fusion.plan import plan
 from neptune_fusion.schedule.schedule import Schedule
@@ -19,16 +21,21 @@ DEFAULT = Schedule()
 
 
 def program(name="PF-Causal", schedule=DEFAULT):
+    """The finished rolling program: lowered, exp2 rule, loop partition."""
     [o], ins = ops.definition(name, "float16", 64, 4, 2)
-    return lower(plan(o), ins, schedule)
+    return partition_loop(apply_exp2(lower(plan(o), ins, schedule)))
 
 
 @pytest.mark.parametrize("name", ["PF-Global", "PF-Window", "PF-GQA", "DC-ALiBi"])
-def test_lowered_and_split_programs_check(name):
-    p = program(name)
+@pytest.mark.parametrize("schedule", [DEFAULT, Schedule(block_m=16, exp2=False,
+                                                         partition=False)])
+def test_every_stage_checks(name, schedule):
+    [o], ins = ops.definition(name, "float16", 64, 4, 2)
+    p = lower(plan(o), ins, schedule)
     assert p.check() is p
-    assert program(name, Schedule(exp2=False, partition=False)).check()
-    for q in split_programs(program(name, Schedule(block_m=16)), 3):
+    p = apply_exp2(p).check()
+    p = partition_loop(p).check()
+    for q in split_programs(p, 3):
         assert q.check() is q
 
 

@@ -188,7 +188,7 @@ def split_programs(prog: TileProgram, splits: int, merge: str = "kernel"
     """Split-k: ``(partial, combine)``.
 
     ``merge`` is transitional (issue 13): split-k always merges in a second kernel, and
-    the argument goes once runtime/manifest.py stops passing ``schedule.merge``.
+    the argument goes once runtime/pipeline.py stops passing ``schedule.merge``.
     """
     part = partial_program(prog, splits)
     out = part, combine_program(prog, part)

@@ -90,7 +90,7 @@ class Schedule:
     @property
     def merge(self) -> str:
         """Transitional (issue 13), not a field: split-k always merges in a second kernel.
-        Only runtime/manifest.py reads it, to pass on to ``split_programs``; both go
+        Only runtime/pipeline.py reads it, to pass on to ``split_programs``; both go
         together."""
         return "kernel"
 
