@@ -29,7 +29,6 @@ from ..ir.fold import fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Where, fresh_uid
 from ..ir.reducers import reducer, safe_expr
 from ..ir.traverse import substitute, walk
-from ..settings import verify_enabled
 from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram, extent_expr
 
 
@@ -183,18 +182,9 @@ def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
                    segments=(), split=info, col=col, rules=(rule,))
 
 
-def split_programs(prog: TileProgram, splits: int, merge: str = "kernel"
-                   ) -> tuple[TileProgram, ...]:
-    """Split-k: ``(partial, combine)``.
-
-    ``merge`` is transitional (issue 13): split-k always merges in a second kernel, and
-    the argument goes once runtime/pipeline.py stops passing ``schedule.merge``.
-    """
+def split_programs(prog: TileProgram, splits: int) -> tuple[TileProgram, ...]:
+    """Split-k: ``(partial, combine)`` (checked by the pipeline, runtime/pipeline.py)."""
     part = partial_program(prog, splits)
-    out = part, combine_program(prog, part)
-    if verify_enabled():
-        for p in out:
-            p.check()
-    return out
+    return part, combine_program(prog, part)
 
 

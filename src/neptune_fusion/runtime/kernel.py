@@ -60,7 +60,6 @@ class Launch:
 
 _MAX_PLANS = 256    # launch plans kept per kernel (oldest dropped first)
 _VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
-_COUNTER = "counter"  # ... and of the split-k merge's arrival counters (zeroed per call)
 
 
 _CONST, _TENSOR, _SIZE = 0, 1, 2   # where a kernel argument's value comes from
@@ -80,7 +79,6 @@ class _Step:
     fn: object | None           # the Triton function; None when the grid is empty
     interpret: bool
     opts: dict
-    counter: bool = False       # allocate the split-k merge's zeroed arrival counters
     launcher: Launcher | None = None  # CUDA: launches fn (directly after the first time)
     # a workspace step (not the last): byte offsets of its outputs in one buffer, its size
     scratch: tuple[int, ...] = ()
@@ -204,8 +202,7 @@ class Kernel:
             run = self._launch_one(k, step, by_tensor, plan.sizes, device,
                                    None if first is None else first[1], is_aligned)
             first = run if first is None else first
-        keep = self.specs[-1].returned
-        return Launch([outs[i] for i in keep] if keep else outs, first[0], first[1])
+        return Launch(outs, first[0], first[1])
 
     def _plan(self, tensors, sig: tuple | None, checked=None) -> _LaunchPlan:
         """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
@@ -296,8 +293,6 @@ class Kernel:
                 args.append((_SIZE, a[1]))
             elif kind == "visits":
                 args.append((_TENSOR, _VISITS))
-            elif kind == "counter":
-                args.append((_TENSOR, _COUNTER))
             elif kind == "block":
                 args.append((_CONST, a[1]))
             elif kind == "block_ext":
@@ -314,7 +309,7 @@ class Kernel:
             launcher = Launcher(fn, grid, opts, self._compiled,
                                 (k, reuse_key(*zip(*consts)) if consts else ()))
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
-                     any(a[0] == "counter" for a in spec.args), launcher, scratch, nbytes)
+                     launcher, scratch, nbytes)
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, sizes: dict, device,
                     visits=None, is_aligned: bool = False):
@@ -328,9 +323,6 @@ class Kernel:
         if step.fn is None:  # an empty grid
             return grid, visits
         by_tensor[_VISITS] = visits
-        if step.counter:             # stage "merged": one arrival counter per row block
-            by_tensor[_COUNTER] = torch.zeros(grid[0] * grid[1], dtype=torch.int32,
-                                              device=device)
         args = [v if tag == _CONST else by_tensor[v] if tag == _TENSOR else sizes[v]
                 for tag, v in step.args]
         if step.interpret:

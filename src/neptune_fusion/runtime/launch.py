@@ -34,12 +34,11 @@ class LaunchSpec:
     splits: int                                  # split-k partial: grid z; else 0
     outputs: tuple[tuple[str, tuple[Ext, ...], str], ...]   # (key, shape, torch dtype)
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
-    #                            ("visits",) ("counter",) ("block", int)
+    #                            ("visits",) ("block", int)
     #                            ("block_ext", ext) ("flag",)
     num_warps: int
     num_stages: int
     count_visits: bool
-    returned: tuple[int, ...] = ()   # outputs that are results (the last kernel's); () all
     col_blocks: int = 1              # split-k combine: programs over the col axis (grid z)
 
     def to_dict(self) -> dict:
@@ -59,11 +58,10 @@ class LaunchSpec:
                            for a in d["args"]),
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 count_visits=bool(d["count_visits"]),
-                returned=tuple(int(i) for i in d["returned"]),
                 col_blocks=int(d.get("col_blocks", 1)))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed launch spec: {err!r}") from None
-        kinds = {"tensor", "stride", "size", "visits", "counter", "block", "block_ext", "flag"}
+        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed launch spec: unknown argument kind")
         return spec
@@ -97,8 +95,6 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
         for o in prog.outputs:    # the split-k workspace is float32 placeholders
             t = o.arg.tensor
             outs.append((key(t), tuple(ext_of(s) for s in t.shape), t.dtype.name))
-        returned = tuple(range(len(prog.split.workspace), len(outs))) \
-            if stage == "merged" else ()
         args = []
         for a in kernel_args(prog):
             if a.kind == "tensor":
@@ -108,8 +104,8 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
                 args.append(("stride", key(t.tensor), d))
             elif a.kind == "size":
                 args.append(("size", a.ref.name))
-            elif a.kind in ("visits", "counter"):
-                args.append((a.kind,))
+            elif a.kind == "visits":
+                args.append(("visits",))
             elif a.kind == "block":
                 ax = a.ref
                 if ax.block_size is not None:
@@ -124,8 +120,8 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
         specs.append(LaunchSpec(
             name=prog.name, source=src, rows=ext_of(prog.row.extent),
             grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
-            splits=prog.split.splits if stage in ("partial", "merged") else 0,
+            splits=prog.split.splits if stage == "partial" else 0,
             outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
-            num_stages=s.num_stages, count_visits=s.count_visits, returned=returned,
+            num_stages=s.num_stages, count_visits=s.count_visits,
             col_blocks=prog.split.col_blocks if stage == "combine" else 1))
     return tuple(specs)

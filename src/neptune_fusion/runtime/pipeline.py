@@ -48,23 +48,24 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     from ..codegen.split import split_programs
     from ..codegen.variants import partition_loop
 
-    def dump(stage: str, programs) -> None:
+    verify = settings.verify_enabled()
+
+    def done(stage: str, programs: tuple) -> tuple:
+        """After each stage: its invariants (NEPTUNE_FUSION_VERIFY), then its dump."""
+        if verify:
+            for p in programs:
+                p.check()
         settings.dump(stage, lambda: "\n\n".join("\n".join(outline(p, bodies=True))
                                                  for p in programs))
+        return programs
 
     check_plan(plan)
-    prog = lower(plan, list(inputs), schedule, name=name)
-    dump("lower", [prog])
-    prog = apply_exp2(prog)
-    dump("exp2", [prog])
-    prog = partition_loop(prog)
-    dump("partition", [prog])
-    # NEPTUNE_FUSION_VERIFY: the tile program's invariant check (TileProgram.check) is to
-    # run here, on the finished rolling program, when settings.verify_enabled()
-    programs = (prog,) if schedule.strategy == "rolling" else \
-        split_programs(prog, schedule.splits, schedule.merge)
-    dump("split", programs)
-    return programs
+    [prog] = done("lower", (lower(plan, list(inputs), schedule, name=name),))
+    [prog] = done("exp2", (apply_exp2(prog),))
+    [prog] = done("partition", (partition_loop(prog),))
+    if schedule.strategy == "rolling":
+        return done("split", (prog,))
+    return done("split", split_programs(prog, schedule.splits))
 
 
 def launch_specs(programs, inputs) -> tuple[LaunchSpec, ...]:

@@ -87,13 +87,6 @@ class Schedule:
                                     f"got {getattr(self, name)!r}")
         return self
 
-    @property
-    def merge(self) -> str:
-        """Transitional (issue 13), not a field: split-k always merges in a second kernel.
-        Only runtime/pipeline.py reads it, to pass on to ``split_programs``; both go
-        together."""
-        return "kernel"
-
     def to_dict(self) -> dict:
         return asdict(self)
 
