@@ -108,12 +108,12 @@ def exhaustive(op, seq: int, auto_store: str, only: list | None = None) -> dict:
     from neptune_fusion.bench.timing import graph_timer
     from neptune_fusion.bench.workloads import attention_options, make_inputs
     from neptune_fusion.frontend.attention import AttentionCache
-    from neptune_fusion.schedule.store import ScheduleStore
+    from neptune_fusion.runtime.disk_cache import DiskCache
     dev = torch.device("cuda")
     q, k, v = make_inputs(op, seq, torch.float16, dev)
     kw = attention_options(op, seq, dev)
     slopes = kw["alibi_slopes"]
-    cache = AttentionCache(store=ScheduleStore(auto_store))
+    cache = AttentionCache(store=DiskCache(auto_store))
     out = ops.attention(q, k, v, cache=cache, **kw)       # the stored (cold run's) choice
     ref = reference_attention(op, q, k, v)
     err = relative_error(out, ref)

@@ -49,9 +49,9 @@ def per_call_us(fn, n: int = 500, sync_each: bool = False) -> float:
 
 
 def launchers(cache: AttentionCache) -> list:
-    """The launcher of every CUDA launch step of every launch plan in ``cache``."""
+    """The launcher of every CUDA launch step of every call setup in ``cache``."""
     return [step.launcher for auto in cache.kernels() for kern in auto.kernels()
-            for plan in kern._plans.values() for step in plan.steps
+            for setup in kern._setups.values() for step in setup.steps
             if step.launcher is not None]
 
 

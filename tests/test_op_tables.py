@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from neptune_fusion.codegen import ops as codegen
+from neptune_fusion.codegen import triton_ops as codegen
 from neptune_fusion.ir import fold, nodes
 from neptune_fusion.ir.dtypes import float32
 from neptune_fusion.ir.nodes import Binary, Param
@@ -30,8 +30,8 @@ IR_BINARY = set(nodes.ARITH_OPS + nodes.CMP_OPS + nodes.LOGIC_OPS)
 BACKENDS = {
     "reference interpreter": (set(interp.UNARY), set(interp.BINARY)),
     "constant folding": (set(fold.UNARY), set(fold.BINARY)),
-    "code generator": (set(codegen.UNARY_OPS) | (codegen.LOWERED_BY_METHOD & IR_UNARY),
-                       set(codegen.BINARY_OPS) | (codegen.LOWERED_BY_METHOD & IR_BINARY)),
+    "code generator": (set(codegen.TL_UNARY) | (codegen.LOWERED_BY_METHOD & IR_UNARY),
+                       set(codegen.TL_BINARY) | (codegen.LOWERED_BY_METHOD & IR_BINARY)),
     "merge_partials": (set(merge.TORCH_UNARY), set(merge.TORCH_BINARY)),
 }
 

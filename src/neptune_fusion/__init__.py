@@ -61,7 +61,7 @@ _LAZY = {
     "FusionPlan": "fusion.plan", "FusedGroup": "fusion.plan", "Member": "fusion.plan",
     "Unfused": "fusion.plan", "compile": "runtime.pipeline", "Kernel": "runtime.kernel",
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
-    "Schedule": "schedule", "ScheduleStore": "schedule.store", "AutoKernel": "runtime.auto",
+    "Schedule": "schedule", "DiskCache": "runtime.disk_cache", "AutoKernel": "runtime.auto",
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",
 }
 
@@ -79,7 +79,7 @@ def __getattr__(name: str):
 __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
-    "compile", "Kernel", "AutoKernel", "ScheduleStore", "attention", "AttentionCache",
+    "compile", "Kernel", "AutoKernel", "DiskCache", "attention", "AttentionCache",
     "Schedule", "ops",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",

@@ -88,11 +88,11 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
 
 def run_cache(args: argparse.Namespace, console: Console) -> int:
     """List the tuned schedules in the cache, or clear them."""
-    from .schedule.store import ScheduleStore
-    store = ScheduleStore(args.dir)
+    from .runtime.disk_cache import DiskCache
+    store = DiskCache(args.dir)
     if args.clear:
         n = store.clear()
-        k = ScheduleStore(store.root, subdir="launches").clear()
+        k = DiskCache(store.root, subdir="specs").clear()
         console.print(f"removed {n} tuned schedule(s) and {k} stored kernel record(s) "
                       f"from {store.root}", markup=False)
         return 0

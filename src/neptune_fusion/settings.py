@@ -29,7 +29,7 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_CACHE_DIR", "",
-            "Root of the disk cache (tuned schedules, launch specs, generated kernel "
+            "Root of the disk cache (tuned schedules, kernel specs, generated kernel "
             "sources). Empty: `$XDG_CACHE_HOME/neptune-fusion`, else "
             "`~/.cache/neptune-fusion`."),
     Setting("XDG_CACHE_HOME", "",

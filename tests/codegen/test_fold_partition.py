@@ -7,9 +7,7 @@ import math
 import pytest
 
 import neptune_fusion as nf
-from neptune_fusion.ir.fold import bconst, fconst, fold, iconst
-from neptune_fusion.ir.nodes import Binary, IndexVar, Param, Reduce, Unary, Where, fresh_uid
-from neptune_fusion.schedule.partition import (
+from neptune_fusion.analysis.masks import (
     Partition,
     conjuncts,
     constraint,
@@ -17,6 +15,8 @@ from neptune_fusion.schedule.partition import (
     loop_bounds,
     tidy,
 )
+from neptune_fusion.ir.fold import bconst, fconst, fold, iconst
+from neptune_fusion.ir.nodes import Binary, IndexVar, Param, Reduce, Unary, Where, fresh_uid
 
 N, M = nf.sizes("N M")
 I = IndexVar("i", N, "spatial", fresh_uid())  # noqa: E741

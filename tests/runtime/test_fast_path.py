@@ -1,4 +1,4 @@
-"""The steady-state eager path: cached launch plans (Kernel) and call plans (attention).
+"""The steady-state eager path: cached call setups (Kernel) and call setups (attention).
 
 A signature seen before skips the checks; these tests pin that a *new* signature (another
 length, a wrong dtype, a strided view) is still fully checked after good calls, and that
@@ -66,7 +66,7 @@ def test_attention_call_plan_revalidates_new_signatures():
 
     first = run(q, k, v)
     assert torch.equal(run(q, k, v), first)
-    assert (cache.misses, cache.hits) == (1, 1)       # a call-plan hit counts as a hit
+    assert (cache.misses, cache.hits) == (1, 1)       # a call-setup hit counts as a hit
     k2, v2 = randn(1, 2, 41, 32, seed=1), randn(1, 2, 41, 32, seed=2)
     assert attention(q, k2, v2, mask_mod=ops.Causal(), enable_gqa=True, q_offset=40,
                      cache=cache).shape == q.shape

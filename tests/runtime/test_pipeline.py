@@ -6,7 +6,7 @@ import re
 
 from neptune_fusion import ops
 from neptune_fusion.fusion.plan import plan
-from neptune_fusion.runtime.pipeline import build_programs, launch_specs
+from neptune_fusion.runtime.pipeline import build_programs, kernel_specs
 from neptune_fusion.schedule.schedule import Schedule
 
 STAGES = ("lower", "exp2", "partition", "split", "source")
@@ -18,7 +18,7 @@ def test_every_stage_is_dumped_in_order(monkeypatch, capsys):
     sched = Schedule(block_m=16, block_n=32, num_warps=4, strategy="split", splits=2)
     monkeypatch.setenv("NEPTUNE_FUSION_DUMP", ",".join(STAGES))
     programs = build_programs(p, ins, sched, "dump_me")
-    specs = launch_specs(programs, ins)
+    specs = kernel_specs(programs, ins)
     err = capsys.readouterr().err
     assert re.findall(r"--- neptune-fusion: after (\w+) ---", err) == list(STAGES)
     lower, exp2, partition, split, source = re.split(r"--- neptune-fusion: after \w+ ---",
@@ -34,5 +34,5 @@ def test_dumps_cost_nothing_when_off(monkeypatch, capsys):
     [o], ins = ops.definition("PF-Causal", "float16", 64, 4, 2)
     monkeypatch.delenv("NEPTUNE_FUSION_DUMP", raising=False)
     programs = build_programs(plan(o), ins, Schedule(), "quiet")
-    launch_specs(programs, ins)
+    kernel_specs(programs, ins)
     assert capsys.readouterr().err == ""

@@ -16,10 +16,10 @@ import neptune_fusion as nf
 from algebra.chains import tanh_chain, variance
 from neptune_fusion import ops
 from neptune_fusion.errors import ScheduleError, UnschedulableError
+from neptune_fusion.runtime.disk_cache import DiskCache
 from neptune_fusion.schedule.cost import check_resources, estimate, rank
 from neptune_fusion.schedule.schedule import Schedule
 from neptune_fusion.schedule.space import CPU, H200, Problem, candidates, wants_split
-from neptune_fusion.schedule.store import ScheduleStore
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PREFILL = Problem(rows=16384, loop=16384, programs=32, inner=128, col=128)
@@ -123,7 +123,7 @@ def _ref(q, k, v):
 
 def test_auto_cache_miss_hit_and_corruption(tmp_path):
     o, ins, (q, k, v) = _small_causal()
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     first = nf.compile(o, ins, cache=store)
     assert isinstance(first, nf.AutoKernel)
     out = first(q, k, v)
@@ -152,7 +152,7 @@ def test_auto_cache_miss_hit_and_corruption(tmp_path):
 
 def test_auto_key_separates_shape_classes(tmp_path):
     o, ins, (q, k, v) = _small_causal()
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     kern = nf.compile(o, ins, cache=store)
     kern(q, k, v)
     kern(q[:, :, :20], k[:, :, :20], v[:, :, :20])           # 70 -> bucket 128, 20 -> 32
@@ -163,12 +163,12 @@ def test_auto_key_separates_shape_classes(tmp_path):
 
 def test_auto_log(tmp_path, capsys):
     o, ins, (q, k, v) = _small_causal()
-    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=True)(q, k, v)
+    nf.compile(o, ins, cache=DiskCache(tmp_path), log=True)(q, k, v)
     err = capsys.readouterr().err
     assert "cost model only" in err and "block_m" in err
-    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=True)(q, k, v)
+    nf.compile(o, ins, cache=DiskCache(tmp_path), log=True)(q, k, v)
     assert "schedule from the cache" in capsys.readouterr().err
-    nf.compile(o, ins, cache=ScheduleStore(tmp_path), log=False)(q, k, v)
+    nf.compile(o, ins, cache=DiskCache(tmp_path), log=False)(q, k, v)
     assert capsys.readouterr().err == ""
 
 
@@ -205,7 +205,7 @@ def test_two_processes_share_the_cache(tmp_path):
     for p in procs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     entries = store.entries()
     assert len(entries) == 4                 # one per bucket, whoever wrote it last
     assert all(Schedule.from_dict(e["record"]["schedule"]) for e in entries)
@@ -235,7 +235,7 @@ print("sympy" in sys.modules, inner.from_cache, round((t1 - t0) * 1e3, 1),
 
 
 def test_warm_compile_needs_no_algebra(tmp_path):
-    """A second process compiles from the stored launch specs: no SymPy, no lowering,
+    """A second process compiles from the stored kernel specs: no SymPy, no lowering,
     the same result; the plan is still there on demand."""
     env = dict(os.environ, NEPTUNE_FUSION_CACHE_DIR=str(tmp_path))
     code = WARM.format(src=str(SRC))
@@ -252,17 +252,17 @@ def test_warm_compile_needs_no_algebra(tmp_path):
 def test_corrupt_launch_specs_are_rebuilt(tmp_path):
     o, ins, (q, k, v) = _small_causal()
     sched = Schedule(block_m=16, block_n=32)
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     first = nf.compile(o, ins, schedule=sched, cache=store)
     assert not first.from_cache
     want = first(q, k, v)
     second = nf.compile(o, ins, schedule=sched, cache=store)
     assert second.from_cache and torch.equal(second(q, k, v), want)
     assert second.plan.single_pass and second.program.name == first.program.name
-    launches = ScheduleStore(tmp_path, subdir="launches")
+    launches = DiskCache(tmp_path, subdir="specs")
     for e in launches.entries():
-        if "launches" in e["record"]:
-            broken = {"launches": [dict(e["record"]["launches"][0], args=[["bogus"]])]}
+        if "specs" in e["record"]:
+            broken = {"specs": [dict(e["record"]["specs"][0], args=[["bogus"]])]}
             launches.put(e["key"], broken)
     third = nf.compile(o, ins, schedule=sched, cache=store)
     assert not third.from_cache and torch.equal(third(q, k, v), want)
@@ -275,7 +275,7 @@ def test_measure_drops_wrong_and_failing_candidates(monkeypatch):
     import triton.testing
 
     from neptune_fusion.runtime import tune
-    from neptune_fusion.runtime.kernel import Launch
+    from neptune_fusion.runtime.kernel import LaunchResult
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     o, ins, (q, k, v) = _small_causal()
     auto = nf.compile(o, ins, cache=False)
@@ -288,7 +288,7 @@ def test_measure_drops_wrong_and_failing_candidates(monkeypatch):
         schedule = wrong
 
         def launch(self, *t):
-            return Launch([torch.zeros(1, 2, t[0].shape[2], 32)], (1, 1), None)
+            return LaunchResult([torch.zeros(1, 2, t[0].shape[2], 32)], (1, 1), None)
 
     def build(s):
         if s == wrong:
@@ -358,7 +358,7 @@ def test_a_changed_compiler_does_not_reuse_the_cache(tmp_path, monkeypatch):
     (schedules, generated kernels) is not reused after the code changes."""
     from neptune_fusion import _version
     o, ins, (q, k, v) = _small_causal()
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     sched = Schedule(block_m=16, block_n=32)
     nf.compile(o, ins, schedule=sched, cache=store)
     nf.compile(o, ins, cache=store)(q, k, v)

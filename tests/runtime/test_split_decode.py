@@ -233,7 +233,7 @@ def test_combine_column_programs_cover_odd_head_dims(d, blocks):
 
 def test_growing_decode_loop_keeps_one_call_plan():
     """A decode loop over a preallocated KV cache whose visible length grows by one per
-    step: one call plan (the key leaves M out), a launch plan per length sharing one set
+    step: one call setup (the key leaves M out), a call setup per length sharing one set
     of launch steps, every step right against float64."""
     cache = AttentionCache(store=False)
     torch.manual_seed(3)
@@ -245,7 +245,7 @@ def test_growing_decode_loop_keeps_one_call_plan():
         ref = _ref(q, k, v, scale=0.125)
         assert (out.double() - ref).abs().max().item() < 1e-5
     assert cache.call_info() == (5, 1, 1024, 1) and len(cache) == 1
-    assert cache.cache_info() == (5, 1, None, 1)   # a call-plan hit is a kernel hit
+    assert cache.cache_info() == (5, 1, None, 1)   # a call-setup hit is a kernel hit
     (auto,) = cache.kernels()   # lengths 61-64 and 65-66 are two shape classes
     assert auto.cache_info() == (4, 2, None, 2)
     assert sum(kern.cache_info().currsize for kern in auto.kernels()) == 6

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from neptune_fusion.schedule import store as store_mod
-from neptune_fusion.schedule.store import ScheduleStore
+from neptune_fusion.runtime import disk_cache as store_mod
+from neptune_fusion.runtime.disk_cache import DiskCache
 from neptune_fusion.settings import cache_root
 
 KEY = {"op": "attention", "shape": [1, 8, 128, 64], "dtype": "float16", "device": "H200"}
@@ -21,8 +21,8 @@ RECORD = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "time_m
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> ScheduleStore:
-    return ScheduleStore(tmp_path / "cache")
+def store(tmp_path: Path) -> DiskCache:
+    return DiskCache(tmp_path / "cache")
 
 
 def _envelope(path: Path) -> dict:
@@ -33,14 +33,14 @@ def _rewrite(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc))
 
 
-def _temp_files(store: ScheduleStore) -> list[str]:
+def _temp_files(store: DiskCache) -> list[str]:
     return [n for n in os.listdir(store.directory) if n.startswith(".tmp-")]
 
 
 # -- round trips ------------------------------------------------------------------------------
 
 
-def test_round_trip(store: ScheduleStore) -> None:
+def test_round_trip(store: DiskCache) -> None:
     path = store.put(KEY, RECORD)
     assert path == store.path(KEY)
     assert path.parent == store.root / "schedules"
@@ -51,12 +51,12 @@ def test_round_trip(store: ScheduleStore) -> None:
     assert set(doc) == {"format", "key", "record", "checksum"}
 
 
-def test_missing_key(store: ScheduleStore) -> None:
+def test_missing_key(store: DiskCache) -> None:
     assert store.get(KEY) is None
     assert store.last_miss == "missing"
 
 
-def test_two_keys_two_files(store: ScheduleStore) -> None:
+def test_two_keys_two_files(store: DiskCache) -> None:
     other = {**KEY, "dtype": "bfloat16"}
     p1, p2 = store.put(KEY, RECORD), store.put(other, {"block_m": 128})
     assert p1 != p2 and p1.exists() and p2.exists()
@@ -64,26 +64,26 @@ def test_two_keys_two_files(store: ScheduleStore) -> None:
     assert store.get(other) == {"block_m": 128}
 
 
-def test_key_order_does_not_matter(store: ScheduleStore) -> None:
+def test_key_order_does_not_matter(store: DiskCache) -> None:
     reordered = dict(reversed(list(KEY.items())))
     assert store.path(reordered) == store.path(KEY)
     store.put(KEY, RECORD)
     assert store.get(reordered) == RECORD
 
 
-def test_path_is_32_hex_digits(store: ScheduleStore) -> None:
+def test_path_is_32_hex_digits(store: DiskCache) -> None:
     name = store.path(KEY).name
     assert name.endswith(".json") and len(name) == 32 + len(".json")
     int(name[:32], 16)
 
 
-def test_put_overwrites(store: ScheduleStore) -> None:
+def test_put_overwrites(store: DiskCache) -> None:
     store.put(KEY, RECORD)
     store.put(KEY, {"block_m": 16})
     assert store.get(KEY) == {"block_m": 16}
 
 
-def test_tuples_round_trip_as_lists(store: ScheduleStore) -> None:
+def test_tuples_round_trip_as_lists(store: DiskCache) -> None:
     key = {**KEY, "shape": (1, 8, 128, 64)}
     store.put(key, {"grid": (4, 2)})
     assert store.get(KEY) == {"grid": [4, 2]}  # same canonical key
@@ -147,7 +147,7 @@ def _nan_inside(path: Path) -> None:
         (_nan_inside, "corrupt: ValueError"),
     ],
 )
-def test_damaged_file_is_a_miss_then_rewritten(store: ScheduleStore, damage, reason) -> None:
+def test_damaged_file_is_a_miss_then_rewritten(store: DiskCache, damage, reason) -> None:
     path = store.put(KEY, RECORD)
     damage(path)
     assert store.get(KEY) is None
@@ -157,7 +157,7 @@ def test_damaged_file_is_a_miss_then_rewritten(store: ScheduleStore, damage, rea
     assert store.last_miss is None
 
 
-def test_directory_in_place_of_file_is_a_miss(store: ScheduleStore) -> None:
+def test_directory_in_place_of_file_is_a_miss(store: DiskCache) -> None:
     store.path(KEY).mkdir(parents=True)
     assert store.get(KEY) is None
     assert store.last_miss.startswith("unreadable: ")
@@ -165,7 +165,7 @@ def test_directory_in_place_of_file_is_a_miss(store: ScheduleStore) -> None:
     assert _temp_files(store) == []
 
 
-def test_last_miss_is_per_thread(store: ScheduleStore) -> None:
+def test_last_miss_is_per_thread(store: DiskCache) -> None:
     store.put(KEY, RECORD)
     store.get({"op": "absent"})
     seen = []
@@ -183,18 +183,18 @@ def test_last_miss_is_per_thread(store: ScheduleStore) -> None:
     "record",
     [{"f": object()}, {"s": {1, 2}}, {"b": b"bytes"}, {"x": float("nan")}, {"x": float("inf")}],
 )
-def test_non_json_record_raises(store: ScheduleStore, record) -> None:
+def test_non_json_record_raises(store: DiskCache, record) -> None:
     with pytest.raises((TypeError, ValueError)):
         store.put(KEY, record)
     assert not store.path(KEY).exists()
 
 
-def test_nan_in_key_raises(store: ScheduleStore) -> None:
+def test_nan_in_key_raises(store: DiskCache) -> None:
     with pytest.raises(ValueError):
         store.put({"x": float("nan")}, RECORD)
 
 
-def test_record_must_be_a_mapping(store: ScheduleStore) -> None:
+def test_record_must_be_a_mapping(store: DiskCache) -> None:
     with pytest.raises(TypeError):
         store.put(KEY, [1, 2, 3])
 
@@ -205,7 +205,7 @@ def test_record_must_be_a_mapping(store: ScheduleStore) -> None:
 def test_root_under_a_regular_file(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
-    store = ScheduleStore(blocker / "cache")
+    store = DiskCache(blocker / "cache")
     assert store.put(KEY, RECORD) is None
     assert store.get(KEY) is None
     assert store.last_miss is not None
@@ -214,7 +214,7 @@ def test_root_under_a_regular_file(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
                     reason="root ignores directory permissions")
-def test_read_only_directory(store: ScheduleStore) -> None:
+def test_read_only_directory(store: DiskCache) -> None:
     store.put(KEY, RECORD)
     store.directory.chmod(0o555)
     try:
@@ -224,7 +224,7 @@ def test_read_only_directory(store: ScheduleStore) -> None:
         store.directory.chmod(0o755)
 
 
-def test_failed_replace_leaves_no_temp_file(store: ScheduleStore, monkeypatch) -> None:
+def test_failed_replace_leaves_no_temp_file(store: DiskCache, monkeypatch) -> None:
     store.put(KEY, RECORD)
 
     def failing_replace(src, dst):
@@ -244,7 +244,7 @@ def test_cache_root_env_override(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("NEPTUNE_FUSION_CACHE_DIR", str(tmp_path / "nf"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_root() == tmp_path / "nf"
-    assert ScheduleStore().directory == tmp_path / "nf" / "schedules"
+    assert DiskCache().directory == tmp_path / "nf" / "schedules"
 
 
 def test_cache_root_xdg(monkeypatch, tmp_path: Path) -> None:
@@ -267,9 +267,9 @@ PAYLOAD = 2000
 
 _WRITER = """
 import sys
-from neptune_fusion.schedule.store import ScheduleStore
+from neptune_fusion.runtime.disk_cache import DiskCache
 root, writer, puts, payload = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-store = ScheduleStore(root)
+store = DiskCache(root)
 key = {"op": "concurrent", "shape": [4, 4]}
 for i in range(puts):
     record = {"writer": writer, "i": i,
@@ -295,7 +295,7 @@ def _check_read(record: dict | None, miss: str | None, seen_hit: bool) -> bool:
 
 
 def test_concurrent_process_writers(tmp_path: Path) -> None:
-    store = ScheduleStore(tmp_path)
+    store = DiskCache(tmp_path)
     key = {"shape": [4, 4], "op": "concurrent"}
     src = str(Path(store_mod.__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
@@ -321,7 +321,7 @@ def test_concurrent_process_writers(tmp_path: Path) -> None:
     assert len(store.entries()) == 1
 
 
-def test_concurrent_thread_writers(store: ScheduleStore) -> None:
+def test_concurrent_thread_writers(store: DiskCache) -> None:
     key = {"op": "threads"}
     records = [{"t": t, "payload": list(range(t, t + PAYLOAD))} for t in range(4)]
 
@@ -344,7 +344,7 @@ def test_concurrent_thread_writers(store: ScheduleStore) -> None:
 # -- entries and clear --------------------------------------------------------------------------
 
 
-def test_entries_and_clear(store: ScheduleStore) -> None:
+def test_entries_and_clear(store: DiskCache) -> None:
     keys = [{**KEY, "shape": [n, 64]} for n in (1, 2, 3)]
     for n, key in enumerate(keys):
         store.put(key, {"block_m": 16 << n})
@@ -365,6 +365,6 @@ def test_entries_and_clear(store: ScheduleStore) -> None:
     assert store.get(keys[1]) is None and store.last_miss == "missing"
 
 
-def test_entries_of_missing_directory(store: ScheduleStore) -> None:
+def test_entries_of_missing_directory(store: DiskCache) -> None:
     assert store.entries() == []
     assert store.clear() == 0

@@ -20,21 +20,21 @@ from ..ir.dtypes import int64
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
 from ..ir.traverse import walk
 from .emitter import Block
-from .ops import (
+from .patterns import canonical, match_contraction
+from .program import TileProgram
+from .tiles import TileOps, Val
+from .triton_ops import (
     ADD,
     ATOM,
-    BINARY_OPS,
     KIND_TL,
     MUL,
     TANH_PORTABLE,
     TANH_PTX,
-    UNARY_OPS,
+    TL_BINARY,
+    TL_UNARY,
     literal,
     wrap,
 )
-from .patterns import canonical, match_contraction
-from .program import TileProgram
-from .tiles import TileOps, Val
 
 
 def count_uses(roots: Iterable[Expr]) -> dict[Expr, int]:
@@ -230,7 +230,7 @@ class Lowerer(TileOps):
             x = self.f32(x)
         if e.op == "tanh":
             return self.tanh(x)
-        tpl, prec, least = UNARY_OPS[e.op]
+        tpl, prec, least = TL_UNARY[e.op]
         return Val(tpl.format(wrap(x.code, x.prec, least)), x.axes, self._kind(e, [x]), prec)
 
     def tanh(self, x: Val) -> Val:
@@ -259,7 +259,7 @@ class Lowerer(TileOps):
         if e.dtype.is_float or (a.kind in ("f32", "f64")) != (b.kind in ("f32", "f64")):
             if e.op not in ("and", "or"):
                 a, b = self.f32(a), self.f32(b)
-        tpl, prec, la, lb = BINARY_OPS[e.op]
+        tpl, prec, la, lb = TL_BINARY[e.op]
         if e.op == "mul" and not e.dtype.is_float and isinstance(e.b, Binary) \
                 and e.b.op in ("mul", "floordiv", "mod"):
             lb = prec + 1  # a * (b // c * d) is not a * b // c * d on integers

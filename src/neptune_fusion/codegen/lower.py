@@ -39,11 +39,10 @@ from ..ir.nodes import (
     Where,
     fresh_uid,
 )
-from ..ir.pow2 import next_pow2 as _next_pow2
+from ..ir.pow2 import tile_extent
 from ..ir.reducers import combined_with, reducer, running_expr, safe_expr
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
-from .ops import REDUCE_OPS
 from .program import (
     LOOP_LO,
     TILE_END,
@@ -57,6 +56,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
+from .triton_ops import REDUCE_OPS
 
 
 def ident(name: str, taken: set[str]) -> str:
@@ -72,15 +72,10 @@ def ident(name: str, taken: set[str]) -> str:
     return out
 
 
-def next_pow2(n: int, least: int = 16) -> int:
-    """A tile size covering ``n`` (a power of two, at least 16 for ``tl.dot``)."""
-    return _next_pow2(n, least)
-
-
 # ------------------------------------------------------------------------ the plan
 
 
-def check_plan(plan: FusionPlan) -> None:
+def check_single_pass(plan: FusionPlan) -> None:
     """Raise the error :func:`lower` would for a plan that is not one fused loop."""
     _the_group(plan)
 
@@ -137,7 +132,7 @@ def _inner_axes(bodies: list[Expr], loop: IndexVar, taken: set[str]) -> tuple[Ax
             if isinstance(x, Reduce):
                 for a in x.axes:
                     if a is not loop and all(a is not o.var for o in out):
-                        size = next_pow2(a.extent) if isinstance(a.extent, int) else None
+                        size = tile_extent(a.extent) if isinstance(a.extent, int) else None
                         out.append(Axis(a, "inner", ident(f"BLOCK_{a.name.upper()}", taken),
                                         size))
     return tuple(out)
@@ -283,7 +278,7 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     col_axis = None
     if col is not None:
         col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken),
-                        next_pow2(col.extent) if isinstance(col.extent, int) else None)
+                        tile_extent(col.extent) if isinstance(col.extent, int) else None)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
     return TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),

@@ -28,7 +28,7 @@ from ..ir.nodes import Const, Expr, IndexVar, Load, Param, Size, Tensor
 from ..ir.reducers import reducer
 from ..ir.traverse import walk
 from ..schedule.schedule import Schedule
-from .ops import REDUCE_OPS
+from .triton_ops import REDUCE_OPS
 
 ROLES = ("grid", "row", "loop", "col", "inner")
 # Canonical axis order of 2-d tile values: rows, then the loop axis, then columns.

@@ -22,7 +22,6 @@ from ..ir.nodes import Expr
 from ..ir.traverse import walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
-from .ops import ATOM, literal, tl_dtype
 from .program import (
     BLOCK_N,
     I_FIRST,
@@ -34,6 +33,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
+from .triton_ops import ATOM, literal, tl_dtype
 
 
 @dataclass(frozen=True)

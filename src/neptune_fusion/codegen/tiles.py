@@ -14,9 +14,9 @@ from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fold
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce
-from .ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
+from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
 
 
 def index_range(e: Expr) -> tuple[int, int] | None:

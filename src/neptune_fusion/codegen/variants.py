@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..analysis.masks import Partition, conjuncts, constraint, loop_bounds
 from ..errors import CodegenError
 from ..ir.fold import RULES, bconst, fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary, Where
 from ..ir.reducers import reducer
 from ..ir.traverse import rewrite, substitute, walk
-from ..schedule.partition import Partition, conjuncts, constraint, loop_bounds
 from ..schedule.schedule import Schedule
 from .lower import kernel_sizes
 from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar, TileProgram

@@ -8,8 +8,8 @@ brute-force count of the tiles the mask leaves non-empty.
 
 from __future__ import annotations
 
+from ..analysis.masks import evaluate
 from ..ir.nodes import Expr, Size
-from ..schedule.partition import evaluate
 from .program import BLOCK_N, I_FIRST, I_LAST, TileProgram, extent_value
 
 

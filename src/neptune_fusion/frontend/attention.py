@@ -107,7 +107,7 @@ class AttentionCache:
     """Compiled attention kernels keyed by shape class (and schedule). Thread-safe.
 
     ``store`` is where auto-scheduled kernels remember their tuned schedules across
-    processes (a :class:`~neptune_fusion.schedule.store.ScheduleStore` or a directory;
+    processes (a :class:`~neptune_fusion.runtime.disk_cache.DiskCache` or a directory;
     ``None``: the default ``~/.cache/neptune-fusion``; ``False``: nowhere).
     """
 
@@ -116,9 +116,9 @@ class AttentionCache:
         self._kernels: dict = {}
         # per-call derived objects (spec, schedule, kernel, packing) keyed by everything
         # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
-        self._calls: dict[tuple, _CallPlan] = {}
+        self._calls: dict[tuple, _CallSetup] = {}
         self._lock = threading.Lock()
-        self.hits = 0      # kernel lookups answered from the cache (a call plan is one)
+        self.hits = 0      # kernel lookups answered from the cache (a call setup is one)
         self.misses = 0    # kernels compiled
         self._call_hits = self._call_misses = 0
 
@@ -133,7 +133,7 @@ class AttentionCache:
             return CacheInfo(self.hits, self.misses, None, len(self._kernels))
 
     def call_info(self):
-        """The call plans (what :func:`attention` derives from a call's key, see
+        """The call setups (what :func:`attention` derives from a call's key, see
         :func:`_call_key`): calls that found theirs (hits) and plans made (misses)."""
         from ..runtime.inputs import CacheInfo
         with self._lock:
@@ -151,27 +151,27 @@ class AttentionCache:
             self.hits = self.misses = 0
             self._call_hits = self._call_misses = 0
 
-    def _call_plan(self, key: tuple | None) -> _CallPlan | None:
-        """The cached plan of a call ``key``, counted as a kernel hit; None if unseen."""
+    def _call_setup(self, key: tuple | None) -> _CallSetup | None:
+        """The cached setup of a call ``key``, counted as a kernel hit; None if unseen."""
         if key is None:
             return None
         try:
-            plan = self._calls.get(key)
+            setup = self._calls.get(key)
         except TypeError:  # an unhashable mod: the full path reports it as before
             return None
-        if plan is not None:
+        if setup is not None:
             with self._lock:
-                self.hits += 1  # the kernel lookup this plan stands for
+                self.hits += 1  # the kernel lookup this setup stands for
                 self._call_hits += 1
-        return plan
+        return setup
 
-    def _remember(self, key: tuple | None, plan: _CallPlan) -> None:
+    def _remember(self, key: tuple | None, setup: _CallSetup) -> None:
         if key is None:
             return
         from ..runtime.inputs import remember
         with self._lock:
             # bounded: e.g. a decode loop's growing key length
-            remember(self._calls, key, plan, _MAX_CALLS)
+            remember(self._calls, key, setup, _MAX_CALLS)
             self._call_misses += 1
 
     def kernel(self, spec: AttentionSpec, schedule):
@@ -191,7 +191,7 @@ class AttentionCache:
 
 
 @dataclass(frozen=True)
-class _CallPlan:
+class _CallSetup:
     """What :func:`attention` derives from a call's key: the kernel and the packing."""
 
     kernel: object
@@ -199,7 +199,7 @@ class _CallPlan:
     group: int
 
 
-_MAX_CALLS = 1024   # call plans kept per AttentionCache
+_MAX_CALLS = 1024   # call setups kept per AttentionCache
 
 
 def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
@@ -208,7 +208,7 @@ def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: d
 
     Plain tensors only (a subclass's attributes may not be plain data). The key length M
     is not part of it, only the query-offset mode it gives (``"end"`` for ``M - N``), so a
-    decode loop whose K/V grow by one per step keeps one call plan; K and V must agree in
+    decode loop whose K/V grow by one per step keeps one call setup; K and V must agree in
     M (the full path reports otherwise). Anything odd (not 4-d, a bool or float offset)
     gets None: the full path checks it and says what is wrong.
     """
@@ -300,20 +300,20 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     cache = cache if cache is not None else DEFAULT_CACHE
     key = _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
                     schedule)
-    plan = cache._call_plan(key)
-    if plan is None:  # first call of this key: full checks, then remember what they gave
-        plan = _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
+    setup = cache._call_setup(key)
+    if setup is None:  # first call of this key: full checks, then remember what they gave
+        setup = _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
                           cache, schedule)
-        cache._remember(key, plan)
-    qin = q.reshape(q.shape[0], k.shape[1], plan.group, q.shape[3]) if plan.packed else q
+        cache._remember(key, setup)
+    qin = q.reshape(q.shape[0], k.shape[1], setup.group, q.shape[3]) if setup.packed else q
     tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
                for t in [qin, k, v] + list(bufs.values())]
-    out = plan.kernel(*tensors)
-    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if plan.packed else out
+    out = setup.kernel(*tensors)
+    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if setup.packed else out
 
 
-def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
-               cache: AttentionCache, schedule) -> _CallPlan:
+def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
+               cache: AttentionCache, schedule) -> _CallSetup:
     """Check a call and derive its spec, schedule and kernel (see :func:`attention`)."""
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
@@ -330,4 +330,4 @@ def _plan_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: 
         buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
                       for name, t in bufs.items()), packed=packed)
     sched = "auto" if schedule is None else schedule
-    return _CallPlan(cache.kernel(spec, sched), packed, group)
+    return _CallSetup(cache.kernel(spec, sched), packed, group)

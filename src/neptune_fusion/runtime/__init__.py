@@ -6,7 +6,7 @@ See :mod:`neptune_fusion.runtime.pipeline` (the stages, ``compile``),
 
 from __future__ import annotations
 
-from .kernel import GeneratedKernel, Kernel, Launch
+from .kernel import GeneratedKernel, Kernel, LaunchResult
 from .pipeline import compile  # noqa: A004
 
-__all__ = ["compile", "Kernel", "GeneratedKernel", "Launch"]
+__all__ = ["compile", "Kernel", "GeneratedKernel", "LaunchResult"]

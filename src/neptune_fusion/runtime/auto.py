@@ -58,7 +58,7 @@ class AutoKernel:
         self.name = name
         self.base = base
         self._build = build            # Schedule -> Kernel (checked, not yet launched)
-        self._store = store            # a ScheduleStore, or None: no disk cache
+        self._store = store            # a DiskCache, or None: no disk cache
         self.top_k = top_k
         self._log = log
         self._single = single
@@ -195,9 +195,9 @@ class AutoKernel:
         }
 
     def _choose(self, tensors):
+        from ..runtime.disk_cache import canonical_json
         from ..schedule.cost import rank
         from ..schedule.space import candidates, device_of
-        from ..schedule.store import canonical_json
         from .problem import problem_of
         sizes, tdev = check_inputs(self.name, self.inputs, tensors)
         device = device_of(tdev)

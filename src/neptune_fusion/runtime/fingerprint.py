@@ -1,6 +1,6 @@
 """The program fingerprint: the key under which the disk cache finds a definition.
 
-Both the tuned schedules (:mod:`.auto`) and the stored launch specs (the pipeline's
+Both the tuned schedules (:mod:`.auto`) and the stored kernel specs (the pipeline's
 :class:`~neptune_fusion.runtime.pipeline.Builder`) are keyed by it, so it must be stable
 across processes: it hashes the printed program, which names tensors and sizes but prints
 constants rounded, plus every constant's exact ``repr``.

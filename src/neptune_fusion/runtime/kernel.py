@@ -1,11 +1,11 @@
 """``Kernel``: a compiled operator's launch machinery.
 
 A :class:`Kernel` runs the generated kernels of one schedule from their
-:class:`~neptune_fusion.runtime.launch.LaunchSpec` s (built by the pipeline,
+:class:`~neptune_fusion.runtime.spec.KernelSpec` s (built by the pipeline,
 :mod:`neptune_fusion.runtime.pipeline`, or read from the cache): CUDA tensors launch the
 compiled Triton kernels, CPU tensors run the *same* generated kernels under Triton's
 interpreter. Inputs are checked at call time (:func:`~.inputs.check_inputs`); what a launch
-derives from them besides their data is cached per input signature as a launch plan
+derives from them besides their data is cached per input signature as a call setup
 (:meth:`Kernel.cache_info` counts them).
 """
 
@@ -18,19 +18,19 @@ from pathlib import Path
 
 from ..errors import CodegenError
 from ..ir.nodes import Size
-from ..ir.pow2 import next_pow2
+from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
 from .inputs import CacheInfo, check_inputs, remember, signature
-from .launch import LaunchSpec
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import import_kernel_module, interpreted_launch, write_source
+from .spec import KernelSpec
 
 
 class GeneratedKernel:
-    """One generated Triton kernel (one launch per call): its launch spec, source file and
+    """One generated Triton kernel (one launch per call): its kernel spec, source file and
     (lowered on demand when the kernel came from the cache) tile program."""
 
-    def __init__(self, spec: LaunchSpec, path: Path, program: Callable) -> None:
+    def __init__(self, spec: KernelSpec, path: Path, program: Callable) -> None:
         self.spec = spec
         self.path = path
         self._program = program
@@ -50,7 +50,7 @@ class GeneratedKernel:
 
 
 @dataclass(frozen=True)
-class Launch:
+class LaunchResult:
     """The result of :meth:`Kernel.launch`: outputs, grid, and the visit counts if asked."""
 
     outputs: list
@@ -58,7 +58,7 @@ class Launch:
     visits: object | None   # int32 tensor (programs, 2): masked and interior tiles visited
 
 
-_MAX_PLANS = 256    # launch plans kept per kernel (oldest dropped first)
+_MAX_SETUPS = 256    # call setups kept per kernel (oldest dropped first)
 _VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
 
 
@@ -68,7 +68,7 @@ _CONST, _TENSOR, _SIZE = 0, 1, 2   # where a kernel argument's value comes from
 @dataclass(frozen=True)
 class _Step:
     """One kernel launch with everything but the tensors and the symbolic sizes' values
-    precomputed; shared by the launch plans whose signatures differ only in sizes that
+    precomputed; shared by the call setups whose signatures differ only in sizes that
     reach the kernel as plain arguments (a decode loop's growing key length)."""
 
     outputs: tuple[tuple[tuple[int, ...], object], ...]  # (shape, torch dtype) to allocate
@@ -86,7 +86,7 @@ class _Step:
 
 
 @dataclass(frozen=True)
-class _LaunchPlan:
+class _CallSetup:
     """The launches of one input signature: the device and one step per kernel."""
 
     device: object
@@ -100,18 +100,18 @@ class Kernel:
 
     ``kernels`` lists the generated kernels launched in order per call: one for the
     rolling update, two for split-k (the partial kernel, then the combine). A kernel runs
-    from its :class:`~neptune_fusion.runtime.launch.LaunchSpec` s alone; ``plan`` and the
+    from its :class:`~neptune_fusion.runtime.spec.KernelSpec` s alone; ``plan`` and the
     tile programs are derived on first access when it was loaded from the cache.
     """
 
-    def __init__(self, outputs, inputs, specs: tuple[LaunchSpec, ...], schedule: Schedule,
+    def __init__(self, outputs, inputs, specs: tuple[KernelSpec, ...], schedule: Schedule,
                  single: bool, lowered: Callable, from_cache: bool = False) -> None:
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.schedule = schedule
         self.specs = tuple(specs)
         self._lowered = lowered        # () -> (plan, programs), memoised by the caller
-        self.from_cache = from_cache   # built from stored launch specs (nothing lowered)
+        self.from_cache = from_cache   # built from stored kernel specs (nothing lowered)
         self.kernels = [GeneratedKernel(sp, write_source(sp.source, sp.name),
                                         lambda k=k: self._lowered()[1][k])
                         for k, sp in enumerate(self.specs)]
@@ -119,12 +119,12 @@ class Kernel:
             "\n\n".join(sp.source for sp in self.specs)
         self._single = single
         self._modules: dict[tuple[int, bool], object] = {}
-        # launch plans by input signature (see _plan); owned by this kernel, bounded
-        self._plans: dict[tuple, _LaunchPlan] = {}
-        self._hits = self._misses = 0   # of _plans, for cache_info
-        # Triton's compiled kernels shared by the launch plans (launcher.reuse_key)
+        # call setups by input signature (see _setup); owned by this kernel, bounded
+        self._setups: dict[tuple, _CallSetup] = {}
+        self._hits = self._misses = 0   # of _setups, for cache_info
+        # Triton's compiled kernels shared by the call setups (launcher.reuse_key)
         self._compiled: dict[tuple, object] = {}
-        # launch steps shared by launch plans (see _step), bounded like the plans
+        # launch steps shared by call setups (see _step), bounded like the plans
         self._steps: dict[tuple, _Step] = {}
         self._shaping = tuple(_shaping_sizes(self.specs, k) for k in range(len(self.specs)))
         self._fits: set = set()   # (device, column extents) whose resources were checked
@@ -151,9 +151,9 @@ class Kernel:
         return f"<Kernel {self.specs[0].name}({ins}) -> {outs}; {self.schedule}>"
 
     def cache_info(self) -> CacheInfo:
-        """The launch plans kept per input signature: calls that found theirs (hits),
+        """The call setups kept per input signature: calls that found theirs (hits),
         calls that derived one (misses, tensor subclasses included: never kept)."""
-        return CacheInfo(self._hits, self._misses, _MAX_PLANS, len(self._plans))
+        return CacheInfo(self._hits, self._misses, _MAX_SETUPS, len(self._setups))
 
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
@@ -168,28 +168,28 @@ class Kernel:
     def call_signed(self, tensors: tuple, sig: tuple | None, checked=None):
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
-        out = self._run(self._plan(tensors, sig, checked), tensors).outputs
+        out = self._run(self._setup(tensors, sig, checked), tensors).outputs
         return out[0] if self._single else out
 
-    def launch(self, *tensors) -> Launch:
+    def launch(self, *tensors) -> LaunchResult:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
-        return self._run(self._plan(tensors, signature(tensors)), tensors)
+        return self._run(self._setup(tensors, signature(tensors)), tensors)
 
-    def _run(self, plan: _LaunchPlan, tensors) -> Launch:
+    def _run(self, setup: _CallSetup, tensors) -> LaunchResult:
         import torch
-        device = plan.device
+        device = setup.device
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             with torch.cuda.device(device):  # Triton launches on the current device
-                return self._run(plan, tensors)
-        by_tensor = dict(zip(plan.keys, tensors))
+                return self._run(setup, tensors)
+        by_tensor = dict(zip(setup.keys, tensors))
         is_aligned = device.type == "cuda" and aligned(tensors)
         # every launch direct: the workspace is one buffer, addressed (launcher.py)
         direct = is_aligned and all(s.launcher is not None and s.launcher.direct is not None
-                                    for s in plan.steps)
+                                    for s in setup.steps)
         buffers = []  # alive until every launch is enqueued (the allocator is stream-ordered)
         outs: list = []
         first = None
-        for k, step in enumerate(plan.steps):
+        for k, step in enumerate(setup.steps):
             if direct and step.scratch_bytes:
                 buffers.append(torch.empty(step.scratch_bytes, dtype=torch.uint8,
                                            device=device))
@@ -199,13 +199,13 @@ class Kernel:
                 outs = [torch.empty(shape, dtype=dt, device=device)
                         for shape, dt in step.outputs]
             by_tensor.update(zip(step.output_keys, outs))
-            run = self._launch_one(k, step, by_tensor, plan.sizes, device,
+            run = self._launch_one(k, step, by_tensor, setup.sizes, device,
                                    None if first is None else first[1], is_aligned)
             first = run if first is None else first
-        return Launch(outs, first[0], first[1])
+        return LaunchResult(outs, first[0], first[1])
 
-    def _plan(self, tensors, sig: tuple | None, checked=None) -> _LaunchPlan:
-        """The launch plan of ``tensors``: cached per (shapes, strides, dtypes, devices).
+    def _setup(self, tensors, sig: tuple | None, checked=None) -> _CallSetup:
+        """The call setup of ``tensors``: cached per (shapes, strides, dtypes, devices).
 
         Everything a launch derives from its inputs besides their data -- bound sizes,
         grids, output shapes, the non-tensor arguments, the Triton function -- depends
@@ -213,21 +213,21 @@ class Kernel:
         so a signature seen before skips both (this was most of the host time per call).
         Tensor subclasses are never cached: their attributes may not be plain data.
         """
-        plan = self._plans.get(sig) if sig is not None else None
-        if plan is not None:
+        setup = self._setups.get(sig) if sig is not None else None
+        if setup is not None:
             self._hits += 1
-            return plan
+            return setup
         self._misses += 1
         sizes, device = self._check(tensors) if checked is None else checked
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
-        plan = _LaunchPlan(device, tuple(self._step(k, named, device, tensors)
+        setup = _CallSetup(device, tuple(self._step(k, named, device, tensors)
                                          for k in range(len(self.specs))),
                            tuple(f"in{k}" for k in range(len(tensors))), named)
         if sig is not None:  # bounded: e.g. a decode loop's growing M
-            remember(self._plans, sig, plan, _MAX_PLANS)
-        return plan
+            remember(self._setups, sig, setup, _MAX_SETUPS)
+        return setup
 
     def _check_resources(self, tensors, sizes: dict, device) -> None:
         """An explicit schedule that cannot fit the device: a ScheduleError naming it.
@@ -261,10 +261,10 @@ class Kernel:
         step = self._steps.get(key)
         if step is None:
             step = self._new_step(k, spec, sizes, device, tensors)
-            remember(self._steps, key, step, _MAX_PLANS)
+            remember(self._steps, key, step, _MAX_SETUPS)
         return step
 
-    def _new_step(self, k: int, spec: LaunchSpec, sizes: dict, device, tensors) -> _Step:
+    def _new_step(self, k: int, spec: KernelSpec, sizes: dict, device, tensors) -> _Step:
         outputs = tuple(_alloc(shape, dt, sizes) for _, shape, dt in spec.outputs)
         out_keys = tuple(key for key, _, _ in spec.outputs)
         # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
@@ -296,7 +296,7 @@ class Kernel:
             elif kind == "block":
                 args.append((_CONST, a[1]))
             elif kind == "block_ext":
-                args.append((_CONST, next_pow2(_value(a[1], sizes), 16)))
+                args.append((_CONST, tile_extent(_value(a[1], sizes))))
             else:
                 args.append((_CONST, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None

@@ -12,7 +12,7 @@ variant); callers say whether every tensor is aligned, and only aligned calls ta
 direct path (the kernel kept is the aligned variant). ``NEPTUNE_FUSION_DIRECT_LAUNCH=0``
 (read when the launcher is made) keeps every launch on Triton's dispatcher.
 
-The launch plans of one kernel share their compiled kernels by a ``key``: the values of
+The call setups of one kernel share their compiled kernels by a ``key``: the values of
 every non-tensor argument, except that a symbolic size counts only by whether it fits
 32 bits. Generated kernels do not specialise on sizes (``do_not_specialize``), so two
 plans with one key are given the same compiled kernel by Triton; a decode loop whose key
@@ -67,7 +67,7 @@ class Launcher:
 
 
 def reuse_key(kinds, values) -> tuple:
-    """The key under which launch plans share a compiled kernel: the non-tensor argument
+    """The key under which call setups share a compiled kernel: the non-tensor argument
     ``values`` with each symbolic size (kind ``"size"``) reduced to whether it fits 32 bits
     (Triton's one distinction for an unspecialised integer)."""
     return tuple(("size", -2 ** 31 <= v < 2 ** 31) if kind == "size" else (kind, v)

@@ -1,19 +1,19 @@
 """The compiler's pipeline: ``compile()`` and the stages it runs, in order, in one place.
 
     outputs --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
-            --check_plan--> one fused loop, or UnschedulableError
+            --check_single_pass--> one fused loop, or UnschedulableError
             --lower--> TileProgram             (codegen/lower.py: one loop, no masks yet)
             --apply_exp2--> TileProgram        (codegen/exp2.py: when Schedule.exp2)
             --partition_loop--> TileProgram    (codegen/variants.py: boundary/interior)
             --split_programs--> TileProgram(s) (codegen/split.py: when strategy "split")
             --generate--> Triton source        (codegen/source.py), one per program
-            --specs_of--> LaunchSpec(s)        (runtime/launch.py) --> Kernel
+            --specs_of--> KernelSpec(s)        (runtime/spec.py) --> Kernel
 
-:func:`build_programs` and :func:`launch_specs` are that list as code.
+:func:`build_programs` and :func:`kernel_specs` are that list as code.
 ``NEPTUNE_FUSION_DUMP=lower,exp2,partition,split,source`` prints the result of each
 stage (see :mod:`neptune_fusion.settings`). A :class:`Builder` drives them for one
-definition, once per schedule, through the disk cache: the launch specs (generated
-source included) are stored as checksummed JSON under ``<cache>/launches``, keyed by the
+definition, once per schedule, through the disk cache: the kernel specs (generated
+source included) are stored as checksummed JSON under ``<cache>/specs``, keyed by the
 definition's fingerprint, input names/dtypes/shapes, the schedule and the package
 version. Warm, the specs are read back and the kernel is runnable without importing SymPy
 or lowering anything; the plan and tile programs are derived only if asked for. A
@@ -33,7 +33,7 @@ from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder
 from ..reference.evaluate import as_outputs
 from ..schedule.schedule import Schedule, make_schedule
-from .launch import LaunchSpec, ext_of, specs_of
+from .spec import KernelSpec, ext_of, specs_of
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
 _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
@@ -43,7 +43,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     """The tile programs of ``plan`` under ``schedule``, in launch order: one (rolling) or
     two (split-k: partial, combine). Each stage's result is dumped on request."""
     from ..codegen.exp2 import apply_exp2
-    from ..codegen.lower import check_plan, lower
+    from ..codegen.lower import check_single_pass, lower
     from ..codegen.outline import outline
     from ..codegen.split import split_programs
     from ..codegen.variants import partition_loop
@@ -59,7 +59,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
                                                  for p in programs))
         return programs
 
-    check_plan(plan)
+    check_single_pass(plan)
     [prog] = done("lower", (lower(plan, list(inputs), schedule, name=name),))
     [prog] = done("exp2", (apply_exp2(prog),))
     [prog] = done("partition", (partition_loop(prog),))
@@ -68,8 +68,8 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     return done("split", split_programs(prog, schedule.splits))
 
 
-def launch_specs(programs, inputs) -> tuple[LaunchSpec, ...]:
-    """The generated source of each program, and the launch specs of them all."""
+def kernel_specs(programs, inputs) -> tuple[KernelSpec, ...]:
+    """The generated source of each program, and the kernel specs of them all."""
     from ..codegen.source import generate
     sources = [generate(p) for p in programs]
     settings.dump("source", lambda: "\n\n".join(sources))
@@ -86,8 +86,8 @@ class Builder:
         self.single = single
         self._specs_store = None
         if store is not None:
-            from ..schedule.store import ScheduleStore
-            self._specs_store = ScheduleStore(store.root, subdir="launches")
+            from ..runtime.disk_cache import DiskCache
+            self._specs_store = DiskCache(store.root, subdir="specs")
         self._plan = None
         self._fingerprint: str | None = None
         self._lowered: dict[Schedule, tuple] = {}
@@ -120,14 +120,14 @@ class Builder:
             key["schedule"] = schedule.to_dict()
         return key
 
-    def check_plan(self) -> None:
+    def check_single_pass(self) -> None:
         """Raise what lowering would for a chain that is not one fused loop (skipped when
         the cache remembers this definition passing)."""
         key = self._key("plan check")
         if self._specs_store is not None and self._specs_store.get(key) is not None:
             return
-        from ..codegen.lower import check_plan
-        check_plan(self.plan)
+        from ..codegen.lower import check_single_pass
+        check_single_pass(self.plan)
         if self._specs_store is not None:
             self._specs_store.put(key, {"single_pass": True})
 
@@ -147,23 +147,23 @@ class Builder:
         specs = self._stored(schedule)
         cached = specs is not None
         if specs is None:
-            specs = launch_specs(self.lowered(schedule)[1], self.inputs)
+            specs = kernel_specs(self.lowered(schedule)[1], self.inputs)
             if self._specs_store is not None:
                 self._specs_store.put(self._key("kernels", schedule),
-                                      {"launches": [s.to_dict() for s in specs]})
+                                      {"specs": [s.to_dict() for s in specs]})
         else:
             self.from_cache += 1
         return Kernel(self.outputs, self.inputs, specs, schedule, self.single,
                       lambda: self.lowered(schedule), from_cache=cached)
 
-    def _stored(self, schedule: Schedule) -> tuple[LaunchSpec, ...] | None:
+    def _stored(self, schedule: Schedule) -> tuple[KernelSpec, ...] | None:
         if self._specs_store is None:
             return None
         rec = self._specs_store.get(self._key("kernels", schedule))
         if rec is None:
             return None
         try:
-            specs = tuple(LaunchSpec.from_dict(d) for d in rec["launches"])
+            specs = tuple(KernelSpec.from_dict(d) for d in rec["specs"])
         except (NeptuneError, KeyError, TypeError):
             return None
         return specs or None
@@ -180,7 +180,7 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     * ``"auto"`` (default): an :class:`~neptune_fusion.runtime.auto.AutoKernel` that
       chooses the schedule per shape class at the first call (cost model; on a GPU the
       best ``top_k`` candidates measured), remembered in ``cache`` (a
-      :class:`~neptune_fusion.schedule.store.ScheduleStore`, a directory, ``None`` for
+      :class:`~neptune_fusion.runtime.disk_cache.DiskCache`, a directory, ``None`` for
       the default ``~/.cache/neptune-fusion``, ``False`` for none). ``log`` (default:
       ``$NEPTUNE_FUSION_LOG``) prints the candidates and their times.
     * a :class:`~neptune_fusion.schedule.schedule.Schedule` (or its dict/JSON form): that
@@ -214,16 +214,16 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
         schedule = Schedule.from_dict(schedule)
     sched = make_schedule(None if isinstance(schedule, str) else schedule, **options)
     kname = _identifier(name or "nf_" + "_".join(o.name for o in outs))
-    from ..schedule.store import ScheduleStore
+    from ..runtime.disk_cache import DiskCache
     if cache is None or isinstance(cache, (str, Path)):
-        store = ScheduleStore(cache)
+        store = DiskCache(cache)
     else:
         store = cache or None
     builder = Builder(outs, inputs, kname, single, store)
     if not auto:
         return builder.build(sched)
     from .auto import AutoKernel
-    builder.check_plan()
+    builder.check_single_pass()
     return AutoKernel(outs, inputs, builder, single, kname, sched, builder.build,
                       store=store, top_k=top_k, log=log)
 

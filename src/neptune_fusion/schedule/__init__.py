@@ -1,4 +1,4 @@
-"""Schedules as plain frozen data, and the loop partition's interval analysis."""
+"""Schedules as plain frozen data, the search space and the cost model."""
 
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ Design:
   the SHA-256 of the canonical JSON of ``[key, record]``. A file is trusted only if it parses,
   has format 1, stores exactly the requested key (guarding against hash collisions and stale
   layouts) and its checksum matches. Anything else, or an ``OSError`` on reading, is a miss:
-  the caller re-tunes and :meth:`ScheduleStore.put` overwrites the file. The reason of the
+  the caller re-tunes and :meth:`DiskCache.put` overwrites the file. The reason of the
   last miss ("missing", "corrupt: ...", "unreadable: ...", "stale format", "key mismatch",
-  "checksum mismatch") is kept, per thread, in :attr:`ScheduleStore.last_miss` for logging.
+  "checksum mismatch") is kept, per thread, in :attr:`DiskCache.last_miss` for logging.
 * Writes are atomic: the file is written to a temporary file in the same directory, flushed,
   fsynced and moved over the final path with :func:`os.replace`. Readers therefore see either
   the old file or the new one, never a partial write, whichever threads or processes write
@@ -126,7 +126,7 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-class ScheduleStore:
+class DiskCache:
     """Tuned-schedule records keyed by JSON-able mappings, one atomic file per key."""
 
     def __init__(self, root: Path | str | None = None, subdir: str = "schedules") -> None:

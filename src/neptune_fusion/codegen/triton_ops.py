@@ -19,7 +19,7 @@ from ..ir.dtypes import DType
 CMP, OR, AND, ADD, MUL, UNARY, ATOM = 1, 2, 3, 4, 5, 6, 9
 
 # op -> (template, result precedence, minimum precedence of each operand)
-UNARY_OPS: dict[str, tuple[str, int, int]] = {
+TL_UNARY: dict[str, tuple[str, int, int]] = {
     "neg": ("-{0}", UNARY, UNARY),
     "not": ("~{0}", UNARY, UNARY),
     "exp": ("tl.exp({0})", ATOM, 0),
@@ -33,7 +33,7 @@ UNARY_OPS: dict[str, tuple[str, int, int]] = {
 }
 
 # op -> (template, result precedence, left operand min precedence, right operand min)
-BINARY_OPS: dict[str, tuple[str, int, int, int]] = {
+TL_BINARY: dict[str, tuple[str, int, int, int]] = {
     "add": ("{0} + {1}", ADD, ADD, ADD),
     "sub": ("{0} - {1}", ADD, ADD, ADD + 1),
     "mul": ("{0} * {1}", MUL, MUL, MUL),

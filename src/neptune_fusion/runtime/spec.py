@@ -1,6 +1,6 @@
 """How to launch a generated kernel, as plain data that survives a process.
 
-A :class:`LaunchSpec` holds everything :class:`~neptune_fusion.runtime.kernel.Kernel`
+A :class:`KernelSpec` holds everything :class:`~neptune_fusion.runtime.kernel.Kernel`
 needs besides the input tensors: the generated source, the grid (row extent, grid
 extents, split count) in terms of size *names*, the outputs to allocate, and where each
 kernel argument comes from (a tensor, a stride, a size, a tile size). It is built from a
@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass
 
 from ..errors import NeptuneError
 from ..ir.nodes import Size
+from ..ir.pow2 import tile_extent
 
 Ext = int | str
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
+class KernelSpec:
     name: str                                    # the kernel function's name
     source: str                                  # the generated module
     rows: Ext
@@ -45,7 +46,7 @@ class LaunchSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> LaunchSpec:
+    def from_dict(cls, d: dict) -> KernelSpec:
         """The spec of :meth:`to_dict`'s output; :class:`NeptuneError` if malformed."""
         try:
             spec = cls(
@@ -60,10 +61,10 @@ class LaunchSpec:
                 count_visits=bool(d["count_visits"]),
                 col_blocks=int(d.get("col_blocks", 1)))
         except (KeyError, TypeError, ValueError) as err:
-            raise NeptuneError(f"malformed launch spec: {err!r}") from None
+            raise NeptuneError(f"malformed kernel spec: {err!r}") from None
         kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
         if not all(a and a[0] in kinds for a in spec.args):
-            raise NeptuneError("malformed launch spec: unknown argument kind")
+            raise NeptuneError("malformed kernel spec: unknown argument kind")
         return spec
 
 
@@ -77,9 +78,8 @@ def ext_of(e) -> Ext:
     return e.name if isinstance(e, Size) else int(e)
 
 
-def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
-    """The launch specs of ``programs`` (one per generated kernel, in launch order)."""
-    from ..codegen.lower import next_pow2
+def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
+    """The kernel specs of ``programs`` (one per generated kernel, in launch order)."""
     from ..codegen.source import kernel_args
     keys = {p: f"in{k}" for k, p in enumerate(inputs)}
 
@@ -111,13 +111,13 @@ def specs_of(programs, inputs, sources) -> tuple[LaunchSpec, ...]:
                 if ax.block_size is not None:
                     args.append(("block", ax.block_size))
                 elif isinstance(ax.extent, int):
-                    args.append(("block", next_pow2(ax.extent)))
+                    args.append(("block", tile_extent(ax.extent)))
                 else:
                     args.append(("block_ext", ax.extent.name))
             else:
                 args.append(("flag",))
         s = prog.schedule
-        specs.append(LaunchSpec(
+        specs.append(KernelSpec(
             name=prog.name, source=src, rows=ext_of(prog.row.extent),
             grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
             splits=prog.split.splits if stage == "partial" else 0,
