@@ -231,7 +231,7 @@ def test_combine_column_programs_cover_odd_head_dims(d, blocks):
     assert (out.double() - _ref(q, k, v, scale=d ** -0.5)).abs().max().item() < 1e-5
 
 
-def test_growing_decode_loop_keeps_one_call_plan():
+def test_growing_decode_loop_keeps_one_call_setup():
     """A decode loop over a preallocated KV cache whose visible length grows by one per
     step: one call setup (the key leaves M out), a call setup per length sharing one set
     of launch steps, every step right against float64."""
@@ -250,4 +250,4 @@ def test_growing_decode_loop_keeps_one_call_plan():
     assert auto.cache_info() == (4, 2, None, 2)
     assert sum(kern.cache_info().currsize for kern in auto.kernels()) == 6
     for kern in auto.kernels():   # the launch steps are shared by the lengths
-        assert len(kern._steps) == (len(kern.specs) if kern.cache_info().currsize else 0)
+        assert kern.steps_kept == (len(kern.specs) if kern.cache_info().currsize else 0)

@@ -155,6 +155,12 @@ class Kernel:
         calls that derived one (misses, tensor subclasses included: never kept)."""
         return CacheInfo(self._hits, self._misses, _MAX_SETUPS, len(self._setups))
 
+    @property
+    def steps_kept(self) -> int:
+        """How many launch steps the call setups share (one per kernel and distinct
+        launch shape: a growing decode loop keeps one per kernel)."""
+        return len(self._steps)
+
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
         if mod is None:
