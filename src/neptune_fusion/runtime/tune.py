@@ -9,10 +9,16 @@ output with the first candidate's -- and times it as GPU time: replayed from a C
 every schedule, does not drown the differences of short (decode) kernels. The fastest
 correct candidate wins.
 
-The small check problem keeps every size that is at most 96 and replaces a larger one by
-``80 + size % 16``: tiles still end ragged, and Triton's integer specialisation (divisible
-by 16 or not) is the same as at the real size, so the check launches the very binary that
-is timed.
+The check problem keeps every symbolic size that is at most 96 and replaces a larger one
+by ``80 + size % 16``: tiles still end ragged, and Triton's integer specialisation
+(divisible by 16 or not) is the same as at the real size, so the check launches the very
+binary that is timed. Static sizes (Python ints) cannot shrink -- the program is compiled
+for them -- so the float64 reference is never evaluated whole on the host: it is computed
+once, before the candidates run, at a sample of output elements within a fixed element
+budget (:mod:`neptune_fusion.reference.sample`: the whole output when it fits, else a few
+indices per output axis, always the last one), and each candidate's output is compared
+there. The inputs of the check are drawn on the candidates' device and read element by
+element, so host memory stays bounded whatever the problem size.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Trial:
     measured_s: float | None = None   # None: not measured (CPU, or it failed)
     error: str | None = None          # why it was dropped
     spent_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # build+compile, checks, timing
+    note: str | None = None           # e.g. why the reference check was skipped
 
 
 def check_sizes(sizes: dict) -> dict:
@@ -46,26 +53,49 @@ def check_sizes(sizes: dict) -> dict:
 
 
 def random_inputs(inputs, sizes: dict, device, seed: int):
-    """Fresh random tensors for ``inputs`` under ``sizes`` (floats N(0, 1), ints 0/1)."""
+    """Fresh random tensors for ``inputs`` under ``sizes`` (floats N(0, 1), ints 0/1),
+    drawn on ``device`` (a full-size static input never passes through the host)."""
     import torch
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     out = []
     for p in inputs:
         shape = tuple(sizes[d] if not isinstance(d, int) else d for d in p.shape)
         dt = getattr(torch, p.dtype.name)
         if dt.is_floating_point:
-            t = torch.randn(shape, generator=gen, dtype=torch.float32).to(dt)
+            t = torch.randn(shape, generator=gen, dtype=torch.float32, device=device).to(dt)
         else:
-            t = torch.randint(0, 2, shape, generator=gen).to(dt)
-        out.append(t.to(device))
+            t = torch.randint(0, 2, shape, generator=gen, device=device).to(dt)
+        out.append(t)
     return out
 
 
-def reference_outputs(outputs, inputs, tensors) -> list:
-    """The float64 reference (``nf.evaluate``) of ``outputs`` on ``tensors``."""
-    from ..api import evaluate
-    got = evaluate(list(outputs), dict(zip(inputs, tensors)))
-    return list(got)
+def reference_sample(outputs, inputs, tensors, seed: int, budget: int | None = None):
+    """The float64 reference of ``outputs`` on ``tensors`` at a sample of output elements
+    (:func:`~neptune_fusion.reference.sample.sampled_reference`: bounded host work and
+    memory, ``.elements`` says how much)."""
+    from ..reference.sample import ELEMENT_BUDGET, TorchSource, sampled_reference
+    sources = {p: TorchSource(t) for p, t in zip(inputs, tensors)}
+    return sampled_reference(list(outputs), sources, seed=seed,
+                             budget=ELEMENT_BUDGET if budget is None else budget)
+
+
+def taken(tensor, grid):
+    """``tensor`` at the sub-grid ``grid`` (one index array per dimension), on the host."""
+    import torch
+    if not grid:
+        return tensor.detach().to("cpu")
+    nd = len(grid)
+    idx = tuple(torch.as_tensor(g, device=tensor.device).reshape(
+        (-1,) + (1,) * (nd - 1 - d)) for d, g in enumerate(grid))
+    return tensor[idx].detach().to("cpu")
+
+
+def check_sample(got, sample, dtypes) -> str | None:
+    """None when the outputs ``got`` match the reference ``sample`` where it was taken."""
+    return _first(f"reference check: {e}" for g, grid, w, dt
+                  in zip(got, sample.grids, sample.values, dtypes)
+                  if (e := _close(taken(g, grid), w, dt)))
 
 
 def _close(got, want, dtype: str) -> str | None:
@@ -111,8 +141,9 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
     from triton.testing import do_bench_cudagraph
     device = tensors[0].device
     small = check_sizes(sizes)
-    feeds = random_inputs(inputs, small, device, seed=int(time.time_ns() % (1 << 31)))
-    want = reference_outputs(outputs, inputs, feeds)
+    seed = int(time.time_ns() % (1 << 31))
+    feeds = random_inputs(inputs, small, device, seed=seed)
+    want = reference_sample(outputs, inputs, feeds, seed)
     dtypes = [o.dtype.name for o in outputs]
     trials: list[Trial] = []
     first = None
@@ -124,8 +155,7 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
             got = kern.launch(*feeds).outputs       # the first launch compiles
             torch.cuda.synchronize(device)
             marks.append(time.perf_counter())
-            error = _first(f"reference check: {e}" for g, w, dt in zip(got, want, dtypes)
-                           if (e := _close(g, w, dt)))
+            error = None if want.skipped else check_sample(got, want, dtypes)
             if error is None:
                 out = kern.launch(*tensors).outputs
                 first = out if first is None else first
@@ -144,7 +174,8 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
             error = f"{type(err).__name__}: {text[0] if text else ''}"
         marks += [time.perf_counter()] * (4 - len(marks))
         spent = tuple(b - a for a, b in zip(marks, marks[1:]))
-        trial = Trial(s, est.seconds, secs if error is None else None, error, spent)
+        trial = Trial(s, est.seconds, secs if error is None else None, error, spent,
+                      want.skipped)
         trials.append(trial)
         if on_step is not None:
             on_step(trial)
@@ -175,5 +206,5 @@ def log_trials(title: str, trials: list[Trial], chosen: Schedule, stream=None) -
                       str(s.block_n), str(s.splits), str(s.num_warps), str(s.num_stages),
                       f"{t.predicted_s * 1e3:.4f}",
                       "" if t.measured_s is None else f"{t.measured_s * 1e3:.4f}",
-                      *(f"{x:.2f}" for x in t.spent_s), t.error or "")
+                      *(f"{x:.2f}" for x in t.spent_s), t.error or t.note or "")
     Console(file=stream or sys.stderr, width=160).print(table)
