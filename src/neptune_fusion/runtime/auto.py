@@ -306,7 +306,7 @@ def _brief(s: Schedule) -> str:
 def _trial_json(t) -> dict:
     return {"schedule": _brief(t.schedule), "model_ms": t.predicted_s * 1e3,
             "measured_ms": None if t.measured_s is None else t.measured_s * 1e3,
-            "error": t.error, "spent_s": list(t.spent_s)}
+            "error": t.error, "note": t.note, "spent_s": list(t.spent_s)}
 
 
 class _progress:
