@@ -231,9 +231,10 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     builder = Builder(outs, inputs, kname, single, store)
     try:
         builder.check_single_pass()
-    except UnschedulableError:
+    except UnschedulableError as err:
         if require_single_pass:
-            raise
+            raise UnschedulableError(f"{err}; require_single_pass=True refuses the "
+                                     "multi-pass plan") from None
         return _staged(builder, auto, sched, store, top_k, log)
     return _one(builder, auto, sched, store, top_k, log)
 
