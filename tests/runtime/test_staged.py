@@ -228,3 +228,41 @@ def test_what_stays_a_limit():
 def test_multi_pass_golden_source(golden):
     kernel = nf.compile(tanh_sum(), schedule=Schedule(), cache=False)
     golden("tanh_sum_passes.py", kernel.source)
+
+
+def test_intermediates_share_one_workspace(rng):
+    """Two intermediates of pass 0 (max and sum, fused) are views of one allocation."""
+    N, _, x, j = _x()
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    a = nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="a")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - m[i] + 0.1 * a[i]), j), name="t")
+    kernel = nf.compile(t, schedule=SMALL, cache=False)
+    assert len(kernel.staging.intermediates) == 2
+    seen = []
+    first = kernel.passes[0]
+
+    class Spy:
+        inputs = first.inputs
+
+        def __call__(self, *args, out=None):
+            seen.append(out)
+            return first(*args, out=out)
+
+        def cache_info(self):
+            return first.cache_info()
+
+    kernel.passes = (Spy(),) + kernel.passes[1:]
+    xv = rng.standard_normal((7, 33))
+    _check(kernel(torch.tensor(xv, dtype=torch.float32)), nf.evaluate(t, {"x": xv}))
+    [outs] = seen
+    assert len(outs) == 2 and all(o is not None for o in outs)
+    assert outs[0].untyped_storage().data_ptr() == outs[1].untyped_storage().data_ptr()
+
+
+def test_out_tensors_are_checked():
+    [t] = tanh_sum()
+    kernel = nf.compile(t, schedule=SMALL, cache=False)
+    x = torch.randn(3, 5)
+    with pytest.raises(CodegenError, match=r"out tensor \(4,\) torch.float32 .* contiguous "
+                                           r"\(3,\)"):
+        kernel.passes[1](x, torch.randn(3), out=[torch.empty(4)])

@@ -5,8 +5,9 @@ different axes) is split by :func:`~neptune_fusion.fusion.stages.split_passes` i
 programs, each single-pass; each is compiled by the ordinary pipeline into a
 :class:`~neptune_fusion.runtime.kernel.Kernel` (explicit schedule: the same one for every
 pass) or an :class:`~neptune_fusion.runtime.auto.AutoKernel` (``schedule="auto"``: each
-pass chooses its own). A call runs the passes in order; the intermediates one pass writes
-and a later one reads are the earlier kernels' outputs, dropped when the call returns.
+pass chooses its own). A call runs the passes in order. The intermediates one pass writes
+and a later one reads live in one workspace allocation per call (a byte buffer carved
+into contiguous views, handed to the kernels as ``out``), dropped when the call returns.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class StagedKernel:
         self.name = name
         self._single = single
         self._plan = plan
-        self._checked: dict = {}   # input signatures checked already
+        self._layouts: dict = {}   # input signature -> the workspace layout of a call
         # for each pass: where each of its inputs comes from, ("in", k) a call argument or
         # ("mid", pass, position) an earlier pass's output
         made = {id(ph): (k, n) for ph, k, n in staging.intermediates}
@@ -87,18 +88,48 @@ class StagedKernel:
 
     def run(self, tensors) -> list:
         """Every pass in order; the program's outputs as a list."""
+        import torch
         sig = signature(tensors)
-        if sig is None or sig not in self._checked:
+        layout = self._layouts.get(sig) if sig is not None else None
+        if layout is None:
             # the passes check their own inputs; this checks (and names) the program's
-            check_inputs(self.name, self.inputs, tensors)
+            sizes, device = check_inputs(self.name, self.inputs, tensors)
+            layout = self._layout(sizes, device)
             if sig is not None:
-                remember(self._checked, sig, True, _MAX_SIGS)
+                remember(self._layouts, sig, layout, _MAX_SIGS)
+        device, nbytes, slots = layout
+        work = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        views = {key: work[off:off + size].view(dt).view(shape)
+                 for key, (off, size, dt, shape) in slots.items()}
         results: list[list] = []
-        for kern, feeds in zip(self.passes, self._feeds):
+        for k, (kern, feeds) in enumerate(zip(self.passes, self._feeds)):
             args = [tensors[f[1]] if f[0] == "in" else results[f[1]][f[2]] for f in feeds]
-            got = kern(*args)
+            n_out = len(self.staging.passes[k].outputs)
+            out = [views.get((k, n)) for n in range(n_out)]
+            got = kern(*args, out=out) if any(o is not None for o in out) else kern(*args)
             results.append(got if isinstance(got, list) else [got])
         return [results[k][n] for k, n in self.staging.results]
+
+    def _layout(self, sizes: dict, device) -> tuple:
+        """``(device, bytes, slots)``: the one workspace of a call with these sizes; each
+        intermediate's slot ``(pass, position) -> (offset, bytes, dtype, shape)``, at
+        offsets aligned to 256 bytes. An intermediate that is also an output of the
+        program gets no slot (its kernel allocates it: the caller keeps it)."""
+        import torch
+        returned = set(self.staging.results)
+        slots: dict = {}
+        off = 0
+        for ph, k, n in self.staging.intermediates:
+            if (k, n) in returned:
+                continue
+            shape = tuple(d if isinstance(d, int) else sizes[d] for d in ph.shape)
+            dt = getattr(torch, ph.dtype.name)
+            size = dt.itemsize
+            for d in shape:
+                size *= d
+            slots[(k, n)] = (off, size, dt, shape)
+            off += -(-size // 256) * 256
+        return device, off, slots
 
 
 def _source(kern) -> str:
