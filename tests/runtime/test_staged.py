@@ -6,9 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 import neptune_fusion as nf
 from algebra.chains import FUSABLE
+from algebra.test_random_chains import D, N, X, Y, build, trees, uses
 from neptune_fusion.errors import CodegenError, UnschedulableError
 from neptune_fusion.fusion.stages import split_passes
 from neptune_fusion.runtime.staged import StagedKernel
@@ -221,7 +225,8 @@ def test_what_stays_a_limit():
     x = nf.placeholder((N, M, 3), name="x")
     j, k = nf.reduce_axis(M, "j"), nf.reduce_axis(3, "k")
     s = nf.compute((N,), lambda i: nf.sum(x[i, j, k], (j, k)), name="s")
-    with pytest.raises(CodegenError, match="reduces over 2 axes"):
+    with pytest.raises(CodegenError, match=r"group 0 \(s\) reduces over 2 axes at once "
+                                           r"\(j, k\); one is supported"):
         nf.compile(s, schedule=SMALL, cache=False)
 
 
@@ -266,3 +271,26 @@ def test_out_tensors_are_checked():
     with pytest.raises(CodegenError, match=r"out tensor \(4,\) torch.float32 .* contiguous "
                                            r"\(3,\)"):
         kernel.passes[1](x, torch.randn(3), out=[torch.empty(4)])
+
+
+@hsettings(max_examples=8, deadline=None,
+           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(tree=trees(), producer=st.sampled_from(["max", "min", "sum"]),
+       consumer=st.sampled_from(["max", "min", "sum"]), seed=st.integers(0, 2**31 - 1))
+def test_random_chains_compile_fused_or_not(tree, producer, consumer, seed):
+    """Random chains (those the plan fuses and those it does not) compile and match."""
+    if not (uses(tree, "r") and uses(tree, "c")):
+        return
+    op = {"sum": nf.sum, "max": nf.max, "min": nf.min}
+    k1, k2 = nf.reduce_axis(D, "k"), nf.reduce_axis(D, "k")
+    p = nf.compute((N,), lambda i: op[producer](X[i, k1], k1), name="p")
+    out = nf.compute((N,), lambda i: op[consumer](build(tree, X[i, k2], Y[i, k2], p[i]), k2),
+                     name="out")
+    kernel = nf.compile(out, [X, Y], schedule=SMALL, cache=False)
+    assert isinstance(kernel, StagedKernel) != nf.plan(out).single_pass
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.uniform(0.5, 1.5, (3, D)), "y": rng.uniform(-1.0, 1.0, (3, D))}
+    want = nf.evaluate(out, {n: v for n, v in feeds.items() if n == "x" or uses(tree, "c2")})
+    got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in ("x", "y")))
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-4,
+                               atol=1e-4 * max(1.0, float(np.abs(want).max())))

@@ -10,8 +10,8 @@ The last pass program holds the last group and the program's outputs. For
 
     before:  t[i] = sum(tanh(x[i, j] - max(x[i, j], j)), j)
 
-    after:   pass 0:  m[i] = max(x[i, j], j)                  (m: an intermediate)
-             pass 1:  t[i] = sum(tanh(x[i, j] - m[i]), j)     (m read as a placeholder)
+    after:   pass 0:  max0[i] = max(x[i, j], j)                  (an intermediate)
+             pass 1:  t[i] = sum(tanh(x[i, j] - max0[i]), j)     (read as a placeholder)
 
 Each pass program is single-pass, so it compiles through the ordinary pipeline (rolling
 or split-k, its own schedule); :class:`~neptune_fusion.runtime.staged.StagedKernel` runs
