@@ -199,6 +199,7 @@ def test_bfloat16_multi_pass(rng):
 def test_introspection_and_cache_info(rng):
     outs = tanh_sum()
     kernel = nf.compile(outs, schedule=SMALL, cache=False)
+    assert isinstance(kernel, nf.StagedKernel) and "2 passes" in repr(kernel)
     assert "# ---- pass 0 of 2" in kernel.source and "# ---- pass 1 of 2" in kernel.source
     assert [k.name for k in kernel.kernels] == ["nf_t_pass0", "nf_t_pass1"]
     assert kernel.plan.unfused[0].consumer == "t"
