@@ -63,6 +63,7 @@ _LAZY = {
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
     "Schedule": "schedule", "DiskCache": "runtime.disk_cache", "AutoKernel": "runtime.auto",
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",
+    "StagedKernel": "runtime.staged",
 }
 
 
@@ -79,7 +80,7 @@ def __getattr__(name: str):
 __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
-    "compile", "Kernel", "AutoKernel", "DiskCache", "attention", "AttentionCache",
+    "compile", "Kernel", "AutoKernel", "StagedKernel", "DiskCache", "attention", "AttentionCache",
     "Schedule", "ops",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",

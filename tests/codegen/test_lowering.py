@@ -144,8 +144,21 @@ def test_exp2_rule_refuses_a_producer_read_outside_exp():
     assert accs[0].scaled == 1.0 and not any("domain" in n for n in notes)
 
 
-@pytest.mark.parametrize("chain, why", [
-    (tanh_chain, "not single-pass"), (FUSABLE["prod_chain"], "reducer prod")])
+def test_a_fused_prod_consumer_lowers(rng):
+    """prod_k exp(x * r / 4) with r = max: the product state, repaired, in one loop."""
+    import numpy as np
+    import torch
+
+    import neptune_fusion as nf
+    outs, feeds = FUSABLE["prod_chain"]()
+    kernel = nf.compile(outs, schedule=Schedule(block_m=16, block_n=16), cache=False)
+    assert "_nf_prod(" in kernel.source
+    f = feeds(rng)
+    got = kernel(torch.tensor(f["x"], dtype=torch.float32))
+    np.testing.assert_allclose(got[0].double().numpy(), nf.evaluate(outs, f)[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("chain, why", [(tanh_chain, "not single-pass")])
 def test_unsupported_plans_say_why(chain, why):
     outs, _ = chain()
     from neptune_fusion.ir.graph import placeholders

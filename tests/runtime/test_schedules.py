@@ -75,7 +75,7 @@ def test_strategy_the_plan_cannot_run():
     outs, _ = tanh_chain()
     with pytest.raises(UnschedulableError, match="strategy 'rolling': the plan is not "
                                                  "single-pass"):
-        nf.compile(outs, schedule=Schedule())
+        nf.compile(outs, schedule=Schedule(), require_single_pass=True)
     var, feeds = variance()
     with pytest.raises(UnschedulableError, match="strategy 'split': .* running sum"):
         nf.compile(var, schedule=Schedule(block_m=16, block_n=16, strategy="split",

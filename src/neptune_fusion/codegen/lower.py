@@ -92,7 +92,10 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
             "rolling kernel lowers one group (one loop over one reduction axis)")
     g = plan.groups[0]
     if len(g.axes) != 1:
-        raise CodegenError(f"group 0 reduces over {len(g.axes)} axes; one is supported")
+        raise CodegenError(
+            f"group 0 ({', '.join(m.name for m in g.members)}) reduces over {len(g.axes)} "
+            f"axes at once ({', '.join(a.name for a in g.axes)}); one is supported (a "
+            "multi-axis reduction is not lowered, in one pass or several)")
     for m in g.members:
         for p in m.producers:
             if p.op not in ("max", "min", "sum"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CodegenError
-from ..ir.nodes import Expr
+from ..ir.nodes import Expr, Reduce
 from ..ir.traverse import walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
@@ -33,7 +33,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
-from .triton_ops import ATOM, literal, tl_dtype
+from .triton_ops import ATOM, PROD_HELPERS, literal, tl_dtype
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
 def generate(prog: TileProgram) -> str:
     """The Triton source of ``prog``: a module with imports and one kernel."""
     args = kernel_args(prog)
-    reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid", "pid_col"}
+    reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid", "pid_col",
+                                         "_nf_prod", "_nf_mul"}
     for a in prog.axes:
         reserved.add(a.name if a.role == "grid" else f"offs_{a.name}")
     for s in prog.state:
@@ -101,11 +102,21 @@ def generate(prog: TileProgram) -> str:
         "import triton.language as tl",
         "",
         "",
+    ] + ([*PROD_HELPERS, "", ""] if _uses_prod(prog) else []) + [
         _decorator(args),
         f"def {prog.name}(",
     ] + [f"    {group}," for group in _signature_groups(args)] + ["):"]
     body = pre.lines + loops.lines + post.lines
     return "\n".join(lines + body) + "\n"
+
+
+def _uses_prod(prog: TileProgram) -> bool:
+    """Whether any reduction of ``prog`` (an accumulator or a reduction inside a body) is
+    a product: then the module defines ``_nf_prod``."""
+    if any(a.op == "prod" for a in prog.accumulators):
+        return True
+    exprs = [e for seg in prog.segments for _, e in seg.body] + [o.body for o in prog.outputs]
+    return any(isinstance(x, Reduce) and x.op == "prod" for e in exprs for x in walk(e))
 
 
 def _decorator(args: tuple[KernelArg, ...]) -> str:

@@ -165,7 +165,7 @@ class TileOps:
         if role not in body.axes:
             # constant along the tile, every element of which is inside the axis here (a
             # boundary tile's guard makes the body vary): a sum counts, max/min keep it
-            if role != "loop" or e.op not in REDUCE_OPS:
+            if role != "loop" or e.op not in ("sum", "max", "min"):
                 raise CodegenError(f"{e}: the body does not vary along {e.axes[0].name}")
             if e.op != "sum":
                 return body

@@ -58,10 +58,20 @@ TL_BINARY: dict[str, tuple[str, int, int, int]] = {
 # pow (constant exponents only)
 LOWERED_BY_METHOD = frozenset({"tanh", "pow"})
 
-REDUCE_OPS = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}
+REDUCE_OPS = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_nf_prod"}
 # reducers of the IR that have no tile lowering: lowering one raises a CodegenError
-# (no fused chain needs a product state yet)
-NOT_LOWERED = frozenset({"prod"})
+NOT_LOWERED: frozenset = frozenset()
+# Triton has no product reduction: a module that uses one defines it (codegen/source.py)
+PROD_HELPERS = (
+    "@triton.jit",
+    "def _nf_mul(a, b):",
+    "    return a * b",
+    "",
+    "",
+    "@triton.jit",
+    "def _nf_prod(x, axis: tl.constexpr):",
+    "    return tl.reduce(x, axis, _nf_mul)",
+)
 
 # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at +-inf, absolute error ~1e-7 near 0
 TANH_PORTABLE = "1.0 - 2.0 / (tl.exp2({0} * " + repr(2.0 / math.log(2.0)) + ") + 1.0)"

@@ -84,10 +84,10 @@ class AutoKernel:
         outs = ", ".join(o.name for o in self.outputs)
         return f"<AutoKernel {self.name}({ins}) -> {outs}; schedule chosen per shape class>"
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors, out=None):
         sig = signature(tensors)
         kern, checked = self._kernel_signed(tensors, sig)
-        return kern.call_signed(tensors, sig, checked)
+        return kern.call_signed(tensors, sig, checked, out)
 
     def launch(self, *tensors):
         return self.kernel_for(*tensors).launch(*tensors)

@@ -168,25 +168,28 @@ class Kernel:
                                                                        interpret)
         return getattr(mod, self.kernels[k].name)
 
-    def __call__(self, *tensors):
-        return self.call_signed(tensors, signature(tensors))
+    def __call__(self, *tensors, out=None):
+        """Run on ``tensors``. ``out``: a list with, per output, a contiguous tensor of its
+        shape and dtype on the inputs' device to write it into, or None (a new tensor);
+        how a multi-pass kernel places its intermediates in one workspace."""
+        return self.call_signed(tensors, signature(tensors), out=out)
 
-    def call_signed(self, tensors: tuple, sig: tuple | None, checked=None):
+    def call_signed(self, tensors: tuple, sig: tuple | None, checked=None, out=None):
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
-        out = self._run(self._setup(tensors, sig, checked), tensors).outputs
-        return out[0] if self._single else out
+        got = self._run(self._setup(tensors, sig, checked), tensors, out).outputs
+        return got[0] if self._single else got
 
     def launch(self, *tensors) -> LaunchResult:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
         return self._run(self._setup(tensors, signature(tensors)), tensors)
 
-    def _run(self, setup: _CallSetup, tensors) -> LaunchResult:
+    def _run(self, setup: _CallSetup, tensors, out=None) -> LaunchResult:
         import torch
         device = setup.device
         if device.type == "cuda" and device.index != torch.cuda.current_device():
             with torch.cuda.device(device):  # Triton launches on the current device
-                return self._run(setup, tensors)
+                return self._run(setup, tensors, out)
         by_tensor = dict(zip(setup.keys, tensors))
         is_aligned = device.type == "cuda" and aligned(tensors)
         # every launch direct: the workspace is one buffer, addressed (launcher.py)
@@ -201,6 +204,13 @@ class Kernel:
                                            device=device))
                 base = buffers[-1].data_ptr()
                 outs = [Address(base + off) for off in step.scratch]
+            elif out is not None and k == len(setup.steps) - 1:
+                if len(out) != len(step.outputs):
+                    raise CodegenError(f"out lists {len(out)} tensor(s) for "
+                                       f"{len(step.outputs)} output(s)")
+                outs = [_given(o, shape, dt, device) if o is not None else
+                        torch.empty(shape, dtype=dt, device=device)
+                        for o, (shape, dt) in zip(out, step.outputs)]
             else:
                 outs = [torch.empty(shape, dtype=dt, device=device)
                         for shape, dt in step.outputs]
@@ -341,6 +351,15 @@ class Kernel:
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
         return check_inputs(self.specs[0].name, self.inputs, tensors)
+
+
+def _given(t, shape: tuple, dtype, device):
+    """An ``out`` tensor, checked: the launch writes it with contiguous strides."""
+    if tuple(t.shape) != shape or t.dtype != dtype or t.device != device \
+            or not t.is_contiguous():
+        raise CodegenError(f"out tensor {tuple(t.shape)} {t.dtype} on {t.device}: the "
+                           f"output is a contiguous {shape} {dtype} on {device}")
+    return t
 
 
 def _value(ext, sizes: dict) -> int:

@@ -1,7 +1,9 @@
 """The compiler's pipeline: ``compile()`` and the stages it runs, in order, in one place.
 
     outputs --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
-            --check_single_pass--> one fused loop, or UnschedulableError
+            --check_single_pass--> one fused loop, or else
+            --split_passes--> pass programs, each one fused loop, each through the
+                              stages below (runtime/staged.py StagedKernel runs them)
             --lower--> TileProgram             (codegen/lower.py: one loop, no masks yet)
             --apply_exp2--> TileProgram        (codegen/exp2.py: when Schedule.exp2)
             --partition_loop--> TileProgram    (codegen/variants.py: boundary/interior)
@@ -28,7 +30,7 @@ import threading
 from pathlib import Path
 
 from .. import settings
-from ..errors import CodegenError, NeptuneError, ScheduleError
+from ..errors import CodegenError, NeptuneError, ScheduleError, UnschedulableError
 from ..ir.graph import placeholders
 from ..ir.nodes import Placeholder
 from ..reference.evaluate import as_outputs
@@ -171,7 +173,7 @@ class Builder:
 
 def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
             name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
-            **options):
+            require_single_pass: bool = False, **options):
     """Compile plain ``outputs`` into one fused operator.
 
     ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
@@ -187,6 +189,13 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
       schedule exactly, validated -- :class:`~neptune_fusion.errors.ScheduleError` names
       the field and the violated invariant. Returns a
       :class:`~neptune_fusion.runtime.kernel.Kernel`.
+
+    A definition that is not one fused loop (the plan's ``unfused``, or groups over
+    different axes) compiles to a
+    :class:`~neptune_fusion.runtime.staged.StagedKernel`: one kernel per pass, each
+    scheduled like a single-pass definition (see docs/codegen.md, multi-pass plans).
+    ``require_single_pass=True`` refuses it instead, with the
+    :class:`~neptune_fusion.errors.UnschedulableError` naming the unfused dependency.
 
     ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
     ``"auto"`` means an explicit schedule (the defaults plus ``options``).
@@ -220,12 +229,42 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     else:
         store = cache or None
     builder = Builder(outs, inputs, kname, single, store)
+    try:
+        builder.check_single_pass()
+    except UnschedulableError as err:
+        if require_single_pass:
+            raise UnschedulableError(f"{err}; require_single_pass=True refuses the "
+                                     "multi-pass plan") from None
+        return _staged(builder, auto, sched, store, top_k, log)
+    return _one(builder, auto, sched, store, top_k, log)
+
+
+def _one(builder: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
+    """The kernel of a single-pass definition: explicit or auto-scheduled."""
     if not auto:
         return builder.build(sched)
     from .auto import AutoKernel
-    builder.check_single_pass()
-    return AutoKernel(outs, inputs, builder, single, kname, sched, builder.build,
-                      store=store, top_k=top_k, log=log)
+    return AutoKernel(builder.outputs, builder.inputs, builder, builder.single,
+                      builder.name, sched, builder.build, store=store, top_k=top_k,
+                      log=log)
+
+
+def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
+    """A multi-pass plan: one kernel per pass program (fusion/stages.py), run in
+    order by a :class:`~neptune_fusion.runtime.staged.StagedKernel`."""
+    from ..fusion.stages import split_passes
+    from .staged import StagedKernel
+    staging = split_passes(list(whole.outputs))
+    if staging.single_pass:   # nothing to split (e.g. no reduction at all): today's error
+        from ..codegen.lower import check_single_pass
+        check_single_pass(whole.plan)
+    kernels = []
+    for ps in staging.passes:
+        b = Builder(ps.outputs, ps.inputs, f"{whole.name}_pass{ps.index}", False, store)
+        b.check_single_pass()
+        kernels.append(_one(b, auto, sched, store, top_k, log))
+    return StagedKernel(whole.outputs, whole.inputs, staging, tuple(kernels), whole.single,
+                        whole.name, lambda: whole.plan)
 
 
 def _identifier(name: str) -> str:

@@ -1,0 +1,151 @@
+"""Multi-pass plans: a program that is not one fused loop, split into single-pass programs.
+
+:func:`split_passes` is a pure function of the program: it plans ``outputs``; while the
+plan has more than one fused group, it takes the first group (lowest pass: it reads no
+other group's reductions), makes each of its members an output of a new *pass program*
+over the members' spatial axes, and replaces every use of those reductions in the rest by
+a load of a new placeholder holding them (an *intermediate*). The rest is planned again.
+The last pass program holds the last group and the program's outputs. For
+``t = sum_j tanh(x[i, j] - max_j x[i, j])`` (``tanh`` proves no repair)::
+
+    before:  t[i] = sum(tanh(x[i, j] - max(x[i, j], j)), j)
+
+    after:   pass 0:  max0[i] = max(x[i, j], j)                  (an intermediate)
+             pass 1:  t[i] = sum(tanh(x[i, j] - max0[i]), j)     (read as a placeholder)
+
+Each pass program is single-pass, so it compiles through the ordinary pipeline (rolling
+or split-k, its own schedule); :class:`~neptune_fusion.runtime.staged.StagedKernel` runs
+them in order. Intermediates of a floating-point dtype narrower than float32 are stored
+in float32 (what the fused kernel's state holds); an output whose dtype would change by
+it is cast back. An output that is exactly an intermediate is not recomputed: it is that
+intermediate (``Staging.aliases``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CodegenError
+from ..ir import build
+from ..ir.dtypes import float32
+from ..ir.graph import placeholders
+from ..ir.nodes import Compute, Expr, IndexVar, Load, Placeholder, fresh_uid
+from ..ir.traverse import substitute
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass program: ``outputs`` (intermediates and/or program outputs) computed from
+    ``inputs`` (program inputs and earlier intermediates) in one fused loop."""
+
+    index: int
+    outputs: tuple[Compute, ...]
+    inputs: tuple[Placeholder, ...]
+
+
+@dataclass(frozen=True)
+class Staging:
+    """The passes of a program in launch order.
+
+    ``intermediates`` maps each intermediate's placeholder to ``(pass index, position)``
+    of the pass output that fills it; ``results`` says where each program output comes
+    from, ``(pass index, position)``, in the order of the program's outputs.
+    """
+
+    passes: tuple[Pass, ...]
+    intermediates: tuple[tuple[Placeholder, int, int], ...]
+    results: tuple[tuple[int, int], ...]
+
+    @property
+    def single_pass(self) -> bool:
+        return len(self.passes) == 1
+
+
+_NARROW = ("float16", "bfloat16")
+
+
+def split_passes(outputs, *, max_passes: int = 64) -> Staging:
+    """The passes of ``outputs`` (module docstring): one per fused group of its plan."""
+    from ..reference.evaluate import as_outputs
+    from .plan import plan as make_plan
+    outs, _ = as_outputs(outputs)
+    taken = {t.name for t in placeholders(outs)} | {o.name for o in outs}
+    rest = list(outs)
+    final_dtypes = [o.dtype for o in outs]
+    passes: list[Pass] = []
+    inter: list[tuple[Placeholder, int, int]] = []
+    made: dict[Placeholder, Compute] = {}     # intermediate -> the pass output filling it
+    while True:
+        p = make_plan(rest)
+        if len(p.groups) <= 1 or len(passes) >= max_passes:
+            break
+        g = p.groups[0]
+        order = list(reversed(p.context))      # outermost spatial variable first
+        mapping: dict[Expr, Expr] = {}
+        computes = []
+        for m in g.members:
+            axes = tuple(v for v in order if v in m.node.free_vars)
+            if not axes:
+                raise CodegenError(
+                    f"reduction {m.name} of a multi-pass plan has no spatial axis (a full "
+                    "reduction to one value); the kernels block over a row axis")
+            name = _fresh(m.name, taken)
+            body: Expr = m.node
+            if body.dtype.name in _NARROW:
+                body = build.cast(body, float32)
+            c = Compute(name, tuple(a.extent for a in axes), axes, body, fresh_uid())
+            ph = Placeholder(name, c.shape, c.dtype, fresh_uid())
+            load: Expr = Load(ph, axes)
+            mapping[m.node] = load
+            computes.append(c)
+            inter.append((ph, len(passes), len(computes) - 1))
+            made[ph] = c
+        passes.append(Pass(len(passes), tuple(computes), tuple(placeholders(computes))))
+        rest = [_rebuilt(o, body, ax, mapping)
+                for o, body, ax in zip(rest, p.bodies, p.out_axes)]
+    # outputs that are exactly an intermediate are that intermediate
+    results: list[tuple[int, int] | None] = []
+    last: list[Compute] = []
+    where = {ph: (k, n) for ph, k, n in inter}
+    for o, dt in zip(rest, final_dtypes):
+        ph = _alias(o)
+        if ph is not None and made[ph].dtype == dt:
+            results.append(where[ph])
+            continue
+        if o.dtype != dt:
+            o = Compute(o.name, o.shape, o.axes, build.cast(o.body, dt), o.uid)
+        results.append((len(passes), len(last)))
+        last.append(o)
+    if last:
+        passes.append(Pass(len(passes), tuple(last), tuple(placeholders(last))))
+    return Staging(tuple(passes), tuple(inter), tuple(results))  # type: ignore[arg-type]
+
+
+def _rebuilt(o: Compute, body: Expr, axes: tuple[IndexVar, ...], mapping: dict) -> Compute:
+    """Output ``o`` with its canonical ``body`` over ``axes``, the group's reductions
+    replaced by loads of their intermediates."""
+    new = substitute(body, mapping)
+    if new is body and o.body is body:
+        return o
+    return Compute(o.name, o.shape, axes, new, o.uid)
+
+
+def _alias(o: Compute) -> Placeholder | None:
+    """The intermediate ``o`` is exactly (same axes, same order), if any."""
+    b = o.body
+    if isinstance(b, Load) and isinstance(b.tensor, Placeholder) \
+            and len(b.indices) == len(o.axes) \
+            and all(i is a for i, a in zip(b.indices, o.axes)):
+        return b.tensor
+    return None
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name) or "r"
+    out, k = base, 1
+    while out in taken:
+        k += 1
+        out = f"{base}_{k}"
+    taken.add(out)
+    return out
+

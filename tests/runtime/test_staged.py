@@ -1,0 +1,297 @@
+"""Multi-pass plans: the IR split into pass programs (fusion/stages.py) and the kernels that
+run them in order (runtime/staged.py), checked against the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+import neptune_fusion as nf
+from algebra.chains import FUSABLE
+from algebra.test_random_chains import D, N, X, Y, build, trees, uses
+from neptune_fusion.errors import CodegenError, UnschedulableError
+from neptune_fusion.fusion.stages import split_passes
+from neptune_fusion.runtime.staged import StagedKernel
+from neptune_fusion.schedule.schedule import Schedule
+
+SMALL = Schedule(block_m=16, block_n=16, num_warps=4, num_stages=2)
+
+
+def _x(sizes: str = "N M"):
+    """``x`` with rows and reduction length symbolic (``"N M"``) or static (``(n, m)``)."""
+    if isinstance(sizes, str):
+        N, M = nf.sizes(sizes)
+    else:
+        N, M = sizes
+    x = nf.placeholder((N, M), name="x")
+    return N, M, x, nf.reduce_axis(M, "j")
+
+
+def tanh_sum(sizes="N M"):
+    """sum_j tanh(x - max_j x): tanh proves no repair, so two passes."""
+    N, _, x, j = _x(sizes)
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - nf.max(x[i, j], j)), j), name="t")
+    return [t]
+
+
+def prod_chain(sizes="N M"):
+    """prod_j (x / max_j x): no repair distributes over the product, so two passes."""
+    N, _, x, j = _x(sizes)
+    p = nf.compute((N,), lambda i: nf.prod(x[i, j] / nf.max(x[i, j], j), j), name="p")
+    return [p]
+
+
+def stages_out(sizes="N M"):
+    """Outputs of different passes: the max (pass 0), the tanh-sum and their ratio."""
+    N, _, x, j = _x(sizes)
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - m[i]), j), name="t")
+    r = nf.compute((N,), lambda i: t[i] / (m[i] * m[i] + 1.0), name="r")
+    return [m, t, r]
+
+
+def unfusable_softmax(sizes="N M"):
+    """A softmax of y = tanh(x - max x): its denominator reads the max through tanh."""
+    N, M, x, j = _x(sizes)
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    y = nf.compute((N, M), lambda i, k: nf.tanh(x[i, k] - m[i]), name="y")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(y[i, j]), j), name="s")
+    o = nf.compute((N, M), lambda i, k: nf.exp(y[i, k]) / s[i], name="o")
+    return [o, s]
+
+
+PROGRAMS = {f.__name__: f for f in (tanh_sum, prod_chain, stages_out, unfusable_softmax)}
+
+
+def _data(rng, n: int, m: int, positive: bool = False) -> np.ndarray:
+    return rng.uniform(0.5, 1.5, (n, m)) if positive else rng.standard_normal((n, m))
+
+
+def _check(got, want, rtol=2e-5, atol=2e-5):
+    got = got if isinstance(got, list) else [got]
+    want = want if isinstance(want, list) else [want]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g.double().numpy(), w, rtol=rtol, atol=atol)
+
+
+# ------------------------------------------------------------------ the split (pure, IR)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_split_preserves_the_reference(name, rng):
+    """reference(before) == reference(pass programs chained), on random data."""
+    outs = PROGRAMS[name]()
+    stage = split_passes(outs)
+    assert len(stage.passes) >= 2
+    x = _data(rng, 7, 13, positive=name == "prod_chain")
+    want = nf.evaluate(outs, {"x": x})
+    feeds = {"x": x}
+    results = []
+    for ps in stage.passes:
+        for o in ps.outputs:
+            nf.verify(o)
+        assert nf.plan(list(ps.outputs)).single_pass and len(nf.plan(list(ps.outputs)).groups) == 1
+        got = nf.evaluate(list(ps.outputs), {p.name: feeds[p.name] for p in ps.inputs})
+        results.append(got)
+        for ph, k, n in stage.intermediates:
+            if k == ps.index:
+                feeds[ph.name] = got[n]
+    for w, (k, n) in zip(want, stage.results):
+        np.testing.assert_allclose(results[k][n], w, rtol=1e-12, atol=1e-12)
+
+
+def test_split_shape_of_the_tanh_sum():
+    [t] = tanh_sum()
+    stage = split_passes([t])
+    first, second = stage.passes
+    assert [o.name for o in first.outputs] == ["max0"]
+    assert [p.name for p in second.inputs] == ["x", "max0"]
+    assert stage.results == ((1, 0),)
+    assert "tanh(x[i, j] - max0[i])" in nf.show(second.outputs[0])
+
+
+def test_an_output_that_is_an_intermediate_is_not_recomputed():
+    stage = split_passes(stages_out())
+    assert stage.results[0] == (0, 0)           # m: pass 0's output itself
+    assert [o.name for o in stage.passes[-1].outputs] == ["t", "r"]
+
+
+def test_a_single_pass_program_is_one_pass():
+    outs, _ = FUSABLE["softmax"]()
+    stage = split_passes(outs)
+    assert stage.single_pass and stage.passes[0].outputs == tuple(outs)
+
+
+def test_narrow_intermediates_are_float32():
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), "bfloat16", name="x")
+    j = nf.reduce_axis(M, "j")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - nf.max(x[i, j], j)), j), name="t")
+    stage = split_passes([t])
+    assert stage.intermediates[0][0].dtype == nf.float32
+    assert stage.passes[-1].outputs[0].dtype == t.dtype
+
+
+# ------------------------------------------------------------------ kernels (interpreter)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("schedule", ["auto", SMALL], ids=["auto", "explicit"])
+def test_multi_pass_kernels_match_float64(name, schedule, rng):
+    outs = PROGRAMS[name]()
+    kernel = nf.compile(outs, schedule=schedule, cache=False)
+    assert isinstance(kernel, StagedKernel) and len(kernel.passes) >= 2
+    assert not kernel.plan.single_pass or len(kernel.plan.groups) > 1
+    for n, m in ((1, 1), (5, 29), (40, 33)):
+        x = _data(rng, n, m, positive=name == "prod_chain")
+        got = kernel(torch.tensor(x, dtype=torch.float32))
+        _check(got, nf.evaluate(outs, {"x": x}),
+               rtol=1e-4 if name == "prod_chain" else 2e-5)
+
+
+@pytest.mark.parametrize("name", ["tanh_sum", "stages_out"])
+def test_static_sizes(name, rng):
+    outs = PROGRAMS[name]((29, 33))
+    kernel = nf.compile(outs, schedule=SMALL, cache=False)
+    x = _data(rng, 29, 33)
+    _check(kernel(torch.tensor(x, dtype=torch.float32)), nf.evaluate(outs, {"x": x}))
+
+
+def test_split_k_per_pass(rng):
+    outs = prod_chain()
+    sched = Schedule(block_m=16, block_n=16, num_warps=4, num_stages=2, strategy="split",
+                     splits=3)
+    kernel = nf.compile(outs, schedule=sched, cache=False)
+    assert len(kernel.kernels) == 4      # each pass: partial, combine
+    x = _data(rng, 6, 33, positive=True)
+    _check(kernel(torch.tensor(x, dtype=torch.float32)), nf.evaluate(outs, {"x": x}),
+           rtol=1e-4)
+
+
+def test_groups_over_different_axes(rng):
+    """Two independent reductions, over the columns and over the rows: two passes."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j, i0 = nf.reduce_axis(M, "j"), nf.reduce_axis(N, "i0")
+    a = nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="a")
+    b = nf.compute((M,), lambda k: nf.max(x[i0, k], i0), name="b")
+    kernel = nf.compile([a, b], schedule=SMALL, cache=False)
+    assert isinstance(kernel, StagedKernel)
+    x = rng.standard_normal((21, 17))
+    _check(kernel(torch.tensor(x, dtype=torch.float32)), nf.evaluate([a, b], {"x": x}))
+
+
+def test_bfloat16_multi_pass(rng):
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), "bfloat16", name="x")
+    j = nf.reduce_axis(M, "j")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - nf.max(x[i, j], j)), j), name="t")
+    kernel = nf.compile(t, schedule=SMALL, cache=False)
+    xt = torch.randn(9, 29).to(torch.bfloat16)
+    got = kernel(xt)
+    assert got.dtype == torch.bfloat16
+    want = nf.evaluate(t, {"x": xt.double().numpy()})
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_introspection_and_cache_info(rng):
+    outs = tanh_sum()
+    kernel = nf.compile(outs, schedule=SMALL, cache=False)
+    assert isinstance(kernel, nf.StagedKernel) and "2 passes" in repr(kernel)
+    assert "# ---- pass 0 of 2" in kernel.source and "# ---- pass 1 of 2" in kernel.source
+    assert [k.name for k in kernel.kernels] == ["nf_t_pass0", "nf_t_pass1"]
+    assert kernel.plan.unfused[0].consumer == "t"
+    x = torch.randn(3, 5)
+    kernel(x)
+    kernel(x)
+    info = kernel.cache_info()
+    assert (info.hits, info.misses) == (2, 2)
+    with pytest.raises(nf.FeedError, match=r"argument 0 \('x'\) must be float32"):
+        kernel(x.double())
+
+
+def test_require_single_pass_refuses():
+    outs = tanh_sum()
+    for schedule in ("auto", SMALL):
+        with pytest.raises(UnschedulableError, match=r"not single-pass \(t reads the final "
+                                                     r"max0: .*require_single_pass=True"):
+            nf.compile(outs, schedule=schedule, cache=False, require_single_pass=True)
+
+
+def test_what_stays_a_limit():
+    """A reduction over two axes is refused by name (not split into passes)."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M, 3), name="x")
+    j, k = nf.reduce_axis(M, "j"), nf.reduce_axis(3, "k")
+    s = nf.compute((N,), lambda i: nf.sum(x[i, j, k], (j, k)), name="s")
+    with pytest.raises(CodegenError, match=r"group 0 \(s\) reduces over 2 axes at once "
+                                           r"\(j, k\); one is supported"):
+        nf.compile(s, schedule=SMALL, cache=False)
+
+
+def test_multi_pass_golden_source(golden):
+    kernel = nf.compile(tanh_sum(), schedule=Schedule(), cache=False)
+    golden("tanh_sum_passes.py", kernel.source)
+
+
+def test_intermediates_share_one_workspace(rng):
+    """Two intermediates of pass 0 (max and sum, fused) are views of one allocation."""
+    N, _, x, j = _x()
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    a = nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="a")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - m[i] + 0.1 * a[i]), j), name="t")
+    kernel = nf.compile(t, schedule=SMALL, cache=False)
+    assert len(kernel.staging.intermediates) == 2
+    seen = []
+    first = kernel.passes[0]
+
+    class Spy:
+        inputs = first.inputs
+
+        def __call__(self, *args, out=None):
+            seen.append(out)
+            return first(*args, out=out)
+
+        def cache_info(self):
+            return first.cache_info()
+
+    kernel.passes = (Spy(),) + kernel.passes[1:]
+    xv = rng.standard_normal((7, 33))
+    _check(kernel(torch.tensor(xv, dtype=torch.float32)), nf.evaluate(t, {"x": xv}))
+    [outs] = seen
+    assert len(outs) == 2 and all(o is not None for o in outs)
+    assert outs[0].untyped_storage().data_ptr() == outs[1].untyped_storage().data_ptr()
+
+
+def test_out_tensors_are_checked():
+    [t] = tanh_sum()
+    kernel = nf.compile(t, schedule=SMALL, cache=False)
+    x = torch.randn(3, 5)
+    with pytest.raises(CodegenError, match=r"out tensor \(4,\) torch.float32 .* contiguous "
+                                           r"\(3,\)"):
+        kernel.passes[1](x, torch.randn(3), out=[torch.empty(4)])
+
+
+@hsettings(max_examples=8, deadline=None,
+           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(tree=trees(), producer=st.sampled_from(["max", "min", "sum"]),
+       consumer=st.sampled_from(["max", "min", "sum"]), seed=st.integers(0, 2**31 - 1))
+def test_random_chains_compile_fused_or_not(tree, producer, consumer, seed):
+    """Random chains (those the plan fuses and those it does not) compile and match."""
+    if not (uses(tree, "r") and uses(tree, "c")):
+        return
+    op = {"sum": nf.sum, "max": nf.max, "min": nf.min}
+    k1, k2 = nf.reduce_axis(D, "k"), nf.reduce_axis(D, "k")
+    p = nf.compute((N,), lambda i: op[producer](X[i, k1], k1), name="p")
+    out = nf.compute((N,), lambda i: op[consumer](build(tree, X[i, k2], Y[i, k2], p[i]), k2),
+                     name="out")
+    kernel = nf.compile(out, [X, Y], schedule=SMALL, cache=False)
+    assert isinstance(kernel, StagedKernel) != nf.plan(out).single_pass
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.uniform(0.5, 1.5, (3, D)), "y": rng.uniform(-1.0, 1.0, (3, D))}
+    want = nf.evaluate(out, {n: v for n, v in feeds.items() if n == "x" or uses(tree, "c2")})
+    got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in ("x", "y")))
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-4,
+                               atol=1e-4 * max(1.0, float(np.abs(want).max())))
