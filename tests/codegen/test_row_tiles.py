@@ -96,3 +96,17 @@ def test_block_m_below_16_on_a_contraction_is_refused():
         nf.compile(o, ins, schedule=Schedule(block_m=1, block_n=16), cache=False)
     with pytest.raises(ScheduleError, match=r"block_n=8 is below 16.* loop axis"):
         nf.compile(o, ins, schedule=Schedule(block_m=16, block_n=8), cache=False)
+
+
+def test_persistent_row_reduction_source(golden):
+    """log-sum-exp over rows of a static 33 in one 64-wide tile, one row per program: the
+    interior loop has no trip (``33 // 64 * 64 == 0``) and the boundary loop one, both
+    with constant bounds, which Triton folds to straight-line code."""
+    from neptune_fusion.codegen.source import generate
+    from neptune_fusion.fusion.plan import plan
+    from neptune_fusion.runtime.pipeline import build_programs
+    [o], _ = _chain("logsumexp", 33)
+    ins = placeholders([o])
+    sched = Schedule(block_m=1, block_n=64, num_warps=2, num_stages=1)
+    [prog] = build_programs(plan(o), ins, sched, "persistent_lse")
+    golden("persistent_lse.py", generate(prog))
