@@ -167,15 +167,14 @@ _ROW_ITER_S = 3e-7      # per loop iteration: a tile's load latency and reductio
 def row_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """A row-reduction program: the loop tile (or the output row tile of an epilogue over
     the column axis) in registers across its threads; shared memory for the cross-warp
-    reduction (one float per row and warp) and, in a loop, the pipeline's ``stages - 1``
-    tiles in flight."""
+    reduction (one float per row and warp). Pipeline buffers are not counted: whether
+    Triton stages a load that feeds no ``tl.dot`` through shared memory is its choice, and
+    an estimate must not refuse a schedule it would run."""
     threads = 32 * s.num_warps
     col = next_pow2(problem.col) if problem.col > 1 else 0
     live = s.block_m * max(s.block_n, col)
     regs = -(-live // threads) + 32
     smem = 4 * s.block_m * s.num_warps
-    if not persistent(problem, s):
-        smem += (s.num_stages - 1) * s.block_m * s.block_n * problem.itemsize
     per_sm = min(device.smem_per_block // max(smem, 1),
                  device.regs_per_sm // (min(regs, 255) * threads),
                  device.max_warps_per_sm // s.num_warps, 32)
