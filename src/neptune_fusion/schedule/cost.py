@@ -213,7 +213,7 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     per_sm = progs / min(progs, device.sms)
     exposed = per_sm * (_ROW_TAIL_S + iters * _ROW_ITER_S / min(s.num_stages, iters)) \
         / resident
-    t = max(mem, comp) / wave_eff + exposed + device.launch_s
+    t = max(mem, comp) / wave_eff + exposed + device.launch_s + progs * device.program_s
     if splits > 1:              # the combine kernel: read every split's state, write out
         t += device.launch_s + splits * problem.programs * rows * 2 * 4 / device.bandwidth
     if r.regs > 255:

@@ -41,6 +41,9 @@ class Device:
     mma_flops: float             # 16-bit tensor-core multiply-add rate, flop / s
     fp32_flops: float            # float32 (non tensor-core) rate, flop / s
     launch_s: float = 3e-6       # fixed cost of one kernel launch (GPU side)
+    # fixed cost of one program where programs run one after another (the interpreter);
+    # 0 on a GPU, whose per-program costs the cost model prices by residency
+    program_s: float = 0.0
 
 
 # NVIDIA H200 (SXM, 132 SMs): 227 KiB shared memory per block, 64 K registers per SM;
@@ -52,7 +55,7 @@ H200 = Device("NVIDIA H200", sms=132, smem_per_block=232448, regs_per_sm=65536,
 # Triton's interpreter: few programs keep CPU runs fast; resources are not limited.
 CPU = Device("cpu (Triton interpreter)", sms=8, smem_per_block=1 << 30, regs_per_sm=1 << 30,
              max_warps_per_sm=1 << 10, bandwidth=1e10, mma_flops=1e10, fp32_flops=1e10,
-             launch_s=1e-3)
+             launch_s=1e-3, program_s=1e-2)
 
 
 def device_of(torch_device) -> Device:
@@ -222,11 +225,14 @@ def persistent(problem: Problem, s: Schedule) -> bool:
 
 def _row_ms(problem: Problem, device: Device) -> list[int]:
     """Rows per program: 1 up to the rows (rounded up) and :data:`ROW_MAX_M`, keeping at
-    least two programs per multiprocessor where the rows allow (1 always)."""
+    least two programs per multiprocessor where the rows allow (1 always). A device that
+    runs programs one after another (the interpreter: ``program_s``) gains nothing from
+    more programs, so every size is offered there."""
     out = []
     bm = 1
+    fill = 0 if device.program_s else 2 * device.sms
     while bm <= min(next_pow2(problem.rows), ROW_MAX_M):
-        if bm == 1 or -(-problem.rows // bm) * problem.programs >= 2 * device.sms:
+        if bm == 1 or -(-problem.rows // bm) * problem.programs >= fill:
             out.append(bm)
         bm *= 2
     return out
