@@ -125,3 +125,10 @@ def test_row_split_on_cpu_device_is_correct():
     assert wants_split(problem, device) and any(s.strategy == "split" for s in space)
     torch.testing.assert_close(kern(x).double(), torch.logsumexp(x.double(), 1),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_an_output_row_past_every_budget_still_gets_wide_programs():
+    p = _rows(64, 1 << 17, col=1 << 17, splittable=False)     # softmax over 128K columns
+    space = candidates(p, H200)
+    assert space and all(s.block_m == 1 and s.num_warps == 16 for s in space)
+    assert rank(p, space, H200)

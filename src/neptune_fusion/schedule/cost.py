@@ -176,9 +176,15 @@ def row_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     regs = -(-live // threads) + 32
     smem = 4 * s.block_m * s.num_warps
     per_sm = min(device.smem_per_block // max(smem, 1),
-                 device.regs_per_sm // (min(regs, 255) * threads),
+                 device.regs_per_sm // (min(regs, _reg_cap(s, device)) * threads),
                  device.max_warps_per_sm // s.num_warps, 32)
     return Resources(smem, regs, per_sm)
+
+
+def _reg_cap(s: Schedule, device: Device) -> int:
+    """Registers per thread the compiler allows a program (above: it spills): 255, or
+    fewer where one program's threads would not fit the register file (16 warps: 128)."""
+    return min(255, device.regs_per_sm // (32 * s.num_warps))
 
 
 def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
@@ -216,6 +222,6 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     t = max(mem, comp) / wave_eff + exposed + device.launch_s + progs * device.program_s
     if splits > 1:              # the combine kernel: read every split's state, write out
         t += device.launch_s + splits * problem.programs * rows * 2 * 4 / device.bandwidth
-    if r.regs > 255:
+    if r.regs > _reg_cap(s, device):
         t *= _SPILL
     return Estimate(s, t, r)

@@ -247,15 +247,17 @@ def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Sch
     the output row tile); 1 or 2 stages (1 when the loop runs once). Split-k when
     :func:`wants_split`: BLOCK_M up to the rows, BLOCK_N in :data:`SPLIT_ROW_N`, the split
     counts of :func:`split_counts`; the rolling candidates stay, for the model to weigh.
-    A problem too small for any budget keeps its smallest tile at 1 warp.
+    An output row past every budget keeps one row per program at 16 warps (it spills);
+    a row shorter than a warp, one tile at 1 warp.
     """
     full = next_pow2(problem.loop)
     col = next_pow2(problem.col) if problem.col > 1 else 0
     out: set[Schedule] = set()
 
-    def add(bm: int, bn: int, w: int, k: int) -> None:
-        if bm * max(bn, col) > tile_budget(w) or bm * bn < 32 * w:
-            return          # spills, or most threads idle
+    def add(bm: int, bn: int, w: int, k: int, budget: int | None = None) -> None:
+        if bm * max(bn, col if budget is None else 0) > (budget or tile_budget(w)) \
+                or bm * bn < 32 * w:
+            return          # spills, or threads without an element
         one = bn >= -(-problem.loop // k)
         for st in ((1,) if one else ROW_STAGES):
             out.add(replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st,
@@ -279,7 +281,9 @@ def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Sch
                         for w in ROW_WARPS[2:]:
                             add(bm, bn, w, k)
             bm *= 2
-    if not out:
-        out.add(replace(base, block_m=1, block_n=min(ROW_MIN_N, full), num_warps=1,
-                        num_stages=1))
+    if not out:     # an output row longer than any budget (softmax over > 32K): it
+        for bn in ns:   # spills whatever the loop tile; one row per program, 16 warps
+            add(1, bn, ROW_WARPS[-1], 1, tile_budget(ROW_WARPS[-1]))
+    if not out:     # a row shorter than a warp
+        out.add(replace(base, block_m=1, block_n=full, num_warps=1, num_stages=1))
     return sorted(out, key=_order)
