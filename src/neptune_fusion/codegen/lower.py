@@ -22,7 +22,7 @@ import re
 from dataclasses import replace
 
 from ..algebra.synth import moved, running, state
-from ..errors import CodegenError, UnschedulableError
+from ..errors import CodegenError, ScheduleError, UnschedulableError
 from ..fusion.plan import FusedGroup, FusionPlan
 from ..ir.dtypes import float32
 from ..ir.fold import fconst, fold
@@ -39,10 +39,11 @@ from ..ir.nodes import (
     Where,
     fresh_uid,
 )
-from ..ir.pow2 import tile_extent
+from ..ir.pow2 import TILE_MIN, tile_extent
 from ..ir.reducers import combined_with, reducer, running_expr, safe_expr
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import Schedule
+from .patterns import match_contraction
 from .program import (
     LOOP_LO,
     TILE_END,
@@ -283,7 +284,7 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken),
                         tile_extent(col.extent) if isinstance(col.extent, int) else None)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
-    return TileProgram(
+    return check_tiles(TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
         grid=tuple(Axis(v, "grid") for v in grid),
         row=Axis(row, "row", "BLOCK_M", schedule.block_m),
@@ -291,7 +292,55 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         inner=inner, accumulators=accs,
         bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
         segments=(Segment("lo", "hi", False, body, tuple(hints)),),
-        schedule=schedule)
+        schedule=schedule))
+
+
+def dot_roles(prog: TileProgram) -> frozenset[str]:
+    """The tile axes (roles) of ``prog`` that feed a ``tl.dot``: both sides and the
+    contracted axis of every reduction that lowers to one (attention: row, inner, loop
+    and col); empty for a row reduction (softmax, log-sum-exp, variance)."""
+    roles_of = {a.var: a.role for a in prog.axes if a.role != "grid"}
+    state = {s.param: frozenset(s.roles) for s in prog.state}
+    memo: dict[Expr, frozenset[str]] = {}
+
+    def roles(e: Expr) -> frozenset[str]:
+        got = memo.get(e)
+        if got is None:
+            if isinstance(e, Param):
+                got = state.get(e, frozenset())
+            elif isinstance(e, IndexVar):
+                got = frozenset((roles_of[e],)) if e in roles_of else frozenset()
+            else:
+                got = frozenset().union(*(roles(c) for c in e.children()))
+                if isinstance(e, Reduce):
+                    got -= {roles_of.get(a) for a in e.axes}
+            memo[e] = got
+        return got
+
+    exprs = [e for seg in prog.segments for _, e in seg.body] + [o.body for o in prog.outputs]
+    out: set[str] = set()
+    for e in exprs:
+        for x in walk(e):
+            if isinstance(x, Reduce):
+                c = match_contraction(x, roles_of.get, roles)
+                if c is not None:
+                    out |= {c.x, c.y, roles_of[c.k]}
+    return frozenset(out)
+
+
+def check_tiles(prog: TileProgram) -> TileProgram:
+    """Raise :class:`ScheduleError` naming the schedule field when a tile axis that feeds
+    ``tl.dot`` is tiled below its 16-element minimum; return ``prog``. Axes no
+    contraction reads may be tiled down to 1 (one row per program)."""
+    dots = dot_roles(prog)
+    for field, axis in (("block_m", prog.row), ("block_n", prog.loop)):
+        size = getattr(prog.schedule, field)
+        if axis.role in dots and size < TILE_MIN:
+            raise ScheduleError(
+                f"schedule: {field}={size} is below {TILE_MIN}, the smallest tl.dot tile: "
+                f"{prog.name} contracts over its {axis.role} axis {axis.name} with tl.dot "
+                f"(a program without a contraction may use tiles down to 1)")
+    return prog
 
 
 def rederive(prog: TileProgram, accs: tuple[Accumulator, ...],

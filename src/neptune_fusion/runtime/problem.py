@@ -16,8 +16,11 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     program's axes; the streamed bytes are those of the inputs with a dimension of the
     loop axis's extent (k and v), so shared key/value heads count once. With ``visits``,
     the share of loop tiles the loop partition visits per tile shape, from the program's
-    own loop bounds (a few ms; only the auto-scheduler's ranking needs it).
+    own loop bounds (a few ms; only the auto-scheduler's ranking needs it). A program whose
+    row and loop tiles feed no ``tl.dot`` is a row reduction (``contraction`` false): the
+    bytes of its inputs and outputs are what it reads and writes once.
     """
+    from ..codegen.lower import dot_roles
     from ..codegen.visits import visited_fraction
     from ..schedule.space import Problem, tile_shapes
     loop_ext = prog.loop.extent
@@ -32,12 +35,16 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
                                          if t.is_floating_point()] or [2])
     rows = extent_value(prog.row.extent, sizes)
+    contraction = bool(dot_roles(prog) & {"row", "loop"})
+    out_bytes = sum(math.prod(extent_value(d, sizes) for d in o.arg.tensor.shape)
+                    * o.arg.tensor.dtype.bits // 8 for o in prog.outputs)
     return Problem(
         rows=rows, loop=extent_value(loop_ext, sizes),
         programs=math.prod(extent_value(a.extent, sizes) for a in prog.grid),
         inner=math.prod(extent_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
         col=extent_value(prog.col.extent, sizes) if prog.col is not None else 1,
         itemsize=itemsize, streamed=streamed if isinstance(loop_ext, Size) else 0,
-        splittable=splittable, fp32=itemsize >= 4,
+        splittable=splittable, fp32=itemsize >= 4, contraction=contraction,
+        tensor_bytes=sum(t.numel() * t.element_size() for t in tensors) + out_bytes,
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
-                     for bm, bn in tile_shapes(rows)) if visits else ())
+                     for bm, bn in tile_shapes(rows)) if visits and contraction else ())

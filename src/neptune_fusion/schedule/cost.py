@@ -16,6 +16,13 @@ Per program (one row block of one instance, or one split of it):
 * time: memory (every row block streams the loop axis; the decode floor) and tensor-core
   work, each at the share of the device the occupied programs get, divided by wave
   efficiency, plus a per-iteration overhead, plus launches (and split-k's combine).
+
+A row reduction (no ``tl.dot``: ``problem.contraction`` false) is priced by
+:func:`row_estimate`: its bytes read and written once, at the share of the bandwidth the
+programs reach -- multiprocessors occupied (programs vs SMs) and bytes in flight per
+multiprocessor (resident programs x tile bytes x pipelined tiles) -- plus per-element
+work, loop iterations, launches and split-k's combine; registers from the tile (the loop
+tile, or the output row tile of a softmax-like epilogue) over the threads.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from ..ir.pow2 import next_pow2
 from .schedule import Schedule
-from .space import Device, Problem
+from .space import Device, Problem, persistent
 
 _ITER_S = 4e-8        # fixed cost of one loop iteration of one program (issue, barriers)
 _SPILL = 3.0          # slowdown of a kernel whose registers spill
@@ -52,6 +59,8 @@ class Estimate:
 
 def resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """Shared memory, registers and residency of one program of ``s`` on ``device``."""
+    if not problem.contraction:
+        return row_resources(problem, s, device)
     bm, bn, it = s.block_m, s.block_n, problem.itemsize
     inner, col = next_pow2(problem.inner), next_pow2(problem.col)
     kv = bn * (inner + col)
@@ -81,6 +90,8 @@ def check_resources(problem: Problem, s: Schedule, device: Device) -> None:
 
 def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     """The estimated time of ``s`` on ``problem`` (see module docstring)."""
+    if not problem.contraction:
+        return row_estimate(problem, s, device)
     r = resources(problem, s, device)
     if r.smem > device.smem_per_block:
         return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
@@ -123,8 +134,94 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
 
 
 def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
-    """Feasible estimates of ``schedules``, fastest first (ties: the given order)."""
+    """Feasible estimates of ``schedules``, fastest first (ties: the given order).
+
+    A row reduction's fastest persistent schedule goes first when it is within
+    :data:`PERSISTENT_SLACK` of the fastest: what it saves (the loop, the carried state's
+    repairs, the load latency of each tile) is below what the model resolves, and the
+    fastest looped schedule stays second, so a GPU measures both kinds."""
     ests = [estimate(problem, s, device) for s in schedules]
-    return sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
+    ranked = sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
+    if problem.contraction or not ranked:
+        return ranked
+    best = ranked[0].seconds
+    pers = next((e for e in ranked if persistent(problem, e.schedule)), None)
+    if pers is None or pers is ranked[0] or pers.seconds > best * (1 + PERSISTENT_SLACK):
+        return ranked
+    return [pers] + [e for e in ranked if e is not pers]
 
 
+
+
+# ------------------------------------------------------------ row reductions (no tl.dot)
+PERSISTENT_SLACK = 0.25   # a persistent row reduction this close to the fastest goes first
+_ROW_FLOPS = 8.0        # fp32 operations per element (exp, max, fma, the masks)
+_IN_FLIGHT = 32 * 1024  # bytes in flight per SM that keep an H200 at its copy rate
+                        # (~4.8 TB/s x ~0.9 us latency / 132 SMs)
+_ROW_TAIL_S = 5e-7      # per program: start, cross-warp reductions, epilogue, store --
+                        # hidden by the other resident programs' loads, if any
+_ROW_ITER_S = 3e-7      # per loop iteration: a tile's load latency and reduction barrier,
+                        # hidden by pipelining (stages) and the other resident programs
+
+
+def row_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
+    """A row-reduction program: the loop tile (or the output row tile of an epilogue over
+    the column axis) in registers across its threads; shared memory for the cross-warp
+    reduction (one float per row and warp). Pipeline buffers are not counted: whether
+    Triton stages a load that feeds no ``tl.dot`` through shared memory is its choice, and
+    an estimate must not refuse a schedule it would run."""
+    threads = 32 * s.num_warps
+    col = next_pow2(problem.col) if problem.col > 1 else 0
+    live = s.block_m * max(s.block_n, col)
+    regs = -(-live // threads) + 32
+    smem = 4 * s.block_m * s.num_warps
+    per_sm = min(device.smem_per_block // max(smem, 1),
+                 device.regs_per_sm // (min(regs, _reg_cap(s, device)) * threads),
+                 device.max_warps_per_sm // s.num_warps, 32)
+    return Resources(smem, regs, per_sm)
+
+
+def _reg_cap(s: Schedule, device: Device) -> int:
+    """Registers per thread the compiler allows a program (above: it spills): 255, or
+    fewer where one program's threads would not fit the register file (16 warps: 128)."""
+    return min(255, device.regs_per_sm // (32 * s.num_warps))
+
+
+def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
+    """The estimated time of ``s`` on a row reduction (see module docstring)."""
+    r = row_resources(problem, s, device)
+    if r.smem > device.smem_per_block:
+        return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
+                                            f"{device.smem_per_block} bytes")
+    if r.per_sm < 1:
+        return Estimate(s, float("inf"), r, "no program fits a multiprocessor")
+    bm, bn, it = s.block_m, s.block_n, problem.itemsize
+    splits = s.splits if s.strategy == "split" else 1
+    rows = max(problem.rows, 1)
+    progs = -(-rows // bm) * problem.programs * splits
+    slots = device.sms * r.per_sm
+    waves = -(-progs // slots)
+    wave_eff = progs / (waves * slots) if progs >= slots else 1.0
+    sms_busy = min(1.0, progs / device.sms)           # multiprocessors that have work
+    chunk = -(-problem.loop // splits)
+    iters = max(1, -(-chunk // bn))
+    resident = min(r.per_sm, -(-progs // device.sms))
+    flight = resident * bm * min(bn, chunk) * it * min(s.num_stages, iters)
+    stream = min(1.0, flight / _IN_FLIGHT)
+    nbytes = problem.tensor_bytes or \
+        problem.programs * rows * (problem.loop + problem.col) * it
+    mem = nbytes / (device.bandwidth * sms_busy * stream)
+    # padded work: rows past the end, the last tile's tail, threads without an element
+    elems = max(bm * min(bn, next_pow2(chunk)), 32 * s.num_warps) * iters * progs
+    comp = elems * _ROW_FLOPS / (device.fp32_flops * sms_busy)
+    # latency not hidden: each program's tail and unpipelined iterations, shared by the
+    # programs resident together (a lone program per SM leaves the SM idle meanwhile)
+    per_sm = progs / min(progs, device.sms)
+    exposed = per_sm * (_ROW_TAIL_S + iters * _ROW_ITER_S / min(s.num_stages, iters)) \
+        / resident
+    t = max(mem, comp) / wave_eff + exposed + device.launch_s + progs * device.program_s
+    if splits > 1:              # the combine kernel: read every split's state, write out
+        t += device.launch_s + splits * problem.programs * rows * 2 * 4 / device.bandwidth
+    if r.regs > _reg_cap(s, device):
+        t *= _SPILL
+    return Estimate(s, t, r)

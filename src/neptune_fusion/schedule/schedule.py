@@ -16,6 +16,7 @@ from ..errors import ScheduleError
 
 FP32_PRECISIONS = ("ieee", "tf32")
 STRATEGIES = ("rolling", "split")
+MAX_BLOCK = 1 << 20   # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL)
 
 
 def _pow2(x: int) -> bool:
@@ -27,7 +28,9 @@ class Schedule:
     """Tile sizes, launch parameters and speed rules of one kernel.
 
     * ``block_m`` rows of the query-like axis per program, ``block_n`` elements of the
-      fused reduction axis per loop iteration (both powers of two, >= 16 for ``tl.dot``);
+      fused reduction axis per loop iteration (both powers of two; a tile axis that feeds
+      ``tl.dot`` needs >= 16, which the lowering checks against the program:
+      :func:`~neptune_fusion.codegen.lower.check_tiles`);
     * ``num_warps`` / ``num_stages``: Triton launch parameters;
     * ``exp2``: rewrite ``exp`` to ``exp2`` with ``log2(e)`` folded into the score scale,
       running maxima kept in the scaled domain;
@@ -60,9 +63,10 @@ class Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v) or v < 16:
-                raise ScheduleError(
-                    f"schedule: {name} must be a power of two >= 16 (tl.dot tiles), got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v) \
+                    or v > MAX_BLOCK:
+                raise ScheduleError(f"schedule: {name} must be a power of two in "
+                                    f"[1, {MAX_BLOCK}], got {v!r}")
         if self.num_warps not in (1, 2, 4, 8, 16):
             raise ScheduleError(
                 f"schedule: num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")

@@ -9,11 +9,15 @@ functions of them and testable without a GPU.
   the interpreter's (a few "multiprocessors", so CPU runs stay small).
 * :class:`Problem`: one kernel at one shape, reduced to what matters for speed -- rows
   (the query-like axis), loop length (the fused reduction axis), independent programs
-  (batch x heads), contraction and output widths, element size, and whether split-k is
-  possible for the plan.
-* :func:`candidates`: the schedules worth considering for a problem: rolling tiles when
-  there are enough rows to fill the GPU, split-k (with split counts around "fill the
-  GPU") when there are not.
+  (batch x heads), contraction and output widths, element size, whether split-k is
+  possible for the plan, and whether the tiles feed ``tl.dot`` (attention) or not (a row
+  reduction: softmax, log-sum-exp, variance).
+* :func:`candidates`: the schedules worth considering for a problem. With a contraction:
+  rolling tiles when there are enough rows to fill the GPU, split-k (with split counts
+  around "fill the GPU") when there are not. Without one (:func:`row_candidates`): rows
+  per program from 1 up, the loop tile up to the whole row (a *persistent* reduction: one
+  read, the loop runs once) within a register budget, 1-16 warps, and split-k across
+  programs when rows are few and long.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class Device:
     mma_flops: float             # 16-bit tensor-core multiply-add rate, flop / s
     fp32_flops: float            # float32 (non tensor-core) rate, flop / s
     launch_s: float = 3e-6       # fixed cost of one kernel launch (GPU side)
+    # fixed cost of one program where programs run one after another (the interpreter);
+    # 0 on a GPU, whose per-program costs the cost model prices by residency
+    program_s: float = 0.0
 
 
 # NVIDIA H200 (SXM, 132 SMs): 227 KiB shared memory per block, 64 K registers per SM;
@@ -48,7 +55,7 @@ H200 = Device("NVIDIA H200", sms=132, smem_per_block=232448, regs_per_sm=65536,
 # Triton's interpreter: few programs keep CPU runs fast; resources are not limited.
 CPU = Device("cpu (Triton interpreter)", sms=8, smem_per_block=1 << 30, regs_per_sm=1 << 30,
              max_warps_per_sm=1 << 10, bandwidth=1e10, mma_flops=1e10, fp32_flops=1e10,
-             launch_s=1e-3)
+             launch_s=1e-3, program_s=1e-2)
 
 
 def device_of(torch_device) -> Device:
@@ -76,10 +83,12 @@ class Problem:
     ``rows`` is the extent of the row (query) axis, ``loop`` of the fused reduction axis,
     ``programs`` the number of independent (batch, head, ...) instances, ``inner`` the
     contraction width (head dim of q/k), ``col`` the output width (head dim of v),
-    ``itemsize`` the input element size. ``streamed`` is the bytes of the inputs indexed
-    along the loop axis (k and v; 0: every program reads its own). ``splittable``: split-k
-    is legal for the plan. ``visits``: per tile shape, the share of loop tiles the loop
-    partition visits (causal masks, sliding windows).
+    ``itemsize`` the input element size, ``tensor_bytes`` what a row reduction reads and
+    writes once (inputs and outputs; each row block reads only its own rows).
+    ``streamed`` is the bytes of the inputs indexed along the loop axis (k and v; 0: every
+    program reads its own). ``splittable``: split-k is legal for the plan. ``visits``: per
+    tile shape, the share of loop tiles the loop partition visits (causal masks, sliding
+    windows).
     """
 
     rows: int
@@ -91,6 +100,10 @@ class Problem:
     streamed: int = 0
     splittable: bool = True
     fp32: bool = False           # float32 inputs: tl.dot without 16-bit tensor cores
+    # the row or loop tile feeds tl.dot (attention, a norm -> matmul): tiles >= 16 and
+    # the attention-shaped space; False: a row reduction (rows per program down to 1)
+    contraction: bool = True
+    tensor_bytes: int = 0        # bytes of every input and output (0: unknown)
     # ((block_m, block_n, share of the row-block x loop-tile pairs the loop visits), ...)
     visits: tuple[tuple[int, int, float], ...] = ()
 
@@ -117,7 +130,8 @@ STAGES = (2, 3, 4)
 
 
 def tile_shapes(rows: int) -> tuple[tuple[int, int], ...]:
-    """Every ``(block_m, block_n)`` :func:`candidates` may use for ``rows`` rows."""
+    """Every ``(block_m, block_n)`` :func:`candidates` may use for ``rows`` rows of a
+    problem with a contraction (the shapes whose visited-tile shares matter: masks)."""
     rows_p2 = next_pow2(rows, 16)
     ms = tuple(m for m in ROLLING_M if m <= rows_p2) or (rows_p2,)
     return tuple(sorted({(m, n) for m in ms for n in ROLLING_N}
@@ -126,16 +140,21 @@ def tile_shapes(rows: int) -> tuple[tuple[int, int], ...]:
 
 def wants_split(problem: Problem, device: Device) -> bool:
     """Split-k when the rolling kernel cannot fill the GPU: fewer row blocks (at the
-    smallest tile) times programs than multiprocessors, and a loop long enough to split."""
-    blocks = -(-problem.rows // 16) * problem.programs
-    return problem.splittable and blocks < device.sms and problem.loop > 64
+    smallest tile: 16 rows with a contraction, else 1) times programs than
+    multiprocessors, and a loop long enough to split (a row reduction: at least
+    :data:`SPLIT_MIN_LOOP` elements, so that each split streams a useful chunk)."""
+    least = 16 if problem.contraction else 1
+    blocks = -(-problem.rows // least) * problem.programs
+    long = problem.loop > 64 if problem.contraction else problem.loop >= SPLIT_MIN_LOOP
+    return problem.splittable and blocks < device.sms and long
 
 
-def split_counts(problem: Problem, device: Device, block_n: int) -> tuple[int, ...]:
+def split_counts(problem: Problem, device: Device, block_n: int,
+                 block_m: int = 16) -> tuple[int, ...]:
     """Split counts around "two programs per multiprocessor" (a quarter of that to twice
     it: fewer, longer chunks often stream better), clamped to the tile count."""
     tiles = max(1, -(-problem.loop // block_n))
-    blocks = max(1, -(-problem.rows // 16) * problem.programs)
+    blocks = max(1, -(-problem.rows // block_m) * problem.programs)
     fill = max(1, -(-2 * device.sms // blocks))
     want = {max(1, fill // 4), max(1, fill // 2), fill, 2 * fill}
     return tuple(sorted({max(1, min(w, tiles)) for w in want}))
@@ -145,13 +164,16 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                ) -> list[Schedule]:
     """Every schedule of the search space for ``problem`` (speed rules from ``base``).
 
-    Rolling: BLOCK_M in {64, 128} (or the rows rounded up when fewer), BLOCK_N in
+    A problem without a contraction gets :func:`row_candidates`. Otherwise rolling:
+    BLOCK_M in {64, 128} (or the rows rounded up when fewer), BLOCK_N in
     {32, 64, 128}, 4 or 8 warps, 2-4 stages. Split-k (see :func:`wants_split`): BLOCK_M the
     rows rounded up to a power of two >= 16, BLOCK_N in {64, 128, 256}, 4 or 8 warps, 2-4
     stages, and the split counts of :func:`split_counts`.
     """
     base = base if base is not None else Schedule()
     base = replace(base, strategy="rolling", splits=1)
+    if not problem.contraction:
+        return row_candidates(problem, device, base)
     out: list[Schedule] = []
     if wants_split(problem, device):
         bm = next_pow2(problem.rows, 16)
@@ -176,3 +198,92 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
 
 def _order(s: Schedule) -> tuple:
     return (s.strategy, s.block_m, s.block_n, s.splits, s.num_warps, s.num_stages)
+
+
+# ------------------------------------------------------------ row reductions (no tl.dot)
+ROW_WARPS = (1, 2, 4, 8, 16)
+ROW_STAGES = (1, 2)         # a loop: unpipelined or one tile in flight ahead
+ROW_MAX_M = 64               # rows per program at most (more only adds registers)
+ROW_MIN_N = 32               # the smallest loop tile worth a loop (below: the whole row)
+ELEMS_PER_THREAD = 64        # register budget: fp32 tile elements per thread
+SPLIT_MIN_LOOP = 4096        # a row reduction splits only rows at least this long
+SPLIT_ROW_N = (512, 1024, 2048, 4096)
+
+
+def tile_budget(num_warps: int) -> int:
+    """The fp32 elements one program of ``num_warps`` warps holds in registers (64 per
+    thread: 8K at 4 warps, 16K at 8, 32K at 16), its loop tile and its output row tile."""
+    return ELEMS_PER_THREAD * 32 * num_warps
+
+
+def persistent(problem: Problem, s: Schedule) -> bool:
+    """Whether ``s`` covers the whole reduction axis (of a split's chunk) in one tile: the
+    loop runs once, the input is read once and no carried state is repaired."""
+    splits = s.splits if s.strategy == "split" else 1
+    return s.block_n >= -(-problem.loop // splits)
+
+
+def _row_ms(problem: Problem, device: Device) -> list[int]:
+    """Rows per program: 1 up to the rows (rounded up) and :data:`ROW_MAX_M`, keeping at
+    least two programs per multiprocessor where the rows allow (1 always). A device that
+    runs programs one after another (the interpreter: ``program_s``) gains nothing from
+    more programs, so every size is offered there."""
+    out = []
+    bm = 1
+    fill = 0 if device.program_s else 2 * device.sms
+    while bm <= min(next_pow2(problem.rows), ROW_MAX_M):
+        if bm == 1 or -(-problem.rows // bm) * problem.programs >= fill:
+            out.append(bm)
+        bm *= 2
+    return out
+
+
+def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Schedule]:
+    """The search space of a row reduction (no ``tl.dot``: tiles may be 1 wide).
+
+    Rolling: BLOCK_M from 1 up (:func:`_row_ms`), BLOCK_N powers of two from
+    :data:`ROW_MIN_N` up to the whole row (``next_pow2(loop)``: persistent), 1-16 warps,
+    within :func:`tile_budget` (the loop tile and, when the outputs have a column axis,
+    the output row tile); 1 or 2 stages (1 when the loop runs once). Split-k when
+    :func:`wants_split`: BLOCK_M up to the rows, BLOCK_N in :data:`SPLIT_ROW_N`, the split
+    counts of :func:`split_counts`; the rolling candidates stay, for the model to weigh.
+    An output row past every budget keeps one row per program at 16 warps (it spills);
+    a row shorter than a warp, one tile at 1 warp.
+    """
+    full = next_pow2(problem.loop)
+    col = next_pow2(problem.col) if problem.col > 1 else 0
+    out: set[Schedule] = set()
+
+    def add(bm: int, bn: int, w: int, k: int, budget: int | None = None) -> None:
+        if bm * max(bn, col if budget is None else 0) > (budget or tile_budget(w)) \
+                or bm * bn < 32 * w:
+            return          # spills, or threads without an element
+        one = bn >= -(-problem.loop // k)
+        for st in ((1,) if one else ROW_STAGES):
+            out.add(replace(base, block_m=bm, block_n=bn, num_warps=w, num_stages=st,
+                            strategy="split" if k > 1 else "rolling", splits=k))
+
+    ns = []
+    bn = min(ROW_MIN_N, full)
+    while bn <= full:
+        ns.append(bn)
+        bn *= 2
+    for bm in _row_ms(problem, device):
+        for bn in ns:
+            for w in ROW_WARPS:
+                add(bm, bn, w, 1)
+    if wants_split(problem, device):
+        bm = 1
+        while bm <= min(next_pow2(problem.rows), ROW_MAX_M):
+            for bn in SPLIT_ROW_N:
+                for k in split_counts(problem, device, bn, bm):
+                    if k > 1:
+                        for w in ROW_WARPS[2:]:
+                            add(bm, bn, w, k)
+            bm *= 2
+    if not out:     # an output row longer than any budget (softmax over > 32K): it
+        for bn in ns:   # spills whatever the loop tile; one row per program, 16 warps
+            add(1, bn, ROW_WARPS[-1], 1, tile_budget(ROW_WARPS[-1]))
+    if not out:     # a row shorter than a warp
+        out.add(replace(base, block_m=1, block_n=full, num_warps=1, num_stages=1))
+    return sorted(out, key=_order)

@@ -1,0 +1,112 @@
+"""Row reductions (no tl.dot) at the tile shapes only they may use: rows per program 1, 2,
+4, loop tiles below 16, and persistent tiles (the whole reduction axis in one tile), each
+kernel against the float64 reference on fresh random data with ragged lengths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import neptune_fusion as nf
+from neptune_fusion.codegen.lower import dot_roles
+from neptune_fusion.errors import ScheduleError
+from neptune_fusion.frontend.examples import plain_attention
+from neptune_fusion.ir.graph import placeholders
+from neptune_fusion.schedule.schedule import Schedule
+
+ROWS = 7          # ragged against every block_m > 1 below
+
+
+def _chain(kind: str, d: int):
+    N = nf.size("N")
+    x = nf.placeholder((N, d), name="x")
+    k = nf.reduce_axis(d, "k")
+    if kind == "softmax":
+        m = nf.compute((N,), lambda i: nf.max(x[i, k], k), name="m")
+        l = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, k] - m[i]), k), name="l")  # noqa: E741
+        outs = [nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / l[i], name="y")]
+    elif kind == "log_softmax":
+        m = nf.compute((N,), lambda i: nf.max(x[i, k], k), name="m")
+        outs = [nf.compute(x.shape, lambda i, j: x[i, j] - m[i] - nf.log(
+            nf.sum(nf.exp(x[i, k] - m[i]), k)), name="y")]
+    elif kind == "logsumexp":
+        outs = [nf.compute((N,), lambda i: nf.max(x[i, k], k) + nf.log(
+            nf.sum(nf.exp(x[i, k] - nf.max(x[i, k], k)), k)), name="lse")]
+    elif kind == "denominator":     # a softmax denominator: max, then the sum of exp
+        m = nf.compute((N,), lambda i: nf.max(x[i, k], k), name="m")
+        outs = [nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, k] - m[i]), k), name="l")]
+    else:                           # variance around a mean of 100: the centred update
+        mu = nf.compute((N,), lambda i: nf.sum(x[i, k], k) / d, name="mean")
+        outs = [nf.compute((N,), lambda i: nf.sum((x[i, k] - mu[i]) ** 2, k) / d,
+                           name="var")]
+    return outs, (100.0 if kind == "variance" else 0.0)
+
+
+def _check(kind: str, d: int, schedule: Schedule, rows: int = ROWS, seed: int = 0):
+    outs, mean = _chain(kind, d)
+    ins = placeholders(outs)
+    kern = nf.compile(outs[0], ins, schedule=schedule, cache=False)
+    assert not dot_roles(kern.program)           # a row reduction: no tl.dot anywhere
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, d)) * 2.0 + mean).astype(np.float32)
+    got = kern(torch.from_numpy(x))
+    want = nf.evaluate(outs[0], {"x": x.astype(np.float64)})
+    got, want = got.double().numpy(), np.asarray(want)
+    assert got.shape == want.shape
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
+    return kern
+
+
+KINDS = ("softmax", "log_softmax", "logsumexp", "denominator", "variance")
+# (block_m, block_n, reduction length): single rows, tiles below 16, several tiles per
+# row with a ragged last tile, and persistent tiles (block_n >= length: the loop runs once)
+SHAPES = [(1, 8, 29), (2, 16, 33), (4, 64, 33), (1, 32, 29), (2, 1, 1), (4, 4, 1)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("bm, bn, d", SHAPES)
+def test_small_and_persistent_tiles_match_float64(kind, bm, bn, d):
+    _check(kind, d, Schedule(block_m=bm, block_n=bn, num_warps=1, num_stages=1))
+
+
+@pytest.mark.parametrize("kind", ["logsumexp", "denominator"])
+@pytest.mark.parametrize("bm, bn, splits, d", [(1, 8, 3, 29), (2, 16, 2, 33),
+                                               (4, 4, 5, 33)])
+def test_split_rows_at_small_tiles_match_float64(kind, bm, bn, splits, d):
+    kern = _check(kind, d, Schedule(block_m=bm, block_n=bn, num_warps=2, strategy="split",
+                                    splits=splits))
+    assert [k.program.split.stage for k in kern.kernels] == ["partial", "combine"]
+
+
+def test_persistent_tile_runs_the_loop_once():
+    """block_n covering the static length: one boundary tile, no interior loop."""
+    kern = _check("logsumexp", 33, Schedule(block_m=1, block_n=64, num_warps=2,
+                                            num_stages=1, count_visits=True), rows=3)
+    x = torch.randn(3, 33)
+    visits = kern.launch(x).visits
+    assert visits.sum().item() == 3            # one tile per program, three programs
+
+
+def test_block_m_below_16_on_a_contraction_is_refused():
+    [o], ins = plain_attention("N", "M", 16, "float32")
+    with pytest.raises(ScheduleError, match=r"block_m=1 is below 16, the smallest tl\.dot "
+                                            r"tile: .* contracts over its row axis"):
+        nf.compile(o, ins, schedule=Schedule(block_m=1, block_n=16), cache=False)
+    with pytest.raises(ScheduleError, match=r"block_n=8 is below 16.* loop axis"):
+        nf.compile(o, ins, schedule=Schedule(block_m=16, block_n=8), cache=False)
+
+
+def test_persistent_row_reduction_source(golden):
+    """log-sum-exp over rows of a static 33 in one 64-wide tile, one row per program: the
+    interior loop has no trip (``33 // 64 * 64 == 0``) and the boundary loop one, both
+    with constant bounds, which Triton folds to straight-line code."""
+    from neptune_fusion.codegen.source import generate
+    from neptune_fusion.fusion.plan import plan
+    from neptune_fusion.runtime.pipeline import build_programs
+    [o], _ = _chain("logsumexp", 33)
+    ins = placeholders([o])
+    sched = Schedule(block_m=1, block_n=64, num_warps=2, num_stages=1)
+    [prog] = build_programs(plan(o), ins, sched, "persistent_lse")
+    golden("persistent_lse.py", generate(prog))
