@@ -65,3 +65,13 @@ def test_one_exponential_per_element_and_float64(kind, shape, rng):
         body = loop.split("# ")[0]
         # per element (a [BLOCK_M, BLOCK_N] tile): one exp2; per row: one exp2 (the rescale)
         assert body.count("tl.exp2(") == 2, body
+
+
+def test_per_row_division_is_a_reciprocal_once_per_row(rng):
+    [y] = _softmax_chains("softmax")
+    kernel = nf_compile(y, block_m=16, block_n=16)
+    epilogue = kernel.source.split("# epilogue")[1]
+    assert "(1.0 / l)[:, None]" in epilogue and "/ l[:, None]" not in epilogue
+    x = torch.tensor(rng.standard_normal((7, 29)) * 3, dtype=torch.float32)
+    want = nf.evaluate(y, {"x": x.double().numpy()})
+    np.testing.assert_allclose(kernel(x).double().numpy(), want, rtol=1e-5, atol=1e-7)
