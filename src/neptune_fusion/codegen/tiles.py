@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
-from ..ir.fold import fconst, fold
+from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
+from ..ir.traverse import factors
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -179,6 +180,11 @@ class TileOps:
         return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
 
     def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
+        # where(guard, a * b, 0) with a factor the guard already masks to zero (a boundary
+        # tile's x * w of RMSNorm): the product is zero outside without the select
+        if isinstance(e, Where) and is_const(e.b, 0.0) and \
+                any(self.zero_outside(f, e.cond) for f in factors(e.a)):
+            e = e.a
         ld = loaded(e)
         return self.lower(ld, order) if ld is not None else self.value(e, order)
 
