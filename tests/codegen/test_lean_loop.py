@@ -75,3 +75,21 @@ def test_per_row_division_is_a_reciprocal_once_per_row(rng):
     x = torch.tensor(rng.standard_normal((7, 29)) * 3, dtype=torch.float32)
     want = nf.evaluate(y, {"x": x.double().numpy()})
     np.testing.assert_allclose(kernel(x).double().numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+def test_canonical_exp2_argument_keeps_the_value(rng):
+    """reference(before) == reference(after): each spelling, evaluated by constant folding
+    at random points, equals its canonical form."""
+    from neptune_fusion.ir.fold import fold
+    from neptune_fusion.ir.traverse import substitute
+    s, m, l2 = (Param(n, F) for n in ("s", "m", "l"))
+    exprs = [Binary("mul", Binary("sub", Binary("add", s, fconst(1.5)), m), fconst(-0.3)),
+             Unary("neg", Binary("sub", Binary("mul", fconst(2.0), m), Unary("neg", l2))),
+             Binary("div", Binary("sub", Binary("mul", s, fconst(0.7)), m), fconst(4.0)),
+             Binary("sub", Binary("add", s, Unary("log", l2)), Binary("mul", s, fconst(0.25)))]
+    for e in exprs:
+        c = canonical_arg(e)
+        for _ in range(5):
+            at = {p: fconst(v) for p, v in zip((s, m, l2), rng.uniform(0.5, 3.0, 3))}
+            a, b = fold(substitute(e, at)), fold(substitute(c, at))
+            assert abs(a.value - b.value) <= 1e-12 * max(1.0, abs(a.value)), (e, c)
