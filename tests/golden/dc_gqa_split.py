@@ -142,4 +142,4 @@ def dc_gqa_combine(
         o_sum, l = o_sum_new, l_new
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
-    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum / l[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])
+    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum * (1.0 / l)[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])

@@ -104,4 +104,4 @@ def pf_window(
         m, o_sum, l = m_new_3, o_sum_new_3, l_new_3
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
-    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum / l[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])
+    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum * (1.0 / l)[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])

@@ -56,4 +56,4 @@ def attention(
         l_new_2 = l * alpha_2 + l_tile_2
         m, o_sum, l = m_new_2, o_sum_new_2, l_new_2
     # epilogue: outputs from the final state
-    tl.store(o_ptr + ((offs_i * o_s0)[:, None] + offs_e[None, :]), (o_sum / l[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])
+    tl.store(o_ptr + ((offs_i * o_s0)[:, None] + offs_e[None, :]), (o_sum * (1.0 / l)[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])

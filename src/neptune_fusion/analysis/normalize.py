@@ -46,6 +46,18 @@ def _sum_divide(r: Reduce, ax: frozenset) -> Expr | None:
     return None
 
 
+def _sum_factor_divide(r: Reduce, ax: frozenset) -> Expr | None:
+    # sum(p * (b_j / a) * q) = sum(p * b_j * q) / a  (RMSNorm's rsqrt, L2-norm's 1/sqrt)
+    if r.op != "sum" or not (isinstance(r.body, Binary) and r.body.op == "mul"):
+        return None
+    fs = factors(r.body)
+    for n, f in enumerate(fs):
+        if isinstance(f, Binary) and f.op == "div" and _free_of(f.b, ax):
+            body = product(fs[:n] + [f.a] + fs[n + 1:])
+            return Binary("div", _sub_reduce(r, body), f.b)
+    return None
+
+
 def _sum_negate(r: Reduce, ax: frozenset) -> Expr | None:
     # sum(-b_j) = -sum(b_j)
     b = r.body
@@ -65,7 +77,8 @@ def _extreme_shift(r: Reduce, ax: frozenset) -> Expr | None:
     return None
 
 
-RULES: tuple[Rule, ...] = (_sum_scale, _sum_divide, _sum_negate, _extreme_shift)
+RULES: tuple[Rule, ...] = (_sum_scale, _sum_divide, _sum_factor_divide, _sum_negate,
+                          _extreme_shift)
 
 
 def normalize(root: Expr, rules: tuple[Rule, ...] = RULES) -> Expr:

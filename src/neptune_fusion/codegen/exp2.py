@@ -14,6 +14,12 @@ Legality: after the rewrite, no consumer may read the producer other than throug
 ``m*L`` (checked on the IR: the producer is substituted as ``m2 / L`` and every
 occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``.
 
+Equal math is one IR node: every ``exp2`` argument is put in one canonical form
+(:func:`canonical_arg`), a sum of terms times constants, positive terms first, so
+``exp((s - m) * c)`` and ``exp(s * c - m * c)`` -- or a repair factor's ``exp(-(m' - m))``
+and the rescale ``exp(m - m')`` -- become the same node, which the emitter's CSE computes
+once per element (or per row).
+
 The rule rewrites the accumulators' templates (:func:`to_exp2`); the pipeline's stage
 ``exp2`` is :func:`apply_exp2`, which also re-derives the per-tile body from them.
 """
@@ -62,13 +68,75 @@ def scale(e: Expr, k: float, markers: frozenset = frozenset()) -> Expr:
     return Binary("mul", e, fconst(k))
 
 
+def linear(e: Expr) -> tuple[dict[Expr, float], float]:
+    """``e`` as ``sum(c_t * t) + c0``: the coefficient of every term (an expression that is
+    not a sum, a negation or a product with a constant) and the constant ``c0``."""
+    terms: dict[Expr, float] = {}
+    const = [0.0]
+
+    def visit(x: Expr, k: float) -> None:
+        if isinstance(x, Const) and x.dtype.is_float:
+            const[0] += k * x.value
+        elif isinstance(x, Binary) and x.op in ("add", "sub"):
+            visit(x.a, k)
+            visit(x.b, -k if x.op == "sub" else k)
+        elif isinstance(x, Unary) and x.op == "neg":
+            visit(x.x, -k)
+        elif isinstance(x, Binary) and x.op == "mul" and isinstance(x.b, Const):
+            visit(x.a, k * x.b.value)
+        elif isinstance(x, Binary) and x.op == "mul" and isinstance(x.a, Const):
+            visit(x.b, k * x.a.value)
+        elif isinstance(x, Binary) and x.op == "div" and isinstance(x.b, Const):
+            visit(x.a, k / x.b.value)
+        else:
+            terms[x] = terms.get(x, 0.0) + k
+    visit(e, 1.0)
+    return terms, const[0]
+
+
+def canonical_arg(e: Expr) -> Expr:
+    """``e`` in the canonical form of an ``exp2`` argument: ``t1 * c1 + t2 * c2 ... + c0``
+    with positive coefficients first, then terms over more variables first, then by text;
+    a coefficient of 1 is left out, a negative one is a subtraction. ``e`` itself when a
+    constant is not finite, a term is not a float or nothing changes."""
+    if not e.dtype.is_float:
+        return e
+    terms, const = linear(e)
+    coefs = list(terms.values()) + [const]
+    if not all(math.isfinite(c) for c in coefs) or \
+            not all(t.dtype.is_float for t in terms):
+        return e
+    order = sorted(((t, c) for t, c in terms.items() if c != 0.0),
+                   key=lambda tc: (tc[1] < 0, -len(tc[0].free_vars), str(tc[0])))
+    out: Expr | None = None
+    for t, c in order:
+        mag = t if abs(c) == 1.0 else Binary("mul", t, fconst(abs(c)))
+        if out is None:
+            out = mag if c > 0 else Unary("neg", t) if c == -1.0 else \
+                Binary("mul", t, fconst(c))
+        else:
+            out = Binary("add" if c > 0 else "sub", out, mag)
+    if out is None:
+        return fconst(const)
+    if const != 0.0:
+        out = Binary("add" if const > 0 else "sub", out, fconst(abs(const)))
+    return e if out == e or out.dtype != e.dtype else out
+
+
 def exp_to_exp2(e: Expr, markers: frozenset = frozenset()) -> Expr:
-    """Every ``exp(x)`` in ``e`` as ``exp2(x * log2(e))`` with the factor pushed in."""
+    """Every ``exp(x)`` in ``e`` as ``exp2(x * log2(e))`` with the factor pushed in, and
+    every ``exp2`` argument in its canonical form (:func:`canonical_arg`)."""
     def fn(x: Expr) -> Expr | None:
         if isinstance(x, Unary) and x.op == "exp":
             return Unary("exp2", scale(x.x, LOG2E, markers))
         return None
-    return fold(rewrite(e, fn))
+
+    def canon(x: Expr) -> Expr | None:
+        if isinstance(x, Unary) and x.op == "exp2":
+            got = canonical_arg(x.x)
+            return None if got is x.x else Unary("exp2", got)
+        return None
+    return rewrite(fold(rewrite(e, fn)), canon)
 
 
 def _cancelled(e: Expr, markers: frozenset) -> bool:

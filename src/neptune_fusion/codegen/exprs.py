@@ -8,7 +8,8 @@ storage dtype until an elementwise op needs fp32 or a ``tl.dot`` takes them as t
 
 Values are bound to names by the emitter's CSE (keyed on the IR node and layout) when they
 are loads, reductions, named, long, or used more than once; loop-invariant values are
-hoisted to the prologue.
+hoisted to the prologue. A division by a value over fewer tile axes (``o / l`` with a
+per-row ``l``) is a multiply by its reciprocal, computed once per row.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
+from ..ir.fold import fconst
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
 from ..ir.traverse import walk
 from .emitter import Block
@@ -255,6 +257,11 @@ class Lowerer(TileOps):
                         return self.dot(c, self.value(other, axes), self.hints.get(e))
         if e.op == "pow":
             return self.power(e, axes)
+        if e.op == "div" and e.dtype.is_float and not isinstance(e.b, Const) \
+                and self.tile_roles(e.b) < self.tile_roles(e.a):
+            # x / l = x * (1 / l) for l over fewer tile axes (a per-row l): one reciprocal
+            # per row, then a multiply per element (fp32: within 2 ulp of the division)
+            return self.binary(Binary("mul", e.a, Binary("div", fconst(1.0), e.b)), axes)
         a, b = self.value(e.a, axes), self.value(e.b, axes)
         if e.dtype.is_float or (a.kind in ("f32", "f64")) != (b.kind in ("f32", "f64")):
             if e.op not in ("and", "or"):

@@ -7,6 +7,12 @@ A ``sum`` over one axis ``k`` of a product whose factors split into a side spann
 * ``sum(q[b, h, i, c] * k[b, h // g, j, c], c)``: ``X = i``, ``k = c``, ``Y = j``;
 * ``sum(p[i, j] * v[b, h // g, j, e], j)``: ``X = i``, ``k = j``, ``Y = e``.
 
+A boundary tile's guard wraps the product, ``where(k < K, a * b, 0)``; with ``a`` and
+``b`` finite that is ``where(k < K, a, 0) * b``, so a select whose condition spans ``k``
+and at most one of ``X``, ``Y`` still leaves a contraction: it is kept as the
+contraction's ``mask`` and the lowerer applies it to one operand -- or to none when an
+operand is a load the guard already masks to zero (mask the loads, not the product).
+
 Everything here reads IR only; the emitter asks, never the other way round.
 """
 
@@ -15,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir.nodes import Cast, Expr, IndexVar, Load, Reduce
+from ..ir.fold import is_const
+from ..ir.nodes import Cast, Expr, IndexVar, Load, Reduce, Where
 from ..ir.traverse import factors, product
 from .program import TILE_ORDER
 
@@ -27,6 +34,7 @@ class Contraction:
     k: IndexVar
     x: str               # tile roles
     y: str
+    mask: Expr | None = None    # where(mask, lhs * rhs, 0): spans k and at most one of x, y
 
 
 def canonical(roles) -> tuple[str, ...]:
@@ -59,8 +67,13 @@ def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None],
     if len(out) != 2:
         return None
     x, y = canonical(out)
+    body, mask = r.body, None
+    if isinstance(body, Where) and is_const(body.b, 0.0):
+        mask, body = body.cond, body.a
+        if not roles(mask) <= {kr, x} and not roles(mask) <= {kr, y}:
+            return None
     lhs, rhs, rest = [], [], []
-    for f in factors(r.body):
+    for f in factors(body):
         fr = roles(f)
         if x in fr and y in fr:
             return None
@@ -71,4 +84,4 @@ def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None],
     a, b = product(lhs), product(rhs)
     if kr not in roles(a) or kr not in roles(b):
         return None
-    return Contraction(a, b, k, x, y)
+    return Contraction(a, b, k, x, y, mask)

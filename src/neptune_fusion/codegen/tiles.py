@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
-from ..ir.fold import fold
-from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce
+from ..ir.fold import fconst, fold, is_const
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
+from ..ir.traverse import factors
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -43,6 +44,11 @@ def index_range(e: Expr) -> tuple[int, int] | None:
         if b[0] == b[1] and b[0] > 0:
             return a[0] // b[0], a[1] // b[0]
     return None
+
+
+def _same_extent(e: Expr, ext) -> bool:
+    return e == ext if not isinstance(ext, int) else (
+        isinstance(e, Const) and e.value == ext)
 
 
 def sum_of(terms: list[Expr]) -> Expr:
@@ -174,13 +180,38 @@ class TileOps:
         return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
 
     def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
+        # where(guard, a * b, 0) with a factor the guard already masks to zero (a boundary
+        # tile's x * w of RMSNorm): the product is zero outside without the select
+        if isinstance(e, Where) and is_const(e.b, 0.0) and \
+                any(self.zero_outside(f, e.cond) for f in factors(e.a)):
+            e = e.a
         ld = loaded(e)
         return self.lower(ld, order) if ld is not None else self.value(e, order)
 
+    def zero_outside(self, e: Expr, cond: Expr) -> bool:
+        """Whether ``e`` reads zero wherever ``cond`` is false: ``cond`` is the boundary
+        guard ``j < extent`` and ``e`` a load indexed by the loop variable itself, which
+        the guarded tile loads with ``other=0.0``."""
+        loop = self.prog.loop
+        ld = loaded(e)
+        return (ld is not None and self.guard and loop.var in ld.indices
+                and isinstance(cond, Binary) and cond.op == "lt" and cond.a == loop.var
+                and _same_extent(cond.b, loop.extent))
+
     def dot(self, c, acc: Val | None, hint: str | None = None) -> Val:
         k = self.role_of(c.k)
-        a = self.dot_operand(c.lhs, (c.x, k))
-        b = self.dot_operand(c.rhs, (k, c.y))
+        lhs, rhs = c.lhs, c.rhs
+        if c.mask is not None and not (self.zero_outside(lhs, c.mask)
+                                       or self.zero_outside(rhs, c.mask)):
+            # where(m, a * b, 0) = where(m, a, 0) * b (a, b finite): the side m spans,
+            # the computed one when m spans k alone
+            if c.x in self.tile_roles(c.mask) or (
+                    c.y not in self.tile_roles(c.mask) and loaded(lhs) is None):
+                lhs = Where(c.mask, lhs, fconst(0.0))
+            else:
+                rhs = Where(c.mask, rhs, fconst(0.0))
+        a = self.dot_operand(lhs, (c.x, k))
+        b = self.dot_operand(rhs, (k, c.y))
         narrow = {"f16", "bf16"}
         if a.kind == b.kind and a.kind in narrow | {"f32"}:
             kind = a.kind
