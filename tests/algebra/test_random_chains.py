@@ -98,3 +98,15 @@ def test_found_chain_with_a_hyperbolic_repair():
     for mode, kw in (("rolling", {"tile": 2}), ("split", {"splits": 3})):
         np.testing.assert_allclose(nf.evaluate(out, feeds, mode=mode, **kw), want,
                                    rtol=1e-7, atol=1e-9)
+
+
+def test_sympy_internal_failure_is_a_failed_proof():
+    """Found by the random chains: simplifying |x * max x| crashed inside SymPy
+    (``KeyError: zoo``); a failed derivation must leave the chain unfused, explained."""
+    k1, k2 = nf.reduce_axis(D, "k"), nf.reduce_axis(D, "k")
+    p = nf.compute((N,), lambda i: nf.max(X[i, k1], k1), name="p")
+    out = nf.compute((N,), lambda i: nf.max(nf.exp(nf.abs(X[i, k2] * p[i]) / 4), k2),
+                     name="out")
+    plan = nf.plan(out)
+    assert not plan.single_pass and plan.unfused
+    assert "out" in str(plan)

@@ -61,7 +61,7 @@ def _guarded(attempt):
     try:
         return attempt()
     except (TypeError, ValueError, ZeroDivisionError, NotImplementedError, RecursionError,
-            AttributeError) as err:
+            AttributeError, KeyError, IndexError) as err:  # SymPy's internals, e.g. KeyError: zoo
         return f"SymPy could not complete the derivation ({type(err).__name__}: {err})"
 
 
