@@ -100,7 +100,8 @@ def test_gate_checks_every_output_and_the_tf32_bound():
 
 
 def rec(chain, provider, ms, *, single=True, status="ok", dtype="float32", reason=""):
-    return ChainRecord(chain=chain, dtype=dtype, single_pass=single, provider=provider,
+    return ChainRecord(chain=chain, dtype=dtype, sizes={"N": 8, "M": 16}, single_pass=single,
+                       bound="memory", provider=provider,
                        group="neptune" if provider == "neptune" else "compiler",
                        status=status, ms=ms if status == "ok" else None, compile_ms=1500.0,
                        reason=reason, fraction_of_ceiling=0.5 if status == "ok" else None)

@@ -38,10 +38,11 @@ def test_reference_matches_the_program_and_the_plain_form(name):
     assert all(bool((t != 0).all()) for t in tensors)  # random, never zeros
     ref = reference(chain, tensors)
     outputs, inputs = chain.build("float32")
-    assert [p.name for p in inputs] == list(chain.inputs)
+    assert [p.name for p in inputs] == list(chain.shapes(chain.smoke))
     got = nf.evaluate(outputs, {p.name: t.double().numpy() for p, t in zip(inputs, tensors)})
     got = got if isinstance(got, (list, tuple)) else [got]
-    assert len(got) == len(ref)
+    assert len(got) == len(ref) == len(chain.outputs)
+    assert [tuple(r.shape) for r in ref] == chain.output_shapes(chain.smoke)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(np.asarray(g), r.numpy(), rtol=1e-9, atol=1e-9)
     plain = as_outputs(chain.plain(*tensors))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -47,12 +47,12 @@ class ChainRecord:
 
     chain: str
     dtype: str
-    sizes: dict = field(default_factory=dict)
-    single_pass: bool = True
-    bound: str = "memory"
-    provider: str = ""
-    group: str = ""
-    status: Status = "ok"
+    sizes: dict
+    single_pass: bool
+    bound: str
+    provider: str
+    group: str
+    status: Status
     ms: float | None = None
     compile_ms: float | None = None
     error: float | None = None

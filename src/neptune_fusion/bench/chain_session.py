@@ -16,7 +16,7 @@ from .chains import Chain
 from .providers.base import RunContext
 from .providers.chains import ChainProvider, dtype_name
 from .results import environment, write_json
-from .session import Session
+from .session import run_ceilings, run_timer
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +31,6 @@ class ChainSession:
     warmup_ms: int = 25
     rep_ms: int = 100
 
-    def _timing(self) -> Session:
-        # The attention session's timer and ceilings, reused as they are.
-        return Session(ops=(), seqs=(), providers=(), dtype=self.dtypes[0],
-                       device=self.device, smoke=self.smoke, warmup_ms=self.warmup_ms,
-                       rep_ms=self.rep_ms, plots=False)
-
     def config(self) -> dict:
         """The ``config`` section of results.json."""
         return {"suite": "chains", "dtypes": [dtype_name(d) for d in self.dtypes],
@@ -50,14 +44,13 @@ class ChainSession:
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
         """Run every point, write results.json and report.md to ``out_dir``, print the
         table; returns the results document."""
-        timing = self._timing()
-        timer = timing.timer()
+        timer = run_timer(self.smoke, self.warmup_ms, self.rep_ms)
         ctx = RunContext(device=self.device, dtype=self.dtypes[0], timer=timer,
                          smoke=self.smoke)
         steps = len(self.chains) * len(self.dtypes) * len(self.providers)
         with torch.no_grad(), progress:
             task = progress.add_task("measuring ceilings", total=steps + 1)
-            ceilings = timing.ceilings(console, timer)
+            ceilings = run_ceilings(console, timer, self.device, self.smoke)
             progress.advance(task)
             records = run_chains(self.chains, self.dtypes, self.providers, ctx, ceilings,
                                  on_start=lambda d: progress.update(task, description=d),

@@ -37,6 +37,10 @@ EPS_LN = 1e-5
 VARIANCE_MEAN = 100.0
 
 
+Dims = tuple[str, ...]
+"""A shape as size names: ``("N", "M")``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Chain:
     """One chain of the suite: its three spellings, inputs, work counts and sizes."""
@@ -46,34 +50,31 @@ class Chain:
     build: Callable[[str], tuple[list, list]]
     plain: Callable[..., object]
     reference: Callable[..., object]
-    inputs: tuple[str, ...]          # argument names, in order
-    sizes: Sizes                     # the GPU run's sizes
-    smoke: Sizes                     # the CPU smoke run's sizes
+    inputs: tuple[tuple[str, Dims], ...]  # (argument name, shape), in argument order
+    outputs: tuple[Dims, ...]            # each output's shape
+    sizes: Sizes                         # the GPU run's sizes
+    smoke: Sizes                         # the CPU smoke run's sizes
     bound: Bound = "memory"
     single_pass: bool = True
-    mean: float = 0.0                # added to the N(0, 1) input ``x``
-    contraction: bool = False        # has a matmul: TF32 allowed for float32
+    mean: float = 0.0                    # added to the N(0, 1) input ``x``
+
+    @property
+    def contraction(self) -> bool:
+        """Whether the chain ends in a projection (``K`` sizes its output)."""
+        return "K" in self.sizes
 
     def shapes(self, sizes: Sizes) -> dict[str, tuple[int, ...]]:
-        """Each input's shape at ``sizes``."""
-        n, m = sizes["N"], sizes.get("M", sizes.get("D"))
-        table = {"x": (n, m), "w": (m,), "b": (m,), "W": (m, sizes.get("K", 0))}
-        return {name: table[name] for name in self.inputs}
+        """Each input's shape at ``sizes``, in argument order."""
+        return {name: tuple(sizes[d] for d in dims) for name, dims in self.inputs}
+
+    def output_shapes(self, sizes: Sizes) -> list[tuple[int, ...]]:
+        """Each output's shape at ``sizes``."""
+        return [tuple(sizes[d] for d in dims) for dims in self.outputs]
 
     def bytes_moved(self, sizes: Sizes, elem_size: int) -> int:
         """Bytes of every input read once plus every output written once."""
-        elems = sum(_prod(s) for s in self.shapes(sizes).values())
-        return (elems + self.output_elements(sizes)) * elem_size
-
-    def output_elements(self, sizes: Sizes) -> int:
-        """Elements written: one matrix for the row-wise maps, the projection for the norm
-        chains, one or two values per row for the row statistics."""
-        n = sizes["N"]
-        if self.contraction:
-            return n * sizes["K"]
-        if self.name in ("softmax", "log-softmax"):
-            return n * sizes["M"]
-        return 2 * n if self.name == "layer-stats" else n
+        shapes = [*self.shapes(sizes).values(), *self.output_shapes(sizes)]
+        return sum(_prod(s) for s in shapes) * elem_size
 
     def flops(self, sizes: Sizes) -> int:
         """Multiply-adds of the projection times two (0 for the chains without one)."""
@@ -273,38 +274,47 @@ PROJ = {"N": 4096, "D": 4096, "K": 4096}
 PROJ_SMOKE = {"N": 5, "D": 29, "K": 7}
 
 
-def _chain(name, description, build, plain, reference, *, inputs=("x",), sizes=None,
-           smoke=None, **kw) -> Chain:
-    return Chain(name, description, build, plain, reference, tuple(inputs),
+ROW_IN = (("x", ("N", "M")),)
+PROJ_IN = (("x", ("N", "D")), ("w", ("D",)), ("W", ("D", "K")))
+LN_IN = (("x", ("N", "D")), ("w", ("D",)), ("b", ("D",)), ("W", ("D", "K")))
+PER_ROW = (("N",),)
+PER_ELEMENT = (("N", "M"),)
+PROJECTED = (("N", "K"),)
+
+
+def _chain(name, description, build, plain, reference, *, inputs=ROW_IN, outputs=PER_ROW,
+           sizes=None, smoke=None, **kw) -> Chain:
+    return Chain(name, description, build, plain, reference, inputs, outputs,
                  dict(sizes or ROWS), dict(smoke or ROWS_SMOKE), **kw)
 
 
 CHAINS: dict[str, Chain] = {c.name: c for c in (
     _chain("rmsnorm-matmul", "RMSNorm (weight w) then x_n @ W", _build_norm_matmul("rms"),
-           _plain_rmsnorm_matmul, _ref_rms, inputs=("x", "w", "W"), sizes=PROJ,
-           smoke=PROJ_SMOKE, bound="compute", contraction=True),
+           _plain_rmsnorm_matmul, _ref_rms, inputs=PROJ_IN, outputs=PROJECTED, sizes=PROJ,
+           smoke=PROJ_SMOKE, bound="compute"),
     _chain("layernorm-matmul", "LayerNorm (w, b) then x_n @ W", _build_norm_matmul("layer"),
-           _plain_layernorm_matmul, _ref_layer, inputs=("x", "w", "b", "W"), sizes=PROJ,
-           smoke=PROJ_SMOKE, bound="compute", contraction=True),
+           _plain_layernorm_matmul, _ref_layer, inputs=LN_IN, outputs=PROJECTED, sizes=PROJ,
+           smoke=PROJ_SMOKE, bound="compute"),
     _chain("l2norm-matmul", "x / ||x|| * w then @ W", _build_norm_matmul("l2"),
-           _plain_l2norm_matmul, _ref_l2, inputs=("x", "w", "W"), sizes=PROJ,
-           smoke=PROJ_SMOKE, bound="compute", contraction=True),
+           _plain_l2norm_matmul, _ref_l2, inputs=PROJ_IN, outputs=PROJECTED, sizes=PROJ,
+           smoke=PROJ_SMOKE, bound="compute"),
     _chain("logsumexp", "max + log sum exp(x - max): the cross-entropy normaliser",
            _build_logsumexp, _plain_logsumexp, lambda x: torch.logsumexp(x, dim=-1)),
     _chain("logsumexp-128k", "log-sum-exp over a 128k vocabulary", _build_logsumexp,
            _plain_logsumexp, lambda x: torch.logsumexp(x, dim=-1),
            sizes={"N": 4096, "M": 131072}, smoke={"N": 3, "M": 64}),
     _chain("log-softmax", "x - max - log sum exp(x - max)", _build_log_softmax,
-           _plain_log_softmax, _ref_log_softmax),
+           _plain_log_softmax, _ref_log_softmax, outputs=PER_ELEMENT),
     _chain("softmax", "exp(x - max) / sum exp(x - max)", _build_softmax, _plain_softmax,
-           _ref_softmax),
+           _ref_softmax, outputs=PER_ELEMENT),
     _chain("softmax-denominator", "sum exp(x - max) (max, then the sum)",
            _build_softmax_denominator, _plain_softmax_denominator,
            lambda x: torch.exp(x - x.amax(dim=-1, keepdim=True)).sum(dim=-1)),
     _chain("variance", "mean((x - mean)^2), x ~ N(100, 1)", _build_variance, _plain_variance,
            lambda x: torch.var(x, dim=-1, correction=0), mean=VARIANCE_MEAN),
     _chain("layer-stats", "mean and rsqrt(var + eps), x ~ N(100, 1): two outputs",
-           _build_layer_stats, _plain_layer_stats, _ref_layer_stats, mean=VARIANCE_MEAN),
+           _build_layer_stats, _plain_layer_stats, _ref_layer_stats, outputs=PER_ROW * 2,
+           mean=VARIANCE_MEAN),
     _chain("tanh-sum", "sum tanh(x - max): cannot fuse (multi-pass)", _build_tanh_sum,
            _plain_tanh_sum, lambda x: torch.tanh(x - x.amax(dim=-1, keepdim=True)).sum(-1),
            single_pass=False),
