@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 import torch
+from rich.console import Console
 
 from neptune_fusion.bench.chain_report import (
     CHAIN_COMPARISON_KEYS,
@@ -14,6 +15,7 @@ from neptune_fusion.bench.chain_report import (
     build_chain_document,
     chain_markdown,
     compare_chains,
+    render_chains,
 )
 from neptune_fusion.bench.chain_runner import (
     CHAIN_RECORD_KEYS,
@@ -142,3 +144,7 @@ def test_summary_geomean_covers_single_pass_chains_only(tmp_path):
     assert "multi-pass: t 0.50x" in report
     assert "| 50% / 50% | 1.50 / 1.50 |" in report
     assert "* m float32 neptune: error: CodegenError: too big" in report
+    console = Console(record=True, width=250)
+    render_chains(console, comps, records, smoke=False)
+    text = console.export_text()
+    assert "2.00x" in text and "error m float32 neptune: CodegenError: too big" in text

@@ -20,6 +20,7 @@ mean of the report covers those); ``bound`` picks the ceiling of the % column.
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,18 +75,11 @@ class Chain:
     def bytes_moved(self, sizes: Sizes, elem_size: int) -> int:
         """Bytes of every input read once plus every output written once."""
         shapes = [*self.shapes(sizes).values(), *self.output_shapes(sizes)]
-        return sum(_prod(s) for s in shapes) * elem_size
+        return sum(math.prod(s) for s in shapes) * elem_size
 
     def flops(self, sizes: Sizes) -> int:
         """Multiply-adds of the projection times two (0 for the chains without one)."""
         return 2 * sizes["N"] * sizes["D"] * sizes["K"] if self.contraction else 0
-
-
-def _prod(shape: Sequence[int]) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
 
 
 # -- neptune-fusion programs ---------------------------------------------------------
