@@ -1,7 +1,9 @@
 """The benchmark harness: the ten attention operators of :mod:`neptune_fusion.ops` at
 benchmark sizes, the baselines a user would pick instead (SDPA backends, FlexAttention, a
 baseline Triton FA2 kernel, torch.compile), neptune-fusion, a float64 correctness gate,
-and the reports.
+and the reports. ``--suite chains`` runs the reduction chains of :mod:`.chains` (norms
+before a projection, log-sum-exp, softmax, variance, a chain that cannot fuse) against
+torch eager and torch.compile instead.
 
 Run ``neptune-fusion bench --help`` (or ``python -m neptune_fusion.bench``); the plots
 need matplotlib (``pip install 'neptune-fusion[bench]'``). The core package never

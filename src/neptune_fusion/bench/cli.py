@@ -22,11 +22,14 @@ from ..settings import set_triton_interpret, triton_interpret
 from .providers import PROVIDER_NAMES
 
 DTYPES = ("bfloat16", "float16")
+CHAIN_DTYPES = ("float32", "bfloat16")
+SUITES = ("attention", "chains")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
 DESCRIPTION = ("Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
-               "baseline Triton FA2 kernel and torch.compile, each output gated by a "
-               "float64 reference.")
+               "baseline Triton FA2 kernel and torch.compile (--suite attention, the "
+               "default), or reduction chains against torch eager and torch.compile "
+               "(--suite chains); each output gated by a float64 reference.")
 NO_GPU = ("No CUDA GPU is visible: performance is only measured on a GPU.\n"
           "Run with --cpu-smoke to check the harness end to end on CPU "
           "(tiny shapes, Triton interpreter, no speed claims).")
@@ -48,12 +51,16 @@ def _seqs(text: str) -> tuple[int, ...]:
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The benchmark's options, added to ``p``; returns ``p``."""
+    p.add_argument("--suite", choices=SUITES, default="attention",
+                   help="attention operators (default) or reduction chains")
     p.add_argument("--ops", type=_csv, default=None,
-                   help=f"comma-separated operators (default all: {','.join(OPERATORS)})")
+                   help=f"comma-separated operators (default all: {','.join(OPERATORS)}) "
+                        "or, with --suite chains, chains (default all)")
     p.add_argument("--seqs", type=_seqs, default=None,
                    help="comma-separated key lengths (default 1024,4096,16384; smoke: 64)")
-    p.add_argument("--dtype", choices=DTYPES, default="float16",
-                   help="input dtype (default float16)")
+    p.add_argument("--dtype", choices=sorted({*DTYPES, *CHAIN_DTYPES}), default=None,
+                   help="input dtype (attention: bfloat16 or float16, default float16; "
+                        "chains: float32 or bfloat16, default both in one run)")
     p.add_argument("--providers", type=_csv, default=None,
                    help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
     p.add_argument("--out", type=Path, default=None,
@@ -78,23 +85,17 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def default_out_dir(now: datetime, device_name: str) -> Path:
-    """benchmarks/results/<date>-<device> relative to the working directory."""
-    return Path("benchmarks") / "results" / f"{now:%Y-%m-%d-%H%M%S}-{slug(device_name)}"
+def default_out_dir(now: datetime, device_name: str, suite: str = "") -> Path:
+    """benchmarks/results/<date>-<device>[-<suite>] relative to the working directory."""
+    tail = f"-{suite}" if suite else ""
+    return (Path("benchmarks") / "results"
+            / f"{now:%Y-%m-%d-%H%M%S}-{slug(device_name)}{tail}")
 
 
 def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None) -> int:
     """Run the benchmark for parsed ``args`` (:func:`add_arguments`); the exit status."""
     import torch
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
     console = Console()
     if args.cpu_smoke:
         # Triton reads this when a kernel is defined: before any provider module is imported.
@@ -110,6 +111,13 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
 
+    if args.suite == "chains":
+        return run_chains(args, console, device, print_usage)
+    if args.dtype not in (None, *DTYPES):
+        print_usage()
+        console.print(f"[bold red]error:[/] the attention suite takes --dtype "
+                      f"{' or '.join(DTYPES)}, not {args.dtype}")
+        return 2
     from .providers import select_providers
     from .workloads import select_operators
     try:
@@ -123,15 +131,62 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
 
     from .session import Session
     session = Session(ops=ops, seqs=seqs, providers=providers,
-                      dtype=getattr(torch, args.dtype), device=device, smoke=args.cpu_smoke,
+                      dtype=getattr(torch, args.dtype or "float16"), device=device,
+                      smoke=args.cpu_smoke,
                       warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, plots=not args.no_plots)
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
     out_dir = args.out or default_out_dir(now, device_name)
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                        transient=True)
-    session.run(console, progress, out_dir, now)
+    session.run(console, _progress(console), out_dir, now)
+    return 0
+
+
+def _progress(console):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                    transient=True)
+
+
+def run_chains(args: argparse.Namespace, console, device,
+               print_usage: Callable[[], None]) -> int:
+    """``--suite chains``: every chain (or ``--ops``) at each dtype; the exit status."""
+    import torch
+
+    from .chains import select_chains
+    from .providers.chains import select_chain_providers
+    error = ""
+    if args.dtype is not None and args.dtype not in CHAIN_DTYPES:
+        error = (f"the chain suite takes --dtype {' or '.join(CHAIN_DTYPES)}, "
+                 f"not {args.dtype}")
+    elif args.seqs is not None:
+        error = "--seqs is for the attention suite; chain sizes are fixed per chain"
+    else:
+        try:
+            chains = select_chains(args.ops)
+            providers = select_chain_providers(args.providers)
+        except ValueError as exc:
+            error = str(exc)
+    if error:
+        print_usage()
+        console.print(f"[bold red]error:[/] {error}")
+        return 2
+    from .chain_session import ChainSession
+    dtypes = (args.dtype,) if args.dtype else CHAIN_DTYPES
+    session = ChainSession(chains=chains, dtypes=tuple(getattr(torch, d) for d in dtypes),
+                           providers=providers, device=device, smoke=args.cpu_smoke,
+                           warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    now = datetime.now(timezone.utc)
+    device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
+    out_dir = args.out or default_out_dir(now, device_name, "chains")
+    session.run(console, _progress(console), out_dir, now)
     return 0
 
 

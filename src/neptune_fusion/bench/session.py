@@ -27,6 +27,23 @@ from .timing import Ceilings, gpu_timer, measure_ceilings, wall_timer
 from .workloads import BATCH, SMOKE_HEAD_DIVISOR
 
 
+def run_timer(smoke: bool, warmup_ms: int, rep_ms: int) -> Timer:
+    """do_bench medians on a GPU; a wall-clock timer for the smoke run."""
+    return wall_timer() if smoke else gpu_timer(warmup_ms, rep_ms)
+
+
+def run_ceilings(console: Console, timer: Timer, device: torch.device,
+                 smoke: bool) -> Ceilings:
+    """Measured ceilings (none in the smoke run, and none if measuring them fails)."""
+    if smoke:
+        return Ceilings(None, None)
+    try:
+        return measure_ceilings(timer, device)
+    except Exception as exc:  # noqa: BLE001 - report without fractions rather than stop
+        console.print(f"[yellow]warning:[/] ceilings not measured: {first_line(exc)}")
+        return Ceilings(None, None)
+
+
 @dataclass(frozen=True, slots=True)
 class Session:
     """Everything a run needs, fixed before it starts."""
@@ -43,7 +60,7 @@ class Session:
 
     def timer(self) -> Timer:
         """do_bench medians on a GPU; a wall-clock timer for the smoke run."""
-        return wall_timer() if self.smoke else gpu_timer(self.warmup_ms, self.rep_ms)
+        return run_timer(self.smoke, self.warmup_ms, self.rep_ms)
 
     def config(self) -> dict:
         """The ``config`` section of results.json."""
@@ -58,13 +75,7 @@ class Session:
 
     def ceilings(self, console: Console, timer: Timer) -> Ceilings:
         """Measured ceilings (none in the smoke run, and none if measuring them fails)."""
-        if self.smoke:
-            return Ceilings(None, None)
-        try:
-            return measure_ceilings(timer, self.device)
-        except Exception as exc:  # noqa: BLE001 - report without fractions rather than stop
-            console.print(f"[yellow]warning:[/] ceilings not measured: {first_line(exc)}")
-            return Ceilings(None, None)
+        return run_ceilings(console, timer, self.device, self.smoke)
 
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
         """Run everything, write the outputs to ``out_dir``, print the tables; returns the
