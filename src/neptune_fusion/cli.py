@@ -243,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_show(sub)
     bench = bench_cli.add_arguments(sub.add_parser(
         "bench", help="benchmark the ten attention operators against SDPA, FlexAttention, "
-                      "Triton and torch.compile (plots need the [bench] extra)",
+                      "Triton and torch.compile, or (--suite chains) reduction chains against "
+                      "torch eager and torch.compile (plots need the [bench] extra)",
         description=bench_cli.DESCRIPTION + " Same as python -m neptune_fusion.bench."))
     bench.set_defaults(handler=lambda args, console: run_bench(args, bench))
     return parser
