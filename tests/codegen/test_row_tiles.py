@@ -110,3 +110,24 @@ def test_persistent_row_reduction_source(golden):
     sched = Schedule(block_m=1, block_n=64, num_warps=2, num_stages=1)
     [prog] = build_programs(plan(o), ins, sched, "persistent_lse")
     golden("persistent_lse.py", generate(prog))
+
+
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("bn", [1024, 8192])
+def test_full_row_output_is_written_in_column_chunks(kind, bn):
+    """A row longer than the epilogue's chunk (2048 columns): the output column carries no
+    state, so the epilogue walks it chunk by chunk (ragged last chunk) instead of one
+    [BLOCK_M, next_pow2(row)] tile; looped (1024) and persistent (8192) loop tiles."""
+    from neptune_fusion.codegen.lower import EPILOGUE_CHUNK
+    d = 2 * EPILOGUE_CHUNK + 29
+    kern = _check(kind, d, Schedule(block_m=2, block_n=bn, num_warps=4), rows=3)
+    assert kern.program.col.chunk == EPILOGUE_CHUNK
+    assert "for j0 in range(0, " in kern.source and "offs_j = j0 + tl.arange(0, BLOCK_J)" \
+        in kern.source
+
+
+def test_attention_keeps_its_column_whole():
+    """The output column of attention is carried state (o_sum): never chunked."""
+    [o], ins = plain_attention("N", "M", 32)
+    kern = nf.compile(o, list(ins), schedule=Schedule(block_m=16, block_n=16), cache=False)
+    assert kern.program.col.chunk is None

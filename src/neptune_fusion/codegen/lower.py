@@ -281,8 +281,14 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     inner = _inner_axes(exprs, loop, taken)
     col_axis = None
     if col is not None:
-        col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken),
-                        tile_extent(col.extent) if isinstance(col.extent, int) else None)
+        # a column no carried state holds appears only in the epilogue: walked in chunks
+        stateless = not any("col" in s.roles for a in accs for s in a.state)
+        chunk = EPILOGUE_CHUNK if stateless else None
+        size = tile_extent(col.extent) if isinstance(col.extent, int) else None
+        if size is not None and chunk is not None:
+            size = min(size, chunk)
+        col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken), size,
+                        chunk)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
     return check_tiles(TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
@@ -293,6 +299,9 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
         segments=(Segment("lo", "hi", False, body, tuple(hints)),),
         schedule=schedule))
+
+
+EPILOGUE_CHUNK = 2048  # columns per epilogue step when the column carries no state
 
 
 def dot_roles(prog: TileProgram) -> frozenset[str]:

@@ -61,6 +61,9 @@ class Axis:
     role: str                  # one of ROLES
     block: str | None = None   # the constexpr tile size that covers it (BLOCK_M, ...)
     block_size: int | None = None  # the tile size when known now (else: from the extent)
+    # the output-column axis of a program whose state has no column: the epilogue walks it
+    # in tiles of at most ``chunk`` (softmax's row is written piecewise, not as one tile)
+    chunk: int | None = None
 
     @property
     def name(self) -> str:

@@ -187,9 +187,11 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
         pre.emit("pid_col = tl.program_id(2)")
     for a in prog.axes:
         if a.role in ("col", "inner"):
+            env[a.var] = Val(f"offs_{a.name}", (a.role,), "i32")
+            if a.chunk is not None:
+                continue  # defined by the epilogue's loop over column chunks
             start = f"pid_col * {a.block} + " if col_split and a.role == "col" else ""
             pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
-            env[a.var] = Val(f"offs_{a.name}", (a.role,), "i32")
 
 
 def _bounds(prog: TileProgram, pre: Block, low: Lowerer, env: dict) -> dict[str, str]:
@@ -263,6 +265,19 @@ def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:
 def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params,
               outputs) -> None:
     post.comment("epilogue: outputs from the final state")
+    col = prog.col
+    if col is not None and col.chunk is not None:
+        # the column carries no state: write the outputs a chunk of columns at a time
+        ext = Lowerer(prog, env, post, None, frozenset()).value(extent_expr(col.extent))
+        c0 = post.names.fresh(f"{col.name}0")
+        with post.nested(f"for {c0} in range(0, {ext.code}, {col.block}):") as body:
+            body.emit(f"offs_{col.name} = {c0} + tl.arange(0, {col.block})")
+            _store_outputs(prog, body, env, state_params, outputs)
+        return
+    _store_outputs(prog, post, env, state_params, outputs)
+
+
+def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs) -> None:
     # nothing is hoisted out of the epilogue: it would stay live through the loops
     low = Lowerer(prog, env, post, None, state_params,
                   uses=count_uses([o.body for o in outputs]))

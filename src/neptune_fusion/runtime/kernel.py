@@ -311,8 +311,9 @@ class Kernel:
                 args.append((_TENSOR, _VISITS))
             elif kind == "block":
                 args.append((_CONST, a[1]))
-            elif kind == "block_ext":
-                args.append((_CONST, tile_extent(_value(a[1], sizes))))
+            elif kind == "block_ext":   # ("block_ext", size[, cap]): see runtime/spec.py
+                block = tile_extent(_value(a[1], sizes))
+                args.append((_CONST, min(block, a[2]) if len(a) > 2 else block))
             else:
                 args.append((_CONST, interpret))
         fn = self._function(k, interpret) if 0 not in grid else None

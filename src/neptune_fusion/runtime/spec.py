@@ -36,7 +36,7 @@ class KernelSpec:
     outputs: tuple[tuple[str, tuple[Ext, ...], str], ...]   # (key, shape, torch dtype)
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
     #                            ("visits",) ("block", int)
-    #                            ("block_ext", ext) ("flag",)
+    #                            ("block_ext", ext[, cap]) ("flag",)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -113,7 +113,9 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
                 elif isinstance(ax.extent, int):
                     args.append(("block", tile_extent(ax.extent)))
                 else:
-                    args.append(("block_ext", ax.extent.name))
+                    # the tile covering a symbolic extent, capped for a chunked column
+                    args.append(("block_ext", ax.extent.name) if ax.chunk is None else
+                                ("block_ext", ax.extent.name, ax.chunk))
             else:
                 args.append(("flag",))
         s = prog.schedule
