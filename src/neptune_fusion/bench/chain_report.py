@@ -18,6 +18,7 @@ from rich.table import Table
 from .chain_runner import ChainRecord
 from .metrics import geomean, ratio
 from .providers.chains import ChainProvider
+from .report import header
 from .results import SCHEMA, SCHEMA_VERSION
 from .table import fmt_err, fmt_ratio
 from .timing import Ceilings
@@ -179,15 +180,10 @@ HEAD = ["chain", "dtype", "sizes", "passes", "neptune ms", "eager ms", "torch.co
 def chain_markdown(doc: dict, records: Sequence[ChainRecord],
                    comparisons: Sequence[ChainComparison]) -> str:
     """The chain suite's report.md."""
-    env, cfg, ceil = doc["environment"], doc["config"], doc["ceilings"]
+    cfg, ceil = doc["config"], doc["ceilings"]
     smoke = doc["mode"] == "cpu-smoke"
-    out = [f"# neptune-fusion chain suite, {doc['date']}", ""]
-    if smoke:
-        out += ["**CPU smoke run** (Triton interpreter, tiny shapes): correctness only; "
-                "no timing in this report means anything.", ""]
-    out += [f"* device: {env['gpu'] or env['device']}",
-            f"* torch {env['torch']}, Triton {env['triton']}, Python {env['python']}, "
-            f"CUDA {env['cuda']}",
+    out = header(doc, "neptune-fusion chain suite")
+    out += [
             f"* dtypes {', '.join(cfg['dtypes'])}; every output checked against float64 "
             f"first (relative Frobenius error: float32 <= 1e-3, 5e-3 with a TF32 "
             f"projection; bfloat16 <= 2e-2)",

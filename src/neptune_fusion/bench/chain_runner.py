@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -20,7 +20,7 @@ from .chains import Chain, Sizes, as_outputs, make_inputs, reference
 from .gate import GateResult, check
 from .providers.base import RunContext, Unsupported
 from .providers.chains import ChainProvider, dtype_name
-from .record import STATUSES, Status
+from .record import Checked, Status
 from .runner import classify_failure, release_memory
 from .timing import Ceilings, synchronize
 
@@ -42,7 +42,7 @@ def chain_threshold(chain: Chain, dtype: torch.dtype) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class ChainRecord:
+class ChainRecord(Checked):
     """One (chain, dtype, provider) point; fields documented in docs/benchmarks.md."""
 
     chain: str
@@ -62,16 +62,6 @@ class ChainRecord:
     fraction_of_ceiling: float | None = None
     reason: str = ""
     note: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"ChainRecord: status {self.status!r} is not one of {STATUSES}")
-        if self.status == "ok" and self.ms is None:
-            raise ValueError("ChainRecord: an ok record needs a time")
-
-    def to_json(self) -> dict:
-        """The record as a JSON-ready dict (keys :data:`CHAIN_RECORD_KEYS`)."""
-        return asdict(self)
 
 
 CHAIN_RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ChainRecord))

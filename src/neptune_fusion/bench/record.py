@@ -9,8 +9,26 @@ Status = Literal["ok", "wrong", "unsupported", "error"]
 STATUSES: tuple[str, ...] = ("ok", "wrong", "unsupported", "error")
 
 
+class Checked:
+    """What every suite's record shares: a known status, a time when ``ok``, and its
+    JSON form. Mixed into frozen dataclasses with ``status`` and ``ms`` fields."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.status not in STATUSES:
+            raise ValueError(f"{name}: status {self.status!r} is not one of {STATUSES}")
+        if self.status == "ok" and self.ms is None:
+            raise ValueError(f"{name}: an ok record needs a time")
+
+    def to_json(self) -> dict:
+        """The record as a JSON-ready dict (keys: the dataclass fields, in order)."""
+        return asdict(self)
+
+
 @dataclass(frozen=True, slots=True)
-class Record:
+class Record(Checked):
     """The outcome of one (op, seq, provider) point; see docs/benchmarks.md for each field.
 
     ``ms`` and ``throughput`` are set only for ``ok``; ``error`` (relative Frobenius error
@@ -32,16 +50,6 @@ class Record:
     fraction_of_ceiling: float | None = None
     reason: str = ""
     note: str = ""
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"Record: status {self.status!r} is not one of {STATUSES}")
-        if self.status == "ok" and self.ms is None:
-            raise ValueError("Record: an ok record needs a time")
-
-    def to_json(self) -> dict:
-        """The record as a JSON-ready dict (keys: :data:`RECORD_KEYS`)."""
-        return asdict(self)
 
 
 RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Record))

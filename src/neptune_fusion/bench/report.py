@@ -53,18 +53,26 @@ def comparisons_table(comparisons: Sequence[Comparison]) -> list[str]:
     return lines
 
 
+def header(doc: dict, title: str) -> list[str]:
+    """A report's first lines, shared by both suites: title, the smoke warning, device and
+    versions."""
+    env = doc["environment"]
+    out = [f"# {title}, {doc['date']}", ""]
+    if doc["mode"] == "cpu-smoke":
+        out += ["**CPU smoke run** (Triton interpreter, tiny shapes): correctness only; "
+                "no timing in this report means anything.", ""]
+    return out + [f"* device: {env['gpu'] or env['device']}",
+                  f"* torch {env['torch']}, Triton {env['triton']}, Python {env['python']}, "
+                  f"CUDA {env['cuda']}"]
+
+
 def markdown(doc: dict, records: Sequence[Record], comparisons: Sequence[Comparison],
              plots: Sequence[str], plot_note: str) -> str:
     """The whole report as markdown, from the results document and its records."""
-    env, cfg, ceil = doc["environment"], doc["config"], doc["ceilings"]
+    cfg, ceil = doc["config"], doc["ceilings"]
     smoke = doc["mode"] == "cpu-smoke"
-    out = [f"# neptune-fusion benchmark, {doc['date']}", ""]
-    if smoke:
-        out += ["**CPU smoke run** (Triton interpreter, tiny shapes): correctness only; "
-                "no timing in this report means anything.", ""]
-    out += [f"* device: {env['gpu'] or env['device']}",
-            f"* torch {env['torch']}, Triton {env['triton']}, Python {env['python']}, "
-            f"CUDA {env['cuda']}",
+    out = header(doc, "neptune-fusion benchmark")
+    out += [
             f"* dtype {cfg['dtype']}, batch {cfg['batch']}, head dim {cfg['head_dim']}, "
             f"sequence lengths {', '.join(map(str, cfg['seqs']))}",
             f"* correctness gate: relative Frobenius error against float64 <= "
