@@ -18,7 +18,7 @@ from rich.table import Table
 from .chain_runner import ChainRecord
 from .metrics import geomean, ratio
 from .providers.chains import ChainProvider
-from .report import header
+from .report import _num, ceiling_lines, header
 from .results import SCHEMA, SCHEMA_VERSION
 from .table import fmt_err, fmt_ratio
 from .timing import Ceilings
@@ -125,10 +125,6 @@ def build_chain_document(*, date: datetime, mode: str, env: dict, config: dict,
     return doc
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
-
-
 def _secs(rec: ChainRecord | None) -> str:
     return "—" if rec is None or rec.compile_ms is None else f"{rec.compile_ms / 1e3:.2f}"
 
@@ -192,11 +188,7 @@ def chain_markdown(doc: dict, records: Sequence[ChainRecord],
             "the copy ceiling for memory-bound chains, TFLOP/s over the fp16 matmul "
             "ceiling for the projections; cold compile = first call, both sides cold", ""]
     if not smoke:
-        out += ["## Ceilings (measured in this run)", "",
-                f"* fp16 matmul {'x'.join(map(str, ceil['matmul_shape']))}: "
-                f"{_num(ceil['matmul_tflops'], '.1f')} TFLOP/s",
-                f"* device-to-device copy of {ceil['copy_bytes'] / 2**30:.0f} GiB "
-                f"(read + write): {_num(ceil['copy_tbps'], '.2f')} TB/s", "",
+        out += ceiling_lines(ceil) + [
                 "## Summary", ""]
         for dtype, s in doc["summary"].items():
             multi = ", ".join(f"{k} {fmt_ratio(v)}"

@@ -66,6 +66,15 @@ def header(doc: dict, title: str) -> list[str]:
                   f"CUDA {env['cuda']}"]
 
 
+def ceiling_lines(ceil: dict) -> list[str]:
+    """The report section on the ceilings measured in the run, shared by both suites."""
+    return ["## Ceilings (measured in this run)", "",
+            f"* fp16 matmul {'x'.join(map(str, ceil['matmul_shape']))}: "
+            f"{_num(ceil['matmul_tflops'], '.1f')} TFLOP/s",
+            f"* device-to-device copy of {ceil['copy_bytes'] / 2**30:.0f} GiB "
+            f"(read + write): {_num(ceil['copy_tbps'], '.2f')} TB/s", ""]
+
+
 def markdown(doc: dict, records: Sequence[Record], comparisons: Sequence[Comparison],
              plots: Sequence[str], plot_note: str) -> str:
     """The whole report as markdown, from the results document and its records."""
@@ -78,11 +87,7 @@ def markdown(doc: dict, records: Sequence[Record], comparisons: Sequence[Compari
             f"* correctness gate: relative Frobenius error against float64 <= "
             f"{cfg['threshold']:g}", ""]
     if not smoke:
-        out += ["## Ceilings (measured in this run)", "",
-                f"* fp16 matmul {'x'.join(map(str, ceil['matmul_shape']))}: "
-                f"{_num(ceil['matmul_tflops'], '.1f')} TFLOP/s",
-                f"* device-to-device copy of {ceil['copy_bytes'] / 2**30:.0f} GiB "
-                f"(read + write): {_num(ceil['copy_tbps'], '.2f')} TB/s", "",
+        out += ceiling_lines(ceil) + [
                 "## neptune-fusion against the baselines", "",
                 "Speedup = other time / neptune-fusion time (above 1: neptune-fusion is "
                 "faster).", ""]
