@@ -12,9 +12,9 @@ with the same name are still two tensors.
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass, fields
-from functools import cached_property
 from typing import Union
 
 from .dtypes import DType, bool_, int64
@@ -25,6 +25,33 @@ _UIDS = itertools.count(1)
 
 def fresh_uid() -> int:
     return next(_UIDS)
+
+
+class memo:
+    """A cached property without a lock: computed on first access and kept in the
+    instance's ``__dict__`` (which then answers every later access directly).
+
+    ``functools.cached_property`` in Python 3.11 takes one lock per *class attribute*,
+    shared by every instance; two threads computing, say, ``free_vars`` of different
+    nodes through different classes take those locks in opposite orders and deadlock.
+    A memoised value here is a pure function of an immutable node, so two threads that
+    race compute the same value twice and one write wins, harmlessly.
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = self.fn(obj)
+        obj.__dict__[self.name] = value  # frozen dataclasses: past __setattr__, as intended
+        return value
 
 
 def _key_part(v: object) -> object:
@@ -50,11 +77,18 @@ class _Interned(type):
     def __call__(cls, *args, **kwargs):
         obj = super().__call__(*args, **kwargs)
         key = tuple(_key_part(getattr(obj, f.name)) for f in fields(obj))
-        got = cls._table.get(key)
-        if got is not None:
-            return got
-        cls._table[key] = obj
+        # look-up and insertion as one step: two threads building the same node must get
+        # one node (identity is equality). Nothing in here builds nodes; re-entrant only
+        # for a garbage-collector finalizer that might.
+        with _INTERN_LOCK:
+            got = cls._table.get(key)
+            if got is not None:
+                return got
+            cls._table[key] = obj
         return obj
+
+
+_INTERN_LOCK = threading.RLock()
 
 
 class Expr(metaclass=_Interned):
@@ -71,7 +105,7 @@ class Expr(metaclass=_Interned):
         """Rebuild with new children; returns ``self`` when nothing changed."""
         return self
 
-    @cached_property
+    @memo
     def free_vars(self) -> frozenset:
         """The index variables this expression depends on and does not bind."""
         out: frozenset = frozenset()
@@ -162,7 +196,7 @@ class IndexVar(Expr):
     def dtype(self) -> DType:
         return int64
 
-    @cached_property
+    @memo
     def free_vars(self) -> frozenset:
         return frozenset((self,))
 
@@ -209,7 +243,7 @@ class Unary(Expr):
     op: str
     x: Expr
 
-    @cached_property
+    @memo
     def dtype(self) -> DType:
         return self.x.dtype
 
@@ -226,7 +260,7 @@ class Binary(Expr):
     a: Expr
     b: Expr
 
-    @cached_property
+    @memo
     def dtype(self) -> DType:
         from .dtypes import float32, promote
         if self.op in CMP_OPS or self.op in LOGIC_OPS:
@@ -259,7 +293,7 @@ class Where(Expr):
     a: Expr
     b: Expr
 
-    @cached_property
+    @memo
     def dtype(self) -> DType:
         from .dtypes import promote
         return promote(self.a.dtype, self.b.dtype)
@@ -302,7 +336,7 @@ class Reduce(Expr):
     def dtype(self) -> DType:
         return self.body.dtype
 
-    @cached_property
+    @memo
     def free_vars(self) -> frozenset:
         return self.body.free_vars - frozenset(self.axes)
 
