@@ -11,28 +11,27 @@ derives from them besides their data is cached per input signature as a call set
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
 
 from ..errors import CodegenError
-from ..ir.nodes import Size
+from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
 from .inputs import CacheInfo, check_inputs, remember, signature
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
-from .loader import import_kernel_module, interpreted_launch, write_source
+from .loader import interpreted_launch, load_kernel_module
 from .spec import KernelSpec
 
 
 class GeneratedKernel:
-    """One generated Triton kernel (one launch per call): its kernel spec, source file and
-    (lowered on demand when the kernel came from the cache) tile program."""
+    """One generated Triton kernel (one launch per call): its kernel spec (the source
+    included: compiled from that text, never from a file) and (lowered on demand when the
+    kernel came from the cache) tile program."""
 
-    def __init__(self, spec: KernelSpec, path: Path, program: Callable) -> None:
+    def __init__(self, spec: KernelSpec, program: Callable) -> None:
         self.spec = spec
-        self.path = path
         self._program = program
 
     name = property(lambda self: self.spec.name)
@@ -112,13 +111,13 @@ class Kernel:
         self.specs = tuple(specs)
         self._lowered = lowered        # () -> (plan, programs), memoised by the caller
         self.from_cache = from_cache   # built from stored kernel specs (nothing lowered)
-        self.kernels = [GeneratedKernel(sp, write_source(sp.source, sp.name),
-                                        lambda k=k: self._lowered()[1][k])
+        self.kernels = [GeneratedKernel(sp, lambda k=k: self._lowered()[1][k])
                         for k, sp in enumerate(self.specs)]
         self.source = self.specs[0].source if len(self.specs) == 1 else \
             "\n\n".join(sp.source for sp in self.specs)
         self._single = single
         self._modules: dict[tuple[int, bool], object] = {}
+        self._load_lock = threading.Lock()   # one module per (kernel, mode), ever
         # call setups by input signature (see _setup); owned by this kernel, bounded
         self._setups: dict[tuple, _CallSetup] = {}
         self._hits = self._misses = 0   # of _setups, for cache_info
@@ -135,7 +134,7 @@ class Kernel:
             raise CodegenError(f"two different sizes share a name among {sorted(set(names))}"
                                "; give every size its own name")
 
-    @cached_property
+    @memo
     def plan(self):
         """The fusion plan (derived now if the kernel came from the cache)."""
         return self._lowered()[0]
@@ -164,8 +163,12 @@ class Kernel:
     def _function(self, k: int, interpret: bool):
         mod = self._modules.get((k, interpret))
         if mod is None:
-            mod = self._modules[(k, interpret)] = import_kernel_module(self.kernels[k].path,
-                                                                       interpret)
+            with self._load_lock:
+                mod = self._modules.get((k, interpret))
+                if mod is None:
+                    spec = self.specs[k]
+                    mod = self._modules[(k, interpret)] = load_kernel_module(
+                        spec.source, spec.name, interpret)
         return getattr(mod, self.kernels[k].name)
 
     def __call__(self, *tensors, out=None):

@@ -1,36 +1,33 @@
 """Turning generated source into Triton kernels: compiled (CUDA) and interpreted (CPU).
 
-Triton needs a kernel's source file (it re-parses the function), so the source is written
-once to a content-addressed file in the kernel cache directory and imported as a module.
+The source is compiled from memory -- the exact text of the kernel spec, which the
+pipeline generated in this process or read (and checked) from the private disk cache,
+see docs/cache.md -- with :func:`compile` and executed into a fresh module. No file is
+written, read or imported for it, so there is nothing on disk (a kernel file, a
+``__pycache__`` entry) that could be swapped in between the check and the use. Triton
+reads a kernel's source through :mod:`inspect`, which asks :mod:`linecache`; the text is
+registered there under a ``<neptune-fusion kernel ...>`` name that no file is looked up
+by.
+
 Triton decides between compiling and interpreting when ``@triton.jit`` runs, from
 ``TRITON_INTERPRET``, and the interpreter also consults it while it runs (Triton 3.9
 imports parts of itself lazily during the first interpreted launch and checks the
-variable then). So the module is imported twice, once per mode, each time with the
-variable set for the duration of the import, and interpreted launches run with it set
-too. :func:`neptune_fusion.settings.triton_interpret_as` is the one place that touches
-the variable; a lock keeps concurrent users from seeing each other's setting.
+variable then). So the module is executed twice, once per mode, each time with the
+variable set for the duration, and interpreted launches run with it set too.
+:func:`neptune_fusion.settings.triton_interpret_as` is the one place that touches the
+variable; a lock keeps concurrent users from seeing each other's setting.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
-import os
+import linecache
 import sys
-import tempfile
-from pathlib import Path
 from types import ModuleType
 
-from ..settings import cache_root
+from ..errors import CodegenError
 from ..settings import triton_interpret_as as interpreter_mode
-
-
-def cache_dir() -> Path:
-    """Where generated kernel sources live: ``<cache root>/kernels`` (see
-    :func:`~neptune_fusion.settings.cache_root`: ``$NEPTUNE_FUSION_CACHE_DIR`` or
-    ``~/.cache/neptune-fusion``)."""
-    return cache_root() / "kernels"
 
 
 @contextlib.contextmanager
@@ -66,33 +63,33 @@ def interpreted_launch():
                 setattr(mod, name, value)
 
 
-def write_source(source: str, stem: str) -> Path:
-    """Write ``source`` to ``<cache>/<stem>_<hash>.py`` (once) and return the path."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    for root in (cache_dir(), Path(tempfile.gettempdir()) / "neptune_fusion_kernels"):
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            path = root / f"{stem}_{digest}.py"
-            if not path.exists() or path.read_text() != source:
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(source)
-                os.replace(tmp, path)
-            return path
-        except OSError:
-            continue
-    raise OSError("no writable directory for generated kernels; set NEPTUNE_FUSION_CACHE_DIR")
+def kernel_stem(source: str, name: str) -> str:
+    """``NAME_HASH``: the kernel function's name (checked to be an identifier) and the
+    first 16 hex digits of the SHA-256 of ``source``."""
+    if not name.isidentifier():
+        raise CodegenError(f"kernel name {name!r} is not a Python identifier")
+    return f"{name}_{hashlib.sha256(source.encode('utf-8')).hexdigest()[:16]}"
 
 
-def import_kernel_module(path: Path, interpret: bool) -> ModuleType:
-    """Import the generated module at ``path`` in one mode (a fresh module object)."""
-    name = f"_nf_kernel_{path.stem}_{'interp' if interpret else 'cuda'}"
+def load_kernel_module(source: str, name: str, interpret: bool) -> ModuleType:
+    """Compile ``source`` (this very text: nothing is read from disk) and execute it into
+    a fresh module, in one mode; ``name`` is the kernel function's (an identifier)."""
+    stem = kernel_stem(source, name)
+    # the angle brackets tell linecache never to look for this name on disk
+    filename = f"<neptune-fusion kernel {stem}>"
+    code = compile(source, filename, "exec", dont_inherit=True)
+    lines = source.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    # mtime None: linecache.checkcache keeps the entry (there is no file to compare with)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    modname = f"_nf_kernel_{stem}_{'interp' if interpret else 'cuda'}"
+    module = ModuleType(modname)
     if interpret:
         _preload_for_interpreter()
     with interpreter_mode(interpret):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # Triton's interpreter looks functions up by module
-        spec.loader.exec_module(module)
+        sys.modules[modname] = module  # Triton's interpreter looks functions up by module
+        exec(code, module.__dict__)  # noqa: S102 - the generated kernel, from memory
     return module
 
 

@@ -7,7 +7,7 @@ kernel argument comes from (a tensor, a stride, a size, a tile size). It is buil
 :class:`~neptune_fusion.codegen.program.TileProgram` (:func:`specs_of`) and written to
 the cache as JSON, so a warm ``nf.compile`` of a program seen before needs neither the
 algebra (SymPy) nor lowering: the fingerprint of the definition finds the specs, the
-source is imported, and the plan is derived only if someone asks for it.
+source is compiled, and the plan is derived only if someone asks for it.
 
 Tensors are named by keys: ``in<k>`` is input ``k``; every other tensor (outputs, the
 split-k workspace that one kernel writes and the next reads) gets ``t<n>`` in order of
@@ -62,6 +62,9 @@ class KernelSpec:
                 col_blocks=int(d.get("col_blocks", 1)))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed kernel spec: {err!r}") from None
+        if not spec.name.isidentifier():   # it names the kernel function and its module
+            raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
+                               "identifier")
         kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
