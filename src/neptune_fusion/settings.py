@@ -29,9 +29,11 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_CACHE_DIR", "",
-            "Root of the disk cache (tuned schedules, kernel specs, generated kernel "
-            "sources). Empty: `$XDG_CACHE_HOME/neptune-fusion`, else "
-            "`~/.cache/neptune-fusion`."),
+            "Root of the disk cache (tuned schedules, kernel specs with their generated "
+            "source). Empty: `$XDG_CACHE_HOME/neptune-fusion`, else "
+            "`~/.cache/neptune-fusion`. Created with mode 0700; a directory another user "
+            "owns or can write is not used (a warning, then no disk cache: "
+            "[cache.md](cache.md))."),
     Setting("XDG_CACHE_HOME", "",
             "Read only when `NEPTUNE_FUSION_CACHE_DIR` is empty: the cache root's parent."),
     Setting("NEPTUNE_FUSION_LOG", "0",
@@ -70,7 +72,8 @@ def _flag(env: str) -> bool:
 
 def cache_root() -> Path:
     """``$NEPTUNE_FUSION_CACHE_DIR``, else ``$XDG_CACHE_HOME/neptune-fusion``, else
-    ``~/.cache/neptune-fusion``."""
+    ``~/.cache/neptune-fusion``: only a path; whether it may be used is decided by
+    :mod:`neptune_fusion.runtime.disk_cache` (private to the user, see docs/cache.md)."""
     env = _raw("NEPTUNE_FUSION_CACHE_DIR")
     if env:
         return Path(env)
