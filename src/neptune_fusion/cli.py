@@ -87,14 +87,15 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
 
 
 def run_cache(args: argparse.Namespace, console: Console) -> int:
-    """List the tuned schedules in the cache, or clear them."""
-    from .runtime.disk_cache import DiskCache
+    """List the tuned schedules in the cache, or clear everything the package wrote."""
+    from .runtime.disk_cache import DiskCache, clear_all
     store = DiskCache(args.dir)
     if args.clear:
-        n = store.clear()
-        k = DiskCache(store.root, subdir="specs").clear()
-        console.print(f"removed {n} tuned schedule(s) and {k} stored kernel record(s) "
-                      f"from {store.root}", markup=False)
+        n = clear_all(store.root)
+        old = f", and {n['kernels']} kernel file(s) of an earlier version" \
+            if n["kernels"] else ""
+        console.print(f"removed {n['schedules']} tuned schedule(s) and {n['specs']} stored "
+                      f"kernel record(s) from {store.root}{old}", markup=False)
         return 0
     entries = store.entries()
     console.print(f"{len(entries)} tuned schedule(s) in {store.directory}", markup=False)
@@ -233,11 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     cache = sub.add_parser(
         "cache", help="list or clear the tuned schedules on disk",
         description="List the schedules the auto-scheduler stored (device, program hash, "
-                    "size buckets, schedule, how it was chosen), or remove them and the "
-                    "stored kernels with --clear. The cache is $NEPTUNE_FUSION_CACHE_DIR, "
-                    "else ~/.cache/neptune-fusion.")
+                    "size buckets, schedule, how it was chosen), or remove everything "
+                    "neptune-fusion wrote there with --clear. The cache is "
+                    "$NEPTUNE_FUSION_CACHE_DIR, else ~/.cache/neptune-fusion; a directory "
+                    "another user owns or can write is not used (docs/cache.md).")
     cache.add_argument("--clear", action="store_true",
-                       help="remove every stored schedule and kernel record")
+                       help="remove every stored schedule and kernel record (and the "
+                            "kernels/ folder of earlier versions)")
     cache.add_argument("--dir", default=None, help="cache directory (default: as above)")
     cache.set_defaults(handler=run_cache)
     _add_show(sub)
