@@ -104,16 +104,20 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
 
 
 class AttentionCache:
-    """Compiled attention kernels keyed by shape class (and schedule). Thread-safe.
+    """Compiled attention kernels keyed by shape class (and schedule). Thread-safe: one
+    lock guards the tables, and a kernel is compiled once however many threads ask for it
+    at the same time (the others wait for it; a compile holds only its key's lock).
 
-    ``store`` is where auto-scheduled kernels remember their tuned schedules across
+    ``store`` is where kernels remember their tuned schedules and kernel specs across
     processes (a :class:`~neptune_fusion.runtime.disk_cache.DiskCache` or a directory;
-    ``None``: the default ``~/.cache/neptune-fusion``; ``False``: nowhere).
+    ``None``: the default ``~/.cache/neptune-fusion``; ``False``: nowhere -- nothing is
+    read from or written to disk). See docs/cache.md.
     """
 
     def __init__(self, store=None) -> None:
         self.store = store
         self._kernels: dict = {}
+        self._building: dict = {}   # key -> the lock held while that kernel compiles
         # per-call derived objects (spec, schedule, kernel, packing) keyed by everything
         # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
         self._calls: dict[tuple, _CallSetup] = {}
@@ -155,12 +159,12 @@ class AttentionCache:
         """The cached setup of a call ``key``, counted as a kernel hit; None if unseen."""
         if key is None:
             return None
-        try:
-            setup = self._calls.get(key)
-        except TypeError:  # an unhashable mod: the full path reports it as before
-            return None
-        if setup is not None:
-            with self._lock:
+        with self._lock:
+            try:
+                setup = self._calls.get(key)
+            except TypeError:  # an unhashable mod: the full path reports it as before
+                return None
+            if setup is not None:
                 self.hits += 1  # the kernel lookup this setup stands for
                 self._call_hits += 1
         return setup
@@ -182,12 +186,25 @@ class AttentionCache:
             if got is not None:
                 self.hits += 1
                 return got
-        from ..runtime.pipeline import compile as nf_compile
-        outs, ins = attention_definition(spec)
-        kern = nf_compile(outs[0], ins, schedule=schedule, name="attention", cache=self.store)
-        with self._lock:
-            self.misses += 1
-            return self._kernels.setdefault(key, kern)
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # one compile per key: the others wait here, then find it
+            with self._lock:
+                got = self._kernels.get(key)
+                if got is not None:
+                    self.hits += 1
+                    return got
+            try:
+                from ..runtime.pipeline import compile as nf_compile
+                outs, ins = attention_definition(spec)
+                kern = nf_compile(outs[0], ins, schedule=schedule, name="attention",
+                                  cache=self.store)
+                with self._lock:
+                    self.misses += 1
+                    self._kernels[key] = kern
+            finally:
+                with self._lock:
+                    self._building.pop(key, None)
+        return kern
 
 
 @dataclass(frozen=True)
