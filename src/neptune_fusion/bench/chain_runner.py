@@ -90,7 +90,8 @@ def gate_outputs(out: object, ref: Sequence[torch.Tensor], dtype: torch.dtype,
 
 @contextlib.contextmanager
 def tf32(enabled: bool) -> Iterator[None]:
-    """TF32 matmuls for torch while the block runs (Triton's fp32 ``tl.dot`` uses them)."""
+    """TF32 matmuls for torch while the block runs (neptune-fusion gets
+    ``fp32_precision="tf32"`` for the same chains: providers/chains.py)."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled or old
     try:

@@ -32,6 +32,7 @@ from ..ir.nodes import (
     Const,
     Expr,
     IndexVar,
+    Load,
     Param,
     Placeholder,
     Reduce,
@@ -109,7 +110,9 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
 def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
     """Row: the innermost axis every member depends on (states are per row). Column: the
     one axis only some members depend on (attention's ``e``: ``o_sum`` but not ``m``), or
-    else an output axis no member reads (softmax's ``j``). Grid: the rest."""
+    else an output axis no member reads (softmax's ``j``), or else -- a plain matmul --
+    the right operand's axis (:func:`_right_operand_axis`), preferring the pair whose
+    column is an output's contiguous last axis. Grid: the rest."""
     frees = [b.free_vars - {loop} for b in bodies]
     common = frozenset.intersection(*frees)
     union = frozenset.union(*frees)
@@ -125,8 +128,30 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
             "the rolling kernel holds one column axis")
     col = partial[0] if partial else next(
         (v for v in plan.context if v in out_vars and v not in union), None)
+    if col is None:     # a plain matmul: rows and columns of the output, both shared
+        pairs = [(r, c) for r in plan.context if r in common
+                 for c in [_right_operand_axis(bodies, loop, r, common)] if c is not None]
+        last = {axes[-1] for axes in plan.out_axes if axes}
+        row, col = next((p for p in pairs if p[1] in last), pairs[0] if pairs else (row, None))
     grid = tuple(v for v in plan.context if v is not row and v is not col)
     return grid, row, col
+
+
+def _right_operand_axis(bodies: list[Expr], loop: IndexVar, row: IndexVar, common):
+    """A plain matmul's output-column axis: a shared axis that indexes some load together
+    with the loop axis (``W[c, o]``) and never a load with the row axis (``x[i, c]``). As
+    the column (not a grid axis: a program per column) it makes the sum a ``tl.dot``."""
+    with_row: set = set()
+    with_loop: set = set()
+    for b in bodies:
+        for x in walk(b):
+            if isinstance(x, Load):
+                used = {v for idx in x.indices for v in idx.free_vars}
+                if row in used:
+                    with_row |= used
+                if loop in used:
+                    with_loop |= used
+    return next((v for v in common if v is not row and v in with_loop - with_row), None)
 
 
 def _inner_axes(bodies: list[Expr], loop: IndexVar, taken: set[str]) -> tuple[Axis, ...]:
@@ -279,16 +304,7 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     body, hints = _steps(accs, loop)
     exprs = [e for _, e in body] + [o.body for o in outs]
     inner = _inner_axes(exprs, loop, taken)
-    col_axis = None
-    if col is not None:
-        # a column no carried state holds appears only in the epilogue: walked in chunks
-        stateless = not any("col" in s.roles for a in accs for s in a.state)
-        chunk = EPILOGUE_CHUNK if stateless else None
-        size = tile_extent(col.extent) if isinstance(col.extent, int) else None
-        if size is not None and chunk is not None:
-            size = min(size, chunk)
-        col_axis = Axis(col, "col", ident(f"BLOCK_{col.name.upper()}", taken), size,
-                        chunk)
+    col_axis = _col_axis(col, accs, outs, schedule, taken)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
     return check_tiles(TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
@@ -302,6 +318,29 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
 
 
 EPILOGUE_CHUNK = 2048  # columns per epilogue step when the column carries no state
+
+
+def _col_axis(col: IndexVar | None, accs, outs, schedule: Schedule,
+              taken: set[str]) -> Axis | None:
+    """The column axis: one tile per program (attention's head dim); walked in chunks by
+    the epilogue when no carried state holds it (softmax's output row); or, with
+    ``schedule.block_col``, tiled across programs (a matmul epilogue's output columns)
+    where that is legal -- the state holds the column and every output has it; elsewhere
+    ``block_col`` has no effect (a multi-pass kernel shares one schedule over passes
+    with and without a column)."""
+    if col is None:
+        return None
+    block = ident(f"BLOCK_{col.name.upper()}", taken)
+    size = tile_extent(col.extent) if isinstance(col.extent, int) else None
+    stateless = not any("col" in s.roles for a in accs for s in a.state)
+    tiled = schedule.block_col and not stateless and \
+        all(any(v is col for v in o.axes) for o in outs)
+    if tiled and (size is None or schedule.block_col < size):
+        return Axis(col, "col", block, schedule.block_col, programs=True)
+    chunk = EPILOGUE_CHUNK if stateless else None
+    if size is not None and chunk is not None:
+        size = min(size, chunk)
+    return Axis(col, "col", block, size, chunk)
 
 
 def dot_roles(prog: TileProgram) -> frozenset[str]:
@@ -342,7 +381,10 @@ def check_tiles(prog: TileProgram) -> TileProgram:
     ``tl.dot`` is tiled below its 16-element minimum; return ``prog``. Axes no
     contraction reads may be tiled down to 1 (one row per program)."""
     dots = dot_roles(prog)
-    for field, axis in (("block_m", prog.row), ("block_n", prog.loop)):
+    tiles = [("block_m", prog.row), ("block_n", prog.loop)]
+    if prog.col is not None and prog.col.programs:
+        tiles.append(("block_col", prog.col))
+    for field, axis in tiles:
         size = getattr(prog.schedule, field)
         if axis.role in dots and size < TILE_MIN:
             raise ScheduleError(

@@ -64,6 +64,9 @@ class Axis:
     # the output-column axis of a program whose state has no column: the epilogue walks it
     # in tiles of at most ``chunk`` (softmax's row is written piecewise, not as one tile)
     chunk: int | None = None
+    # the output-column axis tiled across programs (``Schedule.block_col``): each program
+    # covers one tile of ``block_size`` columns, ``pid_col`` of the row x column grid
+    programs: bool = False
 
     @property
     def name(self) -> str:
@@ -227,6 +230,13 @@ def _check_axes(prog: TileProgram) -> None:
             _fail(prog, "axis roles", f"{role} axis {a.name} has tile size {a.block!r}")
         if a.block_size is not None and not _pow2(a.block_size):
             _fail(prog, "tile sizes", f"{a.block} = {a.block_size} is not a power of two")
+        if a.programs and (role != "col" or a.block_size is None or a.chunk is not None
+                           or prog.split is not None):
+            _fail(prog, "column tiles", f"{role} axis {a.name} is tiled across programs; "
+                  "only the column axis of a rolling kernel with a fixed tile may be")
+        if a.programs and any(all(v is not a.var for v in o.axes) for o in prog.outputs):
+            _fail(prog, "column tiles", f"an output lacks the column axis {a.name}, which "
+                  "is tiled across programs (every column program would write it)")
     vars_ = [a.var for a in prog.axes]
     if len({id(v) for v in vars_}) != len(vars_):
         _fail(prog, "axis roles", "an index variable plays two roles")
@@ -273,10 +283,12 @@ def _check_state(prog: TileProgram) -> None:
             if s.init != reducer(a.op).identity:
                 _fail(prog, "state", f"{s.name} starts at {s.init}, not the identity of "
                       f"{a.op}")
-            if s.roles[:1] != ("row",) or not set(s.roles) <= {"row", "col"} or \
-                    ("col" in s.roles and prog.col is None):
+            if s.roles not in (("row",), ("row", "col"), ("row", "loop")) or \
+                    ("col" in s.roles and prog.col is None) or \
+                    ("loop" in s.roles and (a.producers or prog.split is not None)):
                 _fail(prog, "state", f"{s.name} spans {s.roles}; states span the row "
-                      "axis and maybe the column axis")
+                      "axis and maybe the column axis (or, a deferred plain member of a "
+                      "rolling kernel, the loop axis)")
 
 
 def _reads(prog: TileProgram, where: str, exprs, params: set, variables: set) -> None:
@@ -319,7 +331,9 @@ def _check_segments(prog: TileProgram) -> None:
                   f"state ({', '.join(s.name for s in prog.state)})")
         if seg.guard and not seg.masked:
             _fail(prog, "segments", f"{where} checks the axis end but is unmasked")
-        _reads(prog, where, [e for _, e in seg.body], state | tile, rows)
+        for v, e in seg.body:   # a deferred (loop-spanning) state adds the tile itself
+            _reads(prog, where, [e], state | tile,
+                   rows | ({prog.loop.var} if "loop" in v.roles else set()))
 
 
 def _check_outputs(prog: TileProgram) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..errors import CodegenError
 from ..ir.nodes import Expr, Reduce
 from ..ir.traverse import walk
+from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
 from .program import (
@@ -63,7 +64,8 @@ def generate(prog: TileProgram) -> str:
     """The Triton source of ``prog``: a module with imports and one kernel."""
     args = kernel_args(prog)
     reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid", "pid_col",
-                                         "_nf_prod", "_nf_mul"}
+                                         "_nf_prod", "_nf_mul", "pid", "row_tiles",
+                                         "group_width", "first_row", "group_rows"}
     for a in prog.axes:
         reserved.add(a.name if a.role == "grid" else f"offs_{a.name}")
     for s in prog.state:
@@ -155,11 +157,15 @@ def _block_of(prog: TileProgram, role: str) -> str:
 
 
 def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
-    pre.emit("pid_row = tl.program_id(0)")
+    low = Lowerer(prog, env, pre, None, frozenset())
+    col = prog.col
+    if col is not None and col.programs:
+        _grouped_ids(prog, pre, low)
+    else:
+        pre.emit("pid_row = tl.program_id(0)")
     if prog.grid:
         pre.emit("pid_grid = tl.program_id(1)")
     rest = "pid_grid"
-    low = Lowerer(prog, env, pre, None, frozenset())
     for k, a in enumerate(prog.grid):  # innermost first
         if k == len(prog.grid) - 1:
             pre.emit(f"{a.name} = {rest}")
@@ -190,8 +196,25 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
             env[a.var] = Val(f"offs_{a.name}", (a.role,), "i32")
             if a.chunk is not None:
                 continue  # defined by the epilogue's loop over column chunks
-            start = f"pid_col * {a.block} + " if col_split and a.role == "col" else ""
+            tiled = col_split or a.programs
+            start = f"pid_col * {a.block} + " if tiled and a.role == "col" else ""
             pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
+
+
+def _grouped_ids(prog: TileProgram, pre: Block, low: Lowerer) -> None:
+    """``pid_row`` and ``pid_col`` of a row x column grid flattened into program_id(0),
+    in groups of :data:`COL_GROUP` row tiles: the programs running together share a few
+    row tiles (rows of the left operand) and walk the column tiles (columns of the right
+    operand) together, so both stay in L2 -- the ordering of a tiled GEMM."""
+    n_row = low.value(extent_expr(prog.row.extent)).code
+    n_col = low.value(extent_expr(prog.col.extent)).code
+    pre.emit("pid = tl.program_id(0)")
+    pre.emit(f"row_tiles = tl.cdiv({n_row}, BLOCK_M)")
+    pre.emit(f"group_width = {COL_GROUP} * tl.cdiv({n_col}, {prog.col.block})")
+    pre.emit(f"first_row = pid // group_width * {COL_GROUP}")
+    pre.emit(f"group_rows = tl.minimum(row_tiles - first_row, {COL_GROUP})")
+    pre.emit("pid_row = first_row + pid % group_width % group_rows")
+    pre.emit("pid_col = pid % group_width // group_rows")
 
 
 def _bounds(prog: TileProgram, pre: Block, low: Lowerer, env: dict) -> dict[str, str]:

@@ -80,6 +80,8 @@ class TileOps:
         if ax.role == "row":
             return not (isinstance(ext, int) and ext % self.prog.schedule.block_m == 0)
         cover = ax.block_size
+        if ax.programs:     # column tiles across programs: the last one may be partial
+            return not (isinstance(ext, int) and ext % cover == 0)
         if cover and ax.role == "col" and self.prog.split is not None:
             cover *= self.prog.split.col_blocks     # a combine cut over columns: all of them
         return not (isinstance(ext, int) and ext == cover)

@@ -169,8 +169,27 @@ def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
     return names
 
 
-def _repairs(graph: ReductionGraph, outer: frozenset, names: dict):
-    """Repair every consumer against its same-extent producers; collect what fails."""
+def _costly(c: Reduce, rep: Repair, outer: frozenset, names: dict) -> str | None:
+    """Why fusing ``c`` by ``rep`` costs more than a second pass, or None.
+
+    A consumer with an axis its producers lack (a matmul's output columns: LayerNorm
+    followed by a matmul) whose repair is augmented carries one matrix accumulator, and
+    one matmul, per term of the repair, and rescales them all every tile; reading the
+    producers' final values in a later pass re-reads only the rows. (Rewriting the sum
+    into uncentred parts instead would fuse cheaply but lose the centring's accuracy.)
+    """
+    mine = c.free_vars & outer
+    if rep.method != "augmented" or len(rep.terms) < 2 or \
+            all(mine <= (p.free_vars & outer) for p in rep.producers):
+        return None
+    return (f"fusing needs {len(rep.terms)} accumulators over the columns of {names[c]} "
+            f"(an augmented repair of a matmul), costlier than a second pass that reads the "
+            "final value (require_single_pass=True fuses it anyway)")
+
+
+def _repairs(graph: ReductionGraph, outer: frozenset, names: dict, thrifty: bool = True):
+    """Repair every consumer against its same-extent producers; collect what fails. With
+    ``thrifty``, a repair that costs more than a pass (:func:`_costly`) is refused too."""
     banned: dict[tuple[int, int], str] = {}
     repairs: dict[Reduce, Repair] = {}
     while True:
@@ -180,6 +199,12 @@ def _repairs(graph: ReductionGraph, outer: frozenset, names: dict):
                      if same_extents(p, c) and (id(p), id(c)) not in banned]
             while cands:
                 got = synthesize(c, cands, outer)
+                why = _costly(c, got, outer, names) \
+                    if thrifty and not isinstance(got, str) else None
+                if why is not None:
+                    for p in cands:
+                        banned[(id(p), id(c))] = why
+                    break
                 if not isinstance(got, str):
                     repairs[c] = got
                     break
@@ -222,12 +247,17 @@ def _stages(graph: ReductionGraph, repairs: dict) -> dict[Reduce, int]:
     raise AssertionError("pass assignment did not converge")  # pragma: no cover
 
 
-def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
+def plan(outputs, require_single_pass: bool = False, *,
+         fuse_all: bool | None = None) -> FusionPlan:
     """Find the reduction chains of ``outputs`` and how to fuse each into one pass.
 
+    A fusion that would cost more than a second pass is left unfused (:func:`_costly`)
+    unless ``fuse_all`` (default: ``require_single_pass``) takes every provable fusion.
     With ``require_single_pass=True`` a chain that cannot be fused raises
     :class:`FusionError` naming the consumer, the producer and the failed condition.
     """
+    if fuse_all is None:
+        fuse_all = require_single_pass
     from ..reference.evaluate import as_outputs
     outs, _ = as_outputs(outputs)
     memo: dict = {}
@@ -239,7 +269,7 @@ def plan(outputs, require_single_pass: bool = False) -> FusionPlan:
     _dump("graph", lambda: "\n".join(
         f"{names[r]} <- {', '.join(names[p] for p in graph.deps[r]) or '(inputs)'}"
         for r in graph.order))
-    repairs, banned = _repairs(graph, outer, names)
+    repairs, banned = _repairs(graph, outer, names, thrifty=not fuse_all)
     stage = _stages(graph, repairs)
     buckets: dict[tuple, list[Reduce]] = {}
     for r in graph.order:

@@ -45,7 +45,9 @@ class GeneratedKernel:
     def grid(self) -> str:
         grid = " * ".join(str(g) for g in self.spec.grid) or "1"
         tail = f", {self.spec.splits}" if self.spec.splits else ""
-        return f"(cdiv({self.spec.rows}, BLOCK_M), {grid}{tail})"
+        cols = f" * cdiv({self.spec.col_tile[0]}, {self.spec.col_tile[1]})" \
+            if self.spec.col_tile else ""
+        return f"(cdiv({self.spec.rows}, BLOCK_M){cols}, {grid}{tail})"
 
 
 @dataclass(frozen=True)
@@ -295,7 +297,11 @@ class Kernel:
         grid1 = 1
         for g in spec.grid:
             grid1 *= _value(g, sizes)
-        grid = (-(-_value(spec.rows, sizes) // spec.block_m), grid1)
+        grid0 = -(-_value(spec.rows, sizes) // spec.block_m)
+        if spec.col_tile:                   # row tiles x column tiles, in program_id(0)
+            ext, tile = spec.col_tile
+            grid0 *= -(-_value(ext, sizes) // tile)
+        grid = (grid0, grid1)
         if spec.splits:
             grid += (spec.splits,)
         elif spec.col_blocks > 1:
@@ -375,7 +381,7 @@ def _shaping_sizes(specs, k: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Kernel ``k``'s sizes that shape its launch -- its rows, grid, outputs (and, for
     their strides, those of earlier kernels), tile extents -- and its size arguments."""
     spec = specs[k]
-    exts = [spec.rows, *spec.grid]
+    exts = [spec.rows, *spec.grid, *spec.col_tile[:1]]
     for kk in range(k + 1):
         for _, shape, _ in specs[kk].outputs:
             exts.extend(shape)

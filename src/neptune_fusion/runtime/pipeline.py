@@ -44,6 +44,7 @@ _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "sp
 def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     """The tile programs of ``plan`` under ``schedule``, in launch order: one (rolling) or
     two (split-k: partial, combine). Each stage's result is dumped on request."""
+    from ..codegen.defer import defer_tile_reductions
     from ..codegen.exp2 import apply_exp2
     from ..codegen.lower import check_single_pass, lower
     from ..codegen.outline import outline
@@ -66,6 +67,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     [prog] = done("exp2", (apply_exp2(prog),))
     [prog] = done("partition", (partition_loop(prog),))
     if schedule.strategy == "rolling":
+        [prog] = done("defer", (defer_tile_reductions(prog),))
         return done("split", (prog,))
     return done("split", split_programs(prog, schedule.splits))
 
@@ -81,8 +83,10 @@ def kernel_specs(programs, inputs) -> tuple[KernelSpec, ...]:
 class Builder:
     """The pipeline for one definition: kernels, one per schedule, through the cache."""
 
-    def __init__(self, outputs, inputs, name: str, single: bool, store) -> None:
+    def __init__(self, outputs, inputs, name: str, single: bool, store,
+                 fuse_all: bool = False) -> None:
         self.outputs = tuple(outputs)
+        self.fuse_all = fuse_all   # require_single_pass: every provable fusion, at any cost
         self.inputs = tuple(inputs)
         self.name = name
         self.single = single
@@ -100,7 +104,8 @@ class Builder:
     def fingerprint(self) -> str:
         if self._fingerprint is None:
             from .fingerprint import fingerprint
-            self._fingerprint = fingerprint(self.outputs)
+            self._fingerprint = fingerprint(self.outputs) + \
+                ("+fuse-all" if self.fuse_all else "")
         return self._fingerprint
 
     @property
@@ -109,7 +114,7 @@ class Builder:
         with self._lock:
             if self._plan is None:
                 from ..fusion.plan import plan as make_plan
-                self._plan = make_plan(list(self.outputs))
+                self._plan = make_plan(list(self.outputs), fuse_all=self.fuse_all)
             return self._plan
 
     def _key(self, what: str, schedule: Schedule | None = None) -> dict:
@@ -228,7 +233,7 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
         store = DiskCache(cache)
     else:
         store = cache or None
-    builder = Builder(outs, inputs, kname, single, store)
+    builder = Builder(outs, inputs, kname, single, store, fuse_all=require_single_pass)
     try:
         builder.check_single_pass()
     except UnschedulableError as err:

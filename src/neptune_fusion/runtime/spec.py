@@ -41,6 +41,9 @@ class KernelSpec:
     num_stages: int
     count_visits: bool
     col_blocks: int = 1              # split-k combine: programs over the col axis (grid z)
+    # column tiles across programs (Schedule.block_col): (col extent, tile); the row x
+    # column tiles are flattened into program_id(0)
+    col_tile: tuple = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,7 +62,8 @@ class KernelSpec:
                            for a in d["args"]),
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 count_visits=bool(d["count_visits"]),
-                col_blocks=int(d.get("col_blocks", 1)))
+                col_blocks=int(d.get("col_blocks", 1)),
+                col_tile=tuple(_ext(x) for x in d.get("col_tile", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed kernel spec: {err!r}") from None
         if not spec.name.isidentifier():   # it names the kernel function and its module
@@ -128,5 +132,7 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             splits=prog.split.splits if stage == "partial" else 0,
             outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
             num_stages=s.num_stages, count_visits=s.count_visits,
-            col_blocks=prog.split.col_blocks if stage == "combine" else 1))
+            col_blocks=prog.split.col_blocks if stage == "combine" else 1,
+            col_tile=(ext_of(prog.col.extent), prog.col.block_size)
+            if prog.col is not None and prog.col.programs else ()))
     return tuple(specs)

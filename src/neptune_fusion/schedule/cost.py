@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..ir.pow2 import next_pow2
-from .schedule import Schedule
+from .schedule import COL_GROUP, Schedule
 from .space import Device, Problem, persistent
 
 _ITER_S = 4e-8        # fixed cost of one loop iteration of one program (issue, barriers)
@@ -61,6 +61,8 @@ def resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """Shared memory, registers and residency of one program of ``s`` on ``device``."""
     if not problem.contraction:
         return row_resources(problem, s, device)
+    if s.block_col:
+        return _gemm_resources(problem, s, device)
     bm, bn, it = s.block_m, s.block_n, problem.itemsize
     inner, col = next_pow2(problem.inner), next_pow2(problem.col)
     kv = bn * (inner + col)
@@ -92,6 +94,8 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     """The estimated time of ``s`` on ``problem`` (see module docstring)."""
     if not problem.contraction:
         return row_estimate(problem, s, device)
+    if s.block_col:
+        return gemm_estimate(problem, s, device)
     r = resources(problem, s, device)
     if r.smem > device.smem_per_block:
         return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
@@ -139,9 +143,12 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     A row reduction's fastest persistent schedule goes first when it is within
     :data:`PERSISTENT_SLACK` of the fastest: what it saves (the loop, the carried state's
     repairs, the load latency of each tile) is below what the model resolves, and the
-    fastest looped schedule stays second, so a GPU measures both kinds."""
+    fastest looped schedule stays second, so a GPU measures both kinds. Column-tiled
+    (GEMM-like) schedules are ranked one per tile shape first (:func:`_shapes_first`)."""
     ests = [estimate(problem, s, device) for s in schedules]
     ranked = sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
+    if ranked and ranked[0].schedule.block_col:
+        return _shapes_first(ranked)
     if problem.contraction or not ranked:
         return ranked
     best = ranked[0].seconds
@@ -151,6 +158,73 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     return [pers] + [e for e in ranked if e is not pers]
 
 
+
+
+# ------------------------------------------------ column tiles across programs (GEMM-like)
+def _shapes_first(ranked: list[Estimate]) -> list[Estimate]:
+    """The fastest estimate of each tile shape first (in order), then the rest: GEMM-like
+    tiles that the model prices alike differ in how they pipeline, which only a
+    measurement resolves, so the few measured should be different shapes."""
+    seen: set = set()
+    first, rest = [], []
+    for e in ranked:
+        shape = (e.schedule.block_m, e.schedule.block_n, e.schedule.block_col)
+        (rest if shape in seen else first).append(e)
+        seen.add(shape)
+    return first + rest
+
+
+def _gemm_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
+    """A program of a row x column grid: per pipeline stage a left tile (``block_m x
+    block_n``: the rows' loop elements, normalised in registers) and a right tile
+    (``block_n x block_col``) in shared memory; the ``block_m x block_col`` accumulator
+    and the left tile in registers."""
+    bm, bn, bc, it = s.block_m, s.block_n, s.block_col, problem.itemsize
+    stages = s.num_stages if bm >= 64 and s.num_warps % 4 == 0 else max(s.num_stages - 1, 1)
+    smem = stages * bn * (bm + bc) * it
+    threads = 32 * s.num_warps
+    regs = (bm * bc + 2 * bm * bn) // threads + 40
+    per_sm = min(device.smem_per_block // max(smem, 1),
+                 device.regs_per_sm // (min(regs, 255) * threads),
+                 device.max_warps_per_sm // s.num_warps, 32)
+    return Resources(smem, regs, per_sm)
+
+
+def gemm_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
+    """A contraction whose output columns are tiled across programs (``block_col``): a
+    GEMM with a fused prologue. Tensor-core (or, for float32, FMA) work at an efficiency
+    that grows with the tile, the row statistics recomputed by every column tile, and the
+    memory traffic of the grouped grid: the left operand once, the right operand once per
+    group of :data:`~.schedule.COL_GROUP` row tiles (the rest hits L2)."""
+    r = _gemm_resources(problem, s, device)
+    if r.smem > device.smem_per_block:
+        return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
+                                            f"{device.smem_per_block} bytes")
+    if r.per_sm < 1:
+        return Estimate(s, float("inf"), r, "no program fits a multiprocessor")
+    bm, bn, bc, it = s.block_m, s.block_n, s.block_col, problem.itemsize
+    rows, loop, col = max(problem.rows, 1), max(problem.loop, 1), max(problem.col, 1)
+    row_tiles, col_tiles = -(-rows // bm), -(-col // bc)
+    progs = row_tiles * col_tiles * problem.programs
+    slots = device.sms * r.per_sm
+    waves = -(-progs // slots)
+    busy = min(1.0, progs / slots)
+    wave_eff = progs / (waves * slots) if progs >= slots else 1.0
+    flops = 2.0 * problem.programs * row_tiles * bm * loop * \
+        (col_tiles * bc + col_tiles * problem.inner)
+    rate = device.fp32_flops if problem.fp32 else device.mma_flops
+    mma_eff = min(1.0, bm / 128) * min(1.0, bc / 128) * min(1.0, bn / 32)
+    comp = flops / (rate * mma_eff * busy)
+    left = problem.programs * rows * loop * it
+    right = problem.programs * loop * col * it
+    mem = (left + right * -(-row_tiles // COL_GROUP)) / device.bandwidth
+    iters = -(-loop // bn) * waves
+    t = max(mem, comp) / wave_eff + iters * _ITER_S + device.launch_s
+    if s.num_stages < 3:
+        t += 0.15 * mem / max(s.num_stages, 1)
+    if r.regs > 255:
+        t *= _SPILL
+    return Estimate(s, t, r)
 
 
 # ------------------------------------------------------------ row reductions (no tl.dot)

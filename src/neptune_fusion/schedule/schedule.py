@@ -17,6 +17,8 @@ from ..errors import ScheduleError
 FP32_PRECISIONS = ("ieee", "tf32")
 STRATEGIES = ("rolling", "split")
 MAX_BLOCK = 1 << 20   # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL)
+# with block_col: row tiles that walk the column tiles together (the grid's L2 grouping)
+COL_GROUP = 8
 
 
 def _pow2(x: int) -> bool:
@@ -43,6 +45,11 @@ class Schedule:
     * ``strategy``: ``"rolling"`` (one program walks the whole fused axis) or ``"split"``
       (split-k: ``splits`` programs each walk one chunk of it and write their partial state
       to a float32 workspace; a second kernel merges the partials with the derived repairs);
+    * ``block_col``: 0 (default) covers the output-column axis in one tile per program
+      (attention's head dim); a power of two tiles it across programs instead, so the grid
+      is row tiles x column tiles as a GEMM's (a norm followed by a matmul; each program
+      recomputes its rows' statistics, a few percent of the work); rolling only, and no
+      effect on a kernel whose carried state has no column axis;
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -58,6 +65,7 @@ class Schedule:
     count_visits: bool = False
     strategy: str = "rolling"
     splits: int = 1
+    block_col: int = 0
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -83,6 +91,14 @@ class Schedule:
         if not isinstance(self.splits, int) or isinstance(self.splits, bool) \
                 or self.splits < 1:
             raise ScheduleError(f"schedule: splits must be an int >= 1, got {self.splits!r}")
+        bc = self.block_col
+        if not isinstance(bc, int) or isinstance(bc, bool) or bc < 0 or \
+                (bc and not _pow2(bc)) or bc > MAX_BLOCK:
+            raise ScheduleError(f"schedule: block_col must be 0 (the whole column axis) or "
+                                f"a power of two <= {MAX_BLOCK}, got {bc!r}")
+        if bc and self.strategy != "rolling":
+            raise ScheduleError(f"schedule: block_col={bc} (column tiles across programs) "
+                                "needs strategy='rolling'")
         if self.strategy == "rolling" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
         for name in ("exp2", "partition", "fast_tanh", "count_visits"):

@@ -123,6 +123,11 @@ class Problem:
 
 
 ROLLING_M = (64, 128)
+# an output column wider than this is tiled across programs (block_col), GEMM-like
+COL_WHOLE_MAX = 256
+GEMM_M = (64, 128)
+GEMM_N = (32, 64, 128)      # the loop (contraction) step
+GEMM_COL = (64, 128, 256)
 ROLLING_N = (32, 64, 128)
 SPLIT_N = (64, 128, 256)
 WARPS = (4, 8)
@@ -166,9 +171,12 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
 
     A problem without a contraction gets :func:`row_candidates`. Otherwise rolling:
     BLOCK_M in {64, 128} (or the rows rounded up when fewer), BLOCK_N in
-    {32, 64, 128}, 4 or 8 warps, 2-4 stages. Split-k (see :func:`wants_split`): BLOCK_M the
-    rows rounded up to a power of two >= 16, BLOCK_N in {64, 128, 256}, 4 or 8 warps, 2-4
-    stages, and the split counts of :func:`split_counts`.
+    {32, 64, 128}, 4 or 8 warps, 2-4 stages; an output column wider than
+    :data:`COL_WHOLE_MAX` (a norm followed by a matmul) adds GEMM-like tiles: BLOCK_M in
+    {64, 128}, column tiles of {64, 128, 256} across programs (``block_col``), a loop step
+    of {32, 64, 128}. Split-k (see :func:`wants_split`): BLOCK_M the rows rounded up to a
+    power of two >= 16, BLOCK_N in {64, 128, 256}, 4 or 8 warps, 2-4 stages, and the split
+    counts of :func:`split_counts`.
     """
     base = base if base is not None else Schedule()
     base = replace(base, strategy="rolling", splits=1)
@@ -193,11 +201,21 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                 for st in STAGES:
                     out.append(replace(base, block_m=bm, block_n=bn, num_warps=w,
                                        num_stages=st))
+    if problem.col > COL_WHOLE_MAX:     # a matmul epilogue: row x column tiles
+        ms = tuple(m for m in GEMM_M if m <= rows_p2) or (rows_p2,)
+        for bm in ms:
+            for bc in GEMM_COL:
+                for bn in GEMM_N:
+                    for w in WARPS:
+                        for st in STAGES:
+                            out.append(replace(base, block_m=bm, block_n=bn, block_col=bc,
+                                               num_warps=w, num_stages=st))
     return sorted(set(out), key=_order)
 
 
 def _order(s: Schedule) -> tuple:
-    return (s.strategy, s.block_m, s.block_n, s.splits, s.num_warps, s.num_stages)
+    return (s.strategy, s.block_m, s.block_n, s.block_col, s.splits, s.num_warps,
+            s.num_stages)
 
 
 # ------------------------------------------------------------ row reductions (no tl.dot)

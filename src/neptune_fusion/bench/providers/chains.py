@@ -41,12 +41,17 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def prepare_neptune(chain: Chain, tensors: Sequence[torch.Tensor],
                     ctx: RunContext) -> Prepared | Unsupported:
-    """``nf.compile`` of the chain's program, auto schedule, no disk cache (cold)."""
+    """``nf.compile`` of the chain's program, auto schedule, no disk cache (cold). A float32
+    chain with a projection uses TF32 ``tl.dot`` (``fp32_precision="tf32"``), as the
+    runner lets torch use TF32 matmuls for it: both sides round alike."""
     import neptune_fusion as nf
     outputs, inputs = chain.build(dtype_name(ctx.dtype))
-    kernel = nf.compile(outputs, inputs, cache=False, name=f"bench_{chain.name}")
+    rules = {"fp32_precision": "tf32"} if chain.contraction and \
+        ctx.dtype == torch.float32 else {}
+    kernel = nf.compile(outputs, inputs, cache=False, name=f"bench_{chain.name}", **rules)
     args = tuple(tensors)
-    return Prepared(lambda: kernel(*args), "nf.compile(schedule='auto', cache=False)")
+    extra = ", fp32_precision='tf32'" if rules else ""
+    return Prepared(lambda: kernel(*args), f"nf.compile(schedule='auto', cache=False{extra})")
 
 
 def prepare_eager(chain: Chain, tensors: Sequence[torch.Tensor],

@@ -1,0 +1,194 @@
+"""Matmul-epilogue chains on a GEMM-like grid: output columns tiled across programs
+(``Schedule.block_col``), a plain matmul's columns found, the row statistic beside the
+matmul reduced once (deferred), the cost-based second pass for an augmented matmul, and
+the search space and cost model at 4096^3; every result against float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import neptune_fusion as nf
+from neptune_fusion.errors import ScheduleError
+from neptune_fusion.schedule.cost import rank, resources
+from neptune_fusion.schedule.space import H200, Problem, candidates
+
+
+def _inputs(kernel, n: int, d: int, kout: int, rng) -> list[torch.Tensor]:
+    shapes = {"x": (n, d), "w": (d,), "b": (d,), "W": (d, kout), "g": (d,)}
+    return [torch.tensor(rng.standard_normal(shapes[p.name]) + (0.5 if p.name == "x" else 0),
+                         dtype=torch.float32) for p in kernel.inputs]
+
+
+def _check(out, kernel, tensors) -> None:
+    want = nf.evaluate(out, {p.name: t.double().numpy()
+                             for p, t in zip(kernel.inputs, tensors)})
+    got = kernel(*tensors).double().numpy()
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+
+
+def _wide(kind: str, kout, d="D"):
+    """``out = norm(x) @ W`` over ``d`` (an int or a size name) with ``kout`` columns."""
+    N = nf.size("N")
+    D = nf.size(d) if isinstance(d, str) else d
+    x = nf.placeholder((N, D), name="x")
+    w = nf.placeholder((D,), name="w")
+    W = nf.placeholder((D, kout), name="W")
+    c = nf.reduce_axis(D, "c")
+    dd = nf.cast(D, "float32") if isinstance(d, str) else float(d)
+    if kind == "rms":
+        ms = nf.compute((N,), lambda i: nf.sum(x[i, c] * x[i, c], c) / dd, name="ms")
+        y = nf.compute((N, D), lambda i, e: x[i, e] * nf.rsqrt(ms[i] + 1e-6) * w[e],
+                       name="y")
+    elif kind == "l2":
+        ss = nf.compute((N,), lambda i: nf.sum(x[i, c] ** 2, c), name="ss")
+        y = nf.compute((N, D), lambda i, e: x[i, e] / nf.sqrt(ss[i]) * w[e], name="y")
+    else:
+        b = nf.placeholder((D,), name="b")
+        mu = nf.compute((N,), lambda i: nf.sum(x[i, c], c) / dd, name="mean")
+        var = nf.compute((N,), lambda i: nf.sum((x[i, c] - mu[i]) ** 2, c) / dd, name="var")
+        y = nf.compute((N, D), lambda i, e: (x[i, e] - mu[i]) * nf.rsqrt(var[i] + 1e-5)
+                       * w[e] + b[e], name="y")
+    return nf.compute((N, kout), lambda i, o: nf.sum(y[i, c] * W[c, o], c), name="out")
+
+
+@pytest.mark.parametrize("kind", ["rms", "l2", "layer"])
+@pytest.mark.parametrize("n,d,kout", [(1, 29, 33), (29, 33, 40), (33, 16, 64)])
+def test_column_tiles_match_float64(kind, n, d, kout, rng):
+    out = _wide(kind, kout)
+    kernel = nf.compile(out, block_m=16, block_n=16, block_col=16, num_warps=4,
+                        num_stages=2, fp32_precision="ieee")
+    _check(out, kernel, _inputs(kernel, n, d, kout, rng))
+
+
+def test_column_tiles_grid_and_source(rng):
+    out = _wide("rms", 40)
+    kernel = nf.compile(out, block_m=16, block_n=16, block_col=16, fp32_precision="ieee")
+    assert kernel.program.col.programs and kernel.program.col.block_size == 16
+    src = kernel.source
+    assert "pid_col = " in src and "tl.dot(" in src and "group_width" in src
+    tensors = _inputs(kernel, 33, 29, 40, rng)
+    grid = kernel.launch(*tensors).grid
+    assert grid[0] == 3 * 3          # cdiv(33, 16) row tiles x cdiv(40, 16) column tiles
+    _check(out, kernel, tensors)
+
+
+def test_whole_column_when_the_tile_covers_it(rng):
+    out = _wide("rms", 6, d=20)
+    kernel = nf.compile(out, block_m=16, block_n=16, block_col=64, fp32_precision="ieee")
+    assert not kernel.program.col.programs          # 6 columns fit one 64-wide tile
+    _check(out, kernel, _inputs(kernel, 5, 20, 6, rng))
+
+
+def test_block_col_has_no_effect_without_a_state_column(rng):
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, j] - m[i]), j), name="s")
+    y = nf.compute((N, M), lambda i, c: nf.exp(x[i, c] - m[i]) / s[i], name="y")
+    kernel = nf.compile(y, block_m=2, block_n=32, block_col=16, num_warps=1)
+    assert not kernel.program.col.programs
+    t = torch.randn(5, 70)
+    torch.testing.assert_close(kernel(t), torch.softmax(t.double(), -1).float(),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [3, -16, True, "64"])
+def test_block_col_must_be_a_power_of_two(bad):
+    with pytest.raises(ScheduleError, match="block_col"):
+        nf.Schedule(block_col=bad).check()
+
+
+def test_block_col_needs_rolling():
+    with pytest.raises(ScheduleError, match="block_col=64.*rolling"):
+        nf.Schedule(block_col=64, strategy="split", splits=2).check()
+
+
+def test_block_col_round_trips_through_json():
+    s = nf.Schedule(block_col=128)
+    assert nf.Schedule.from_json(s.to_json()) == s
+    assert nf.Schedule.from_dict({"block_m": 64}).block_col == 0   # old records
+
+
+def test_plain_matmul_tiles_its_output_columns(rng):
+    N, D, K = nf.sizes("N D K")
+    x = nf.placeholder((N, D), name="x")
+    w = nf.placeholder((D, K), name="W")
+    c = nf.reduce_axis(D, "c")
+    out = nf.compute((N, K), lambda i, o: nf.sum(x[i, c] * w[c, o], c), name="out")
+    kernel = nf.compile(out, block_m=16, block_n=16, block_col=16, fp32_precision="ieee")
+    prog = kernel.program
+    assert (prog.row.name, prog.col.name) == ("i", "o") and not prog.grid
+    a, b = torch.randn(21, 19), torch.randn(19, 35)
+    torch.testing.assert_close(kernel(a, b), (a.double() @ b.double()).float(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_row_statistic_beside_a_matmul_is_deferred(rng):
+    out = _wide("rms", 24)
+    kernel = nf.compile(out, block_m=16, block_n=16, block_col=16, fp32_precision="ieee")
+    prog = kernel.program
+    assert any(r.startswith("deferred tile reductions: ms") for r in prog.rules)
+    deferred = [s for s in prog.state if s.roles == ("row", "loop")]
+    assert [s.name for s in deferred] == ["ms_sum"]
+    assert "tl.sum(ms_sum, 1)" in kernel.source
+    _check(out, kernel, _inputs(kernel, 19, 45, 24, rng))
+
+
+def test_attention_keeps_its_states(rng):
+    from neptune_fusion.frontend.examples import plain_attention
+    [o], _ = plain_attention()
+    kernel = nf.compile(o, block_m=16, block_n=16)
+    assert not any("deferred" in r for r in kernel.program.rules)
+
+
+def test_layernorm_matmul_takes_a_second_pass_unless_required(rng):
+    out = _wide("layer", 20)
+    p = nf.plan(out)
+    assert not p.single_pass and "costlier than a second pass" in p.unfused[0].reason
+    assert nf.plan(out, require_single_pass=True).single_pass
+    staged = nf.compile(out, cache=False)
+    fused = nf.compile(out, cache=False, require_single_pass=True)
+    assert type(staged).__name__ == "StagedKernel"
+    assert type(fused).__name__ == "AutoKernel"
+    tensors = _inputs(fused, 9, 37, 20, rng)
+    _check(out, staged, tensors)
+    _check(out, fused, tensors)
+
+
+def _gemm_problem(itemsize: int) -> Problem:
+    n = 4096
+    return Problem(rows=n, loop=n, programs=1, inner=1, col=n, itemsize=itemsize,
+                   streamed=3 * n * n * itemsize, splittable=False, fp32=itemsize == 4,
+                   contraction=True)
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_gemm_space_at_4096_cubed(itemsize):
+    problem = _gemm_problem(itemsize)
+    space = candidates(problem, H200)
+    assert any(s.block_col for s in space)
+    ranked = rank(problem, space, H200)
+    assert ranked, "no schedule of the search space fits"
+    top = ranked[:4]
+    assert all(e.schedule.block_col for e in top)
+    shapes = {(e.schedule.block_m, e.schedule.block_n, e.schedule.block_col) for e in top}
+    assert len(shapes) == len(top)           # the measured few are distinct tile shapes
+    for e in ranked:
+        assert resources(problem, e.schedule, H200).smem <= H200.smem_per_block
+
+
+def test_gemm_cost_prefers_large_tiles():
+    from neptune_fusion.schedule.cost import estimate
+    problem = _gemm_problem(2)
+    small = estimate(problem, nf.Schedule(block_m=64, block_n=32, block_col=64,
+                                          num_warps=4, num_stages=3), H200)
+    large = estimate(problem, nf.Schedule(block_m=128, block_n=64, block_col=256,
+                                          num_warps=8, num_stages=3), H200)
+    assert large.seconds < small.seconds
+    too_big = estimate(problem, nf.Schedule(block_m=128, block_n=128, block_col=256,
+                                            num_warps=8, num_stages=4), H200)
+    assert not too_big.feasible and "shared memory" in too_big.why
