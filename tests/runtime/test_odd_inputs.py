@@ -90,6 +90,37 @@ def test_empty_sizes_give_empty_or_zero_outputs(b, n, m, schedule):
     close(out, sdpa64(q, k, v))   # T = 0: zeros, as SDPA
 
 
+UNIFORM = {   # scores that do not depend on the query: (kwargs, float64 score of (i, j))
+    "scale 0": (dict(scale=0.0), lambda i, j: 0.0 * (i + j)),
+    "constant": (dict(score_mod=lambda s, b, h, i, j: 1.5), lambda i, j: 1.5 + 0.0 * (i + j)),
+    "key only": (dict(score_mod=lambda s, b, h, i, j: nf.cast(j, "float32") * 0.3),
+                 lambda i, j: 0.3 * j + 0.0 * i),
+    "query only": (dict(scale=0.0, score_mod=lambda s, b, h, i, j: nf.cast(i, "float32")),
+                   lambda i, j: 1.0 * i + 0.0 * j),
+    "scale 0, causal": (dict(scale=0.0, mask_mod=lambda b, h, i, j: j <= i),
+                        lambda i, j: torch.where(j <= i, 0.0, -torch.inf)),
+}
+
+
+@pytest.mark.parametrize("schedule", [SMALL, None], ids=["rolling", "auto"])
+@pytest.mark.parametrize("name", sorted(UNIFORM))
+def test_scores_that_ignore_the_query(name, schedule):
+    """Uniform attention (in the query): compiles, and matches SDPA given the scores."""
+    kw, score = UNIFORM[name]
+    q, k, v = randn(2, 2, 7, 16), randn(2, 2, 11, 16, seed=1), randn(2, 2, 11, 16, seed=2)
+    out = attention(q, k, v, cache=AttentionCache(store=False), schedule=schedule, **kw)
+    s = score(torch.arange(7.0)[:, None], torch.arange(11.0)[None, :]).double()
+    close(out, torch.softmax(s, -1) @ v.double())
+
+
+def test_uniform_decode_gqa():
+    q, k, v = randn(1, 4, 1, 16), randn(1, 2, 70, 16, seed=1), randn(1, 2, 70, 16, seed=2)
+    for schedule in (SPLIT, None):
+        out = attention(q, k, v, scale=0.0, enable_gqa=True, schedule=schedule,
+                        cache=AttentionCache(store=False))
+        close(out, v.double().mean(2, keepdim=True).repeat_interleave(2, 1))
+
+
 def _softmax():
     N, L = nf.sizes("N L")
     x = nf.placeholder((N, L), name="x")

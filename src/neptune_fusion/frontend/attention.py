@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FeedError
+from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
 from ..runtime.inputs import check_no_grad, remember
 from . import lang as nf
@@ -93,7 +94,8 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
         return h // group if group > 1 and not spec.packed else h
 
     def score(b, h, i, jj):
-        s = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c) * spec.scale
+        dot = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c)
+        s, bb, hh = dot * spec.scale, b, h
         if spec.packed:  # row i is query head h * group + i, the one query at ``offset``
             h, pos = h * group + i, offset
         else:
@@ -102,6 +104,12 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
             s = apply(score_mod, s, b, h, pos, jj, bufs)
         if mask_mod is not None:
             s = nf.where(apply(mask_mod, None, b, h, pos, jj, bufs), s, -INF)
+        if not {bb, hh, i, jj} <= fold(s).free_vars:
+            # a score that does not depend on the query or key (scale 0, a constant or
+            # key-only score_mod: uniform attention) gets ``+ 0 * q.k``: the plan then
+            # sees every member depend on the rows, batch and heads, as the kernel needs,
+            # and the code generator folds the term away (0 * x = 0, x finite)
+            s = s + dot * 0.0
         return s
 
     s = nf.compute((B, heads, rows, M), score, name="s")

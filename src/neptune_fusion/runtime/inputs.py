@@ -87,7 +87,7 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
             raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
                             "all inputs must be on one device")
         bind_sizes(p, tuple(t.shape), sizes, origin)
-        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1 and t.numel():
             raise FeedError(f"{what} must have unit stride in its last dimension, got "
                             f"strides {tuple(t.stride())}; call .contiguous()")
     if device is not None and device.type not in ("cuda", "cpu"):
