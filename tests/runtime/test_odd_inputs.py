@@ -172,6 +172,10 @@ def test_bad_attention_arguments():
         attention(q, k, v, buffers={"q": q}, cache=cache)
     with pytest.raises(FeedError, match="attention: q must be a torch tensor"):
         attention(None, k, v, buffers=5, cache=cache)   # q, k, v first
+    for schedule in ({"block_m": 16}, "fast"):
+        with pytest.raises(FeedError, match="attention: schedule must be 'auto', None or a "
+                                            "Schedule"):
+            attention(q, k, v, schedule=schedule, cache=cache)
 
 
 @dataclass

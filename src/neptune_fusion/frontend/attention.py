@@ -9,8 +9,10 @@ expressions (``i`` is the absolute query position, ``j`` the key position)::
 
 The definition built is the *plain* one (max, exp, sum, matmul, divide); the compiler
 derives the online softmax. Kernels are cached per *shape class* -- dtypes, head counts,
-head dims, the mods, the scale, the query-offset mode and the schedule -- never per
-sequence length or batch: those are symbolic sizes bound at call time. The cache is an
+head dims, what the mods compute (their traces, :mod:`.mods`: a mod whose captured values
+change gets a new kernel), the scale, the query-offset mode and the schedule -- never per
+sequence length or batch: those are symbolic sizes bound at call time. A query row with
+no key (every key masked, or M = 0) gives 0, as SDPA and FlexAttention do. The cache is an
 explicit :class:`AttentionCache`; :data:`DEFAULT_CACHE` is the one used when none is given.
 """
 
@@ -27,6 +29,7 @@ from ..errors import FeedError
 from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
 from ..runtime.inputs import check_no_grad, remember
+from ..schedule.schedule import Schedule
 from . import lang as nf
 from .mods import ModTrace, Probes, apply, guard, probes, trace
 
@@ -208,7 +211,10 @@ class AttentionCache:
         """The cached setup of a call ``key``, counted as a kernel hit; None if unseen."""
         if key is None:
             return None
-        setup = self._calls.get(key)
+        try:
+            setup = self._calls.get(key)
+        except TypeError:  # an unhashable schedule: the full path reports it
+            return None
         if setup is not None:
             with self._lock:
                 self.hits += 1  # the kernel lookup this setup stands for
@@ -270,7 +276,8 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
         return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
         return None
-    if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)):
+    if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)) \
+            or not isinstance(schedule, (str, Schedule, type(None))):
         return None
     if q_offset is None or isinstance(q_offset, str):
         mode = q_offset
@@ -418,4 +425,7 @@ def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs:
         mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m), buffers=buffers,
         packed=packed)
     sched = "auto" if schedule is None else schedule
+    if not (sched == "auto" or isinstance(sched, Schedule)):
+        raise FeedError(f"attention: schedule must be 'auto', None or a Schedule, got "
+                        f"{schedule!r}")
     return _CallSetup(cache.kernel(spec, sched), packed, group)
