@@ -77,7 +77,7 @@ def reference(q, k, v, scale, score, keep, offset, slopes):
     return torch.where(l_ > 0, (p @ v) / torch.where(l_ > 0, l_, 1.0), 0.0)
 
 
-@settings(max_examples=_examples(8, 300), **FUZZ)
+@settings(max_examples=_examples(60, 400), **FUZZ)
 @given(b=st.integers(0, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
        n=st.integers(0, 20), m=st.integers(0, 40), d=st.sampled_from((8, 16)),
        dv=st.sampled_from((8, 16)), dtype=st.sampled_from(sorted(DTYPES)),
@@ -110,7 +110,7 @@ def test_fuzz_attention(b, hkv, group, n, m, d, dv, dtype, score, mask, offset, 
         assert err <= tol * max(1.0, float(want.abs().max())), err
 
 
-@settings(max_examples=_examples(6, 200), **FUZZ)
+@settings(max_examples=_examples(10, 200), **FUZZ)
 @given(tree=trees(), producer=st.sampled_from(sorted(REDUCE)),
        consumer=st.sampled_from(sorted(REDUCE)), rows=st.integers(0, 5),
        seed=st.integers(0, 2 ** 31 - 1))

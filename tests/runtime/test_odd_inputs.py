@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import neptune_fusion as nf
 from neptune_fusion import cli
-from neptune_fusion.errors import FeedError, NeptuneError
+from neptune_fusion.errors import FeedError, NeptuneError, UnschedulableError
 from neptune_fusion.frontend.attention import AttentionCache, attention
 from neptune_fusion.frontend.examples import plain_attention
 from neptune_fusion.runtime.merge import Partial, merge_partials
@@ -137,6 +137,14 @@ def test_softmax_full_row_output_any_size(rows, cols):
     close(nf.compile(sm)(x), torch.softmax(x.double(), -1))
     close(nf.compile(l)(x), torch.exp(x.double() - x.double().amax(1, keepdim=True)).sum(1)
           if cols else torch.zeros(rows, dtype=torch.float64))
+
+
+def test_softmax_full_row_output_refuses_split_k_by_name():
+    """It used to be split by the auto-scheduler and fail generating the combine kernel
+    (a raw KeyError); an explicit split-k schedule is refused, naming why."""
+    _, sm = _softmax()
+    with pytest.raises(UnschedulableError, match="output sm reads x after the loop"):
+        nf.compile(sm, schedule=Schedule(block_m=1, block_n=64, strategy="split", splits=4))
 
 
 def test_two_independent_reductions_combined():
