@@ -155,3 +155,13 @@ def test_bad_mods_are_neptune_errors(qkv):
         attention(*qkv, mask_mod=lambda b, h, i, j: j - i, cache=cache)
     with pytest.raises(ExprError, match="score_mod must return a number"):
         attention(*qkv, score_mod=lambda s, b, h, i, j: j <= i, cache=cache)
+
+
+def test_packed_decode_with_the_query_at_a_constant_position():
+    """GQA decode packs a group's heads into rows; the query position is then the int
+    offset (0 here), which the traced mods must take (found by the fuzz campaign)."""
+    q, k, v = randn(1, 4, 1, 16), randn(1, 2, 9, 16, seed=1), randn(1, 2, 9, 16, seed=2)
+    out = attention(q, k, v, mask_mod=ops.Causal(), score_mod=lambda s, b, h, i, j: s + i,
+                    enable_gqa=True, cache=AttentionCache(store=False))
+    close(out, reference(q, k.repeat_interleave(2, 1)[:, :, :1], v.repeat_interleave(2, 1)
+                         [:, :, :1]))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from ..errors import ExprError, NeptuneError
 from ..ir import build
-from ..ir.dtypes import as_dtype
+from ..ir.dtypes import as_dtype, int64
 from ..ir.nodes import Expr, IndexVar, Load, Param, Placeholder, Reduce, Size, fresh_uid
 from ..ir.traverse import rewrite, substitute, walk
 
@@ -210,7 +210,9 @@ def _canonical_axes(expr: Expr) -> Expr:
 def apply(t: ModTrace, score: Expr | None, b: Expr, h: Expr, i: Expr, j: Expr,
           bufs: Mapping[str, Placeholder]) -> Expr:
     """The traced mod with the real ``score``, indices and buffer placeholders put in."""
+    # an index may be a plain int (packed decode puts the one query at ``offset``)
     leaves = {_B: b, _H: h, _I: i, _J: j}
+    leaves = {u: build.as_expr(x, int64) for u, x in leaves.items()}
 
     def put(e: Expr) -> Expr | None:
         if isinstance(e, Param) and e.name == "score":
