@@ -118,6 +118,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2 ** 63:   # what NumPy's generators take
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 2**63 - 1, got {value}")
+    return value
+
+
 SHOW_EXAMPLE = """\
     import neptune_fusion as nf
 
@@ -227,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--n", type=_positive, default=16, help="queries (default 16)")
     demo.add_argument("--m", type=_positive, default=64, help="keys and values (default 64)")
     demo.add_argument("--d", type=_positive, default=32, help="head dimension (default 32)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    demo.add_argument("--seed", type=_seed, default=0,
+                      help="random seed, >= 0 (default 0)")
     demo.add_argument("--source", action="store_true",
                       help="also print the generated Triton source")
     demo.set_defaults(handler=run_demo)

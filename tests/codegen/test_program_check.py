@@ -52,8 +52,8 @@ def test_a_loop_that_updates_other_state():
     p = program()
     seg = p.segments[0]
     broken = replace(seg, body=seg.body[:-1])
-    with pytest.raises(VerificationError, match="segments: segment .* updates m, o_sum, not "
-                       "the accumulators' state \\(m, o_sum, l\\)"):
+    with pytest.raises(VerificationError, match="segments: segment .* updates m, l, not "
+                       "the accumulators' state \\(m, l, o_sum\\)"):
         replace(p, segments=(broken,) + p.segments[1:]).check()
 
 

@@ -28,8 +28,8 @@ def pf_window(
     j_full_lo = tl.maximum(j_lo, t)
     j_full_hi = tl.maximum(tl.minimum(M, i_first + 1) // BLOCK_N * BLOCK_N, j_full_lo)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     l = tl.full([BLOCK_M], 0.0, tl.float32)
+    o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     q_base = q_ptr + tl.cast(b, tl.int64) * q_s0 + tl.cast(h, tl.int64) * q_s1
     q = tl.load(q_base + ((offs_i * q_s2)[:, None] + offs_c[None, :]), mask=(offs_i < N)[:, None], other=0.0)
     t_2 = h // 4
@@ -54,11 +54,11 @@ def pf_window(
         m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
         alpha = tl.exp2(m - m_run)
         p = tl.exp2(s - m_run[:, None])
-        v = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]), mask=(offs_j < M)[:, None], other=0.0)
-        o_sum_new = tl.dot(p.to(tl.float16), v, acc=o_sum * alpha[:, None])
         l_tile = tl.sum(p, 1)
         l_new = l * alpha + l_tile
-        m, o_sum, l = m_new, o_sum_new, l_new
+        v = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]), mask=(offs_j < M)[:, None], other=0.0)
+        o_sum_new = tl.dot(p.to(tl.float16), v, acc=o_sum * alpha[:, None])
+        m, l, o_sum = m_new, l_new, o_sum_new
     # interior tiles (no masks): full_lo <= j < full_hi
     for j0_2 in range(j_full_lo, j_full_hi, BLOCK_N):
         offs_j = j0_2 + tl.arange(0, BLOCK_N)
@@ -75,11 +75,11 @@ def pf_window(
         m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
         alpha_2 = tl.exp2(m - m_run_2)
         p_2 = tl.exp2(s_2 - m_run_2[:, None])
-        v_2 = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]))
-        o_sum_new_2 = tl.dot(p_2.to(tl.float16), v_2, acc=o_sum * alpha_2[:, None])
         l_tile_2 = tl.sum(p_2, 1)
         l_new_2 = l * alpha_2 + l_tile_2
-        m, o_sum, l = m_new_2, o_sum_new_2, l_new_2
+        v_2 = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]))
+        o_sum_new_2 = tl.dot(p_2.to(tl.float16), v_2, acc=o_sum * alpha_2[:, None])
+        m, l, o_sum = m_new_2, l_new_2, o_sum_new_2
     # boundary tiles (masked): full_hi <= j < hi
     for j0_3 in range(j_full_hi, j_hi, BLOCK_N):
         offs_j = j0_3 + tl.arange(0, BLOCK_N)
@@ -97,11 +97,11 @@ def pf_window(
         m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
         alpha_3 = tl.exp2(m - m_run_3)
         p_3 = tl.exp2(s_3 - m_run_3[:, None])
-        v_3 = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]), mask=(offs_j < M)[:, None], other=0.0)
-        o_sum_new_3 = tl.dot(p_3.to(tl.float16), v_3, acc=o_sum * alpha_3[:, None])
         l_tile_3 = tl.sum(p_3, 1)
         l_new_3 = l * alpha_3 + l_tile_3
-        m, o_sum, l = m_new_3, o_sum_new_3, l_new_3
+        v_3 = tl.load(v_base + (offs_e[None, :] + (offs_j * v_s2)[:, None]), mask=(offs_j < M)[:, None], other=0.0)
+        o_sum_new_3 = tl.dot(p_3.to(tl.float16), v_3, acc=o_sum * alpha_3[:, None])
+        m, l, o_sum = m_new_3, l_new_3, o_sum_new_3
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
-    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), (o_sum * (1.0 / l)[:, None]).to(tl.float16), mask=(offs_i < N)[:, None])
+    tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), tl.where((l > 0.0)[:, None], o_sum * (1.0 / l)[:, None], 0.0).to(tl.float16), mask=(offs_i < N)[:, None])

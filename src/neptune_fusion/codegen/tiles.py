@@ -14,7 +14,7 @@ from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
-from ..ir.traverse import factors
+from ..ir.traverse import factors, product
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -168,6 +168,9 @@ class TileOps:
             return self.dot(c, None)
         if len(e.axes) != 1:
             raise CodegenError(f"{e}: a reduction over several axes is not lowered")
+        hoisted = self.factor_out(e)
+        if hoisted is not None:
+            return self.value(hoisted, axes)
         role = self.role_of(e.axes[0])
         body = self.f32(self.value(e.body))
         if role not in body.axes:
@@ -180,6 +183,27 @@ class TileOps:
             return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
         out = tuple(a for a in body.axes if a != role)
         return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
+
+    def factor_out(self, e: Reduce) -> Expr | None:
+        """``sum_k(a * b) = a * sum_k(b)`` for the factors ``a`` constant along ``k``, when
+        the body spans three tile axes and so cannot be lowered as it is (a probability
+        constant along the keys -- a score that does not depend on them -- times ``v``:
+        ``sum_j(p[i] * v[j, e]) = p[i] * sum_j(v[j, e])``); None otherwise. A boundary
+        guard stays on the rest: ``where(c, a * b, 0) = a * where(c, b, 0)`` (a finite)."""
+        role = self.role_of(e.axes[0])
+        if e.op != "sum" or len(self.tile_roles(e.body)) <= 2:
+            return None
+        body, cond = e.body, None
+        if isinstance(body, Where) and is_const(body.b, 0.0):
+            body, cond = body.a, body.cond
+        fs = factors(body)
+        out = [f for f in fs if role not in self.tile_roles(f)]
+        if not out or len(out) == len(fs):
+            return None
+        rest = product([f for f in fs if role in self.tile_roles(f)])
+        if cond is not None:
+            rest = Where(cond, rest, fconst(0.0))
+        return Binary("mul", product(out), Reduce("sum", rest, e.axes))
 
     def dot_operand(self, e: Expr, order: tuple[str, ...]) -> Val:
         # where(guard, a * b, 0) with a factor the guard already masks to zero (a boundary

@@ -58,10 +58,10 @@ def visited_fraction(prog: TileProgram, sizes: dict[Size, int], bm: int, bn: int
     loop = extent_value(prog.loop.extent, sizes)
     blocks = -(-rows // bm)
     tiles = -(-loop // bn)
-    if blocks == 0 or tiles == 0:
+    extents = [extent_value(a.extent, sizes) for a in prog.grid]
+    if blocks == 0 or tiles == 0 or 0 in extents:   # an empty launch (B = 0, N = 0, ...)
         return 1.0
     n = min(samples, blocks)
     picks = sorted({round(k * (blocks - 1) / max(n - 1, 1)) for k in range(n)})
-    extents = [extent_value(a.extent, sizes) for a in prog.grid]
     seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
     return min(1.0, seen / (len(picks) * tiles))

@@ -9,24 +9,38 @@ expressions (``i`` is the absolute query position, ``j`` the key position)::
 
 The definition built is the *plain* one (max, exp, sum, matmul, divide); the compiler
 derives the online softmax. Kernels are cached per *shape class* -- dtypes, head counts,
-head dims, the mods, the scale, the query-offset mode and the schedule -- never per
-sequence length or batch: those are symbolic sizes bound at call time. The cache is an
+head dims, what the mods compute (their traces, :mod:`.mods`: a mod whose captured values
+change gets a new kernel), the scale, the query-offset mode and the schedule -- never per
+sequence length or batch: those are symbolic sizes bound at call time. A query row with
+no key (every key masked, or M = 0) gives 0, as SDPA and FlexAttention do. The cache is an
 explicit :class:`AttentionCache`; :data:`DEFAULT_CACHE` is the one used when none is given.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import numbers
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import FeedError
+from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
+from ..runtime.inputs import check_no_grad, remember
+from ..schedule.schedule import Schedule
 from . import lang as nf
+from .mods import ModTrace, Probes, apply, guard, probes, trace
 
 INF = float("inf")
 _DTYPES = ("float16", "bfloat16", "float32")
+
+
+@functools.cache
+def _torch_dtypes() -> dict:
+    import torch
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 @dataclass(frozen=True)
@@ -39,8 +53,10 @@ class AttentionSpec:
     head_dim: int
     v_head_dim: int
     scale: float
-    score_mod: Callable | None = None
-    mask_mod: Callable | None = None
+    # a function (traced when the definition is built) or its trace (the cache's keys:
+    # what the mod computes, never the function object -- see :mod:`.mods`)
+    score_mod: Callable | ModTrace | None = None
+    mask_mod: Callable | ModTrace | None = None
     q_offset: int | str = 0          # an int, or "end": queries are the last M - N rows
     buffers: tuple[tuple[str, tuple[int, ...], str], ...] = ()  # (name, shape, dtype)
     # decode (one query) with the query heads of a key/value group packed into the row
@@ -69,6 +85,8 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     k = nf.placeholder((B, hkv, M, d), spec.dtype, name="k")
     v = nf.placeholder((B, hkv, M, dv), spec.dtype, name="v")
     bufs = {n: nf.placeholder(shape, dt, name=n) for n, shape, dt in spec.buffers}
+    p = probes(spec.dtype, hq, spec.buffers)
+    score_mod, mask_mod = trace(spec.score_mod, "score", p), trace(spec.mask_mod, "mask", p)
     offset = M - N if spec.q_offset == "end" else spec.q_offset
     if spec.packed and spec.q_offset == "end":
         offset = M - 1
@@ -79,15 +97,22 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
         return h // group if group > 1 and not spec.packed else h
 
     def score(b, h, i, jj):
-        s = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c) * spec.scale
+        dot = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c)
+        s, bb, hh = dot * spec.scale, b, h
         if spec.packed:  # row i is query head h * group + i, the one query at ``offset``
             h, pos = h * group + i, offset
         else:
             pos = i + offset if not (isinstance(offset, int) and offset == 0) else i
-        if spec.score_mod is not None:
-            s = spec.score_mod(s, b, h, pos, jj, **bufs)
-        if spec.mask_mod is not None:
-            s = nf.where(spec.mask_mod(b, h, pos, jj, **bufs), s, -INF)
+        if score_mod is not None:
+            s = apply(score_mod, s, b, h, pos, jj, bufs)
+        if mask_mod is not None:
+            s = nf.where(apply(mask_mod, None, b, h, pos, jj, bufs), s, -INF)
+        if not {bb, hh, i, jj} <= fold(s).free_vars:
+            # a score that does not depend on the query or key (scale 0, a constant or
+            # key-only score_mod: uniform attention) gets ``+ 0 * q.k``: the plan then
+            # sees every member depend on the rows, batch and heads, as the kernel needs,
+            # and the code generator folds the term away (0 * x = 0, x finite)
+            s = s + dot * 0.0
         return s
 
     s = nf.compute((B, heads, rows, M), score, name="s")
@@ -96,10 +121,12 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
                    lambda b, h, i, jj: nf.exp(s[b, h, i, jj] - mx[b, h, i]), name="p")
     l = nf.compute((B, heads, rows), lambda b, h, i: nf.sum(p[b, h, i, j], j),  # noqa: E741
                    name="l")
-    # the output has the inputs' dtype, whatever a score_mod computes in
-    o = nf.compute((B, heads, rows, dv), lambda b, h, i, e:
-                   nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], name="o",
-                   dtype=spec.dtype)
+    # the output has the inputs' dtype, whatever a score_mod computes in; a row with no
+    # key (all masked, or M = 0) has l = 0 (NaN in the reference, exp(-inf - -inf)) and
+    # gives 0, as SDPA and FlexAttention do
+    o = nf.compute((B, heads, rows, dv), lambda b, h, i, e: nf.where(
+        l[b, h, i] > 0, nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], 0.0),
+        name="o", dtype=spec.dtype)
     return [o], [q, k, v] + list(bufs.values())
 
 
@@ -121,6 +148,10 @@ class AttentionCache:
         # per-call derived objects (spec, schedule, kernel, packing) keyed by everything
         # they depend on -- see :func:`_call_key`; bounded, oldest dropped first
         self._calls: dict[tuple, _CallSetup] = {}
+        # the mods' probes per (dtype, heads, buffers): equal mods then trace to the
+        # identical (interned) expression, the kernels' key (see :mod:`.mods`)
+        self._probes: dict[tuple, Probes] = {}
+        self._guarded: dict[tuple, ModTrace] = {}   # traces by the mods' guards
         self._lock = threading.Lock()
         self.hits = 0      # kernel lookups answered from the cache (a call setup is one)
         self.misses = 0    # kernels compiled
@@ -152,8 +183,33 @@ class AttentionCache:
         with self._lock:
             self._kernels.clear()
             self._calls.clear()
+            self._guarded.clear()
+            self._probes.clear()
             self.hits = self.misses = 0
             self._call_hits = self._call_misses = 0
+
+    def _traces(self, dtype: str, q_heads: int, buffers: tuple, score_mod, mask_mod):
+        """The traces of the mods (what they compute now), with this cache's probes."""
+        key = (dtype, q_heads, buffers)
+        p = self._probes.get(key)
+        if p is None:
+            with self._lock:
+                p = self._probes.get(key) or probes(dtype, q_heads, buffers)
+                remember(self._probes, key, p, _MAX_CALLS)
+        return self._trace(score_mod, "score", p, key), self._trace(mask_mod, "mask", p, key)
+
+    def _trace(self, mod, kind: str, p: Probes, probes_key: tuple) -> ModTrace | None:
+        """``mod``'s trace, remembered under its guard when it has one (see :mod:`.mods`)."""
+        g = guard(mod) if mod is not None else None
+        if g is None:
+            return trace(mod, kind, p)
+        key = (kind, probes_key, g)
+        got = self._guarded.get(key)
+        if got is None:
+            got = trace(mod, kind, p)
+            with self._lock:
+                remember(self._guarded, key, got, _MAX_CALLS)
+        return got
 
     def _call_setup(self, key: tuple | None) -> _CallSetup | None:
         """The cached setup of a call ``key``, counted as a kernel hit; None if unseen."""
@@ -162,7 +218,7 @@ class AttentionCache:
         with self._lock:
             try:
                 setup = self._calls.get(key)
-            except TypeError:  # an unhashable mod: the full path reports it as before
+            except TypeError:  # an unhashable schedule: the full path reports it
                 return None
             if setup is not None:
                 self.hits += 1  # the kernel lookup this setup stands for
@@ -172,7 +228,6 @@ class AttentionCache:
     def _remember(self, key: tuple | None, setup: _CallSetup) -> None:
         if key is None:
             return
-        from ..runtime.inputs import remember
         with self._lock:
             # bounded: e.g. a decode loop's growing key length
             remember(self._calls, key, setup, _MAX_CALLS)
@@ -219,9 +274,12 @@ class _CallSetup:
 _MAX_CALLS = 1024   # call setups kept per AttentionCache
 
 
-def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
-              schedule) -> tuple | None:
+def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
+              cache: AttentionCache, score_mod, mask_mod) -> tuple | None:
     """Everything :func:`attention`'s checks and derived objects depend on, or None.
+
+    The mods enter as their traces (what they compute now, see :mod:`.mods`), never as
+    objects: a mod whose captured values changed gets a new key.
 
     Plain tensors only (a subclass's attributes may not be plain data). The key length M
     is not part of it, only the query-offset mode it gives (``"end"`` for ``M - N``), so a
@@ -235,6 +293,9 @@ def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: d
         return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
         return None
+    if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)) \
+            or not isinstance(schedule, (str, Schedule, type(None))):
+        return None
     if q_offset is None or isinstance(q_offset, str):
         mode = q_offset
     elif type(q_offset) is int:
@@ -242,9 +303,17 @@ def _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: d
     else:
         return None
     ks, vs = k.shape, v.shape
+    buffers = _buffers(bufs)
+    mods = cache._traces(_torch_dtypes()[q.dtype], q.shape[1], buffers, score_mod, mask_mod)
     return (q.shape, ks[0], ks[1], ks[3], vs[0], vs[1], vs[3], q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, score_mod, mask_mod, scale, bool(enable_gqa), mode,
-            schedule, tuple((n, t.shape, t.dtype, t.device) for n, t in bufs.items()))
+            q.device, k.device, v.device, mods, scale, bool(enable_gqa), mode,
+            schedule, buffers, tuple(t.device for t in bufs.values()))
+
+
+def _buffers(bufs: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """The buffers' signature: (name, shape, dtype) each (see :attr:`AttentionSpec.buffers`)."""
+    return tuple((n, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                 for n, t in bufs.items())
 
 
 DEFAULT_CACHE = AttentionCache()
@@ -283,6 +352,33 @@ def _check(q, k, v, enable_gqa: bool) -> None:
         raise FeedError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
 
 
+def _scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) \
+            or not math.isfinite(scale):
+        raise FeedError(f"attention: scale must be a finite number (or None for "
+                        f"1/sqrt(head dim)), got {scale!r}")
+    return float(scale)
+
+
+def _check_buffers(buffers) -> dict:
+    import torch
+    if buffers is None:
+        return {}
+    if not isinstance(buffers, Mapping):
+        raise FeedError(f"attention: buffers must map names to tensors (a dict), got "
+                        f"{type(buffers).__name__}")
+    for name, t in buffers.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in ("q", "k", "v"):
+            raise FeedError(f"attention: buffer name {name!r} must be an identifier other "
+                            "than q, k, v (the mods get the buffers as keyword arguments)")
+        if not isinstance(t, torch.Tensor):
+            raise FeedError(f"attention: buffer {name!r} must be a torch tensor, got "
+                            f"{type(t).__name__}")
+    return dict(buffers)
+
+
 def _offset_mode(q_offset, n: int, m: int) -> int | str:
     if q_offset is None:
         return 0
@@ -309,14 +405,13 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     or an explicit :class:`~neptune_fusion.schedule.schedule.Schedule`. Returns a tensor
     of ``q``'s dtype, computed by generated kernels (interpreted for CPU tensors).
     """
-    try:
-        bufs = dict(buffers or {})
-    except Exception:  # noqa: BLE001 - report bad q, k, v first, as the checks order it
+    if not isinstance(buffers, Mapping):  # report bad q, k, v first, as the checks do
         _check(q, k, v, enable_gqa)
-        raise
+    bufs = _check_buffers(buffers)
+    check_no_grad((q, k, v, *bufs.values()), ("q", "k", "v", *bufs))
     cache = cache if cache is not None else DEFAULT_CACHE
-    key = _call_key(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
-                    schedule)
+    key = _call_key(q, k, v, scale, enable_gqa, q_offset, bufs, schedule, cache, score_mod,
+                    mask_mod)
     setup = cache._call_setup(key)
     if setup is None:  # first call of this key: full checks, then remember what they gave
         setup = _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
@@ -339,12 +434,15 @@ def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs:
     # the query head as ``h * group + row`` (a per-head buffer such as ALiBi's slopes is
     # read at that index: a scalar plus the row variable, which loads lower)
     packed = n == 1 and group > 1
+    dtype, buffers = str(q.dtype).removeprefix("torch."), _buffers(bufs)
+    score_mod, mask_mod = cache._traces(dtype, q.shape[1], buffers, score_mod, mask_mod)
     spec = AttentionSpec(
-        dtype=str(q.dtype).removeprefix("torch."), q_heads=q.shape[1], kv_heads=k.shape[1],
-        head_dim=d, v_head_dim=v.shape[3],
-        scale=float(1.0 / math.sqrt(d) if scale is None else scale),
-        score_mod=score_mod, mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m),
-        buffers=tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
-                      for name, t in bufs.items()), packed=packed)
+        dtype=dtype, q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=d,
+        v_head_dim=v.shape[3], scale=_scale(scale, d), score_mod=score_mod,
+        mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m), buffers=buffers,
+        packed=packed)
     sched = "auto" if schedule is None else schedule
+    if not (sched == "auto" or isinstance(sched, Schedule)):
+        raise FeedError(f"attention: schedule must be 'auto', None or a Schedule, got "
+                        f"{schedule!r}")
     return _CallSetup(cache.kernel(spec, sched), packed, group)

@@ -28,11 +28,27 @@ class CacheInfo(NamedTuple):
     currsize: int            # entries now
 
 
+def check_no_grad(tensors, names=None) -> None:
+    """Refuse inputs that require grad while grad mode is on: the kernels have no backward
+    yet, and an output without ``grad_fn`` would silently cut the autograd graph."""
+    import torch
+    if not torch.is_grad_enabled():
+        return
+    for k, t in enumerate(tensors):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            what = f"argument {k}" + (f" ({names[k]!r})" if names else "")
+            raise FeedError(
+                f"{what} requires grad, but neptune-fusion kernels have no backward yet (the "
+                "output would have no grad_fn); run forward-only under torch.no_grad() or "
+                "torch.inference_mode(), or pass tensor.detach()")
+
+
 def signature(tensors) -> tuple | None:
     """What a launch derives from its inputs besides their data: shapes, strides, dtypes
     and devices; None for anything but plain tensors (a subclass's attributes may not be
-    plain data)."""
+    plain data). Inputs that require grad are refused (:func:`check_no_grad`)."""
     import torch
+    check_no_grad(tensors)
     if all(type(t) is torch.Tensor for t in tensors):
         return tuple((t.shape, t.stride(), t.dtype, t.device) for t in tensors)
     return None
@@ -54,6 +70,7 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
         names = ", ".join(p.name for p in inputs)
         raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s) "
                         f"({names}), got {len(tensors)}")
+    check_no_grad(tensors, [p.name for p in inputs])
     sizes: dict[Size, int] = {}
     origin: dict[Size, str] = {}
     device = None
@@ -70,7 +87,7 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
             raise FeedError(f"{what} is on {t.device} but {first!r} is on {device}; "
                             "all inputs must be on one device")
         bind_sizes(p, tuple(t.shape), sizes, origin)
-        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        if t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1 and t.numel():
             raise FeedError(f"{what} must have unit stride in its last dimension, got "
                             f"strides {tuple(t.stride())}; call .contiguous()")
     if device is not None and device.type not in ("cuda", "cpu"):

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..algebra.synth import moved, running, state
-from ..errors import NeptuneError
+from ..errors import FeedError, NeptuneError
 from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
 from ..ir.reducers import combined_with, reducer, running_array, safe_array
 
@@ -54,18 +54,46 @@ class Partial:
 
 
 def _group(plan):
+    from ..fusion.plan import FusionPlan
+    if not isinstance(plan, FusionPlan):
+        name = getattr(plan, "name", None)
+        what = type(plan).__name__ + (f" {name!r}" if isinstance(name, str) else "")
+        raise FeedError(f"merge_partials: plan must be a fusion plan, got {what}; pass "
+                        "nf.plan(outputs)")
     if len(plan.groups) != 1:
         raise NeptuneError(f"merge_partials: the plan has {len(plan.groups)} fused groups; "
                            "one is supported")
     return plan.groups[0]
 
 
-def _as_partial(p, members) -> Partial:
-    if isinstance(p, Partial):
-        return p
+def _as_partial(p, k: int) -> Partial:
     if isinstance(p, Mapping):
-        return Partial({k: v if isinstance(v, tuple) else (v,) for k, v in p.items()}, 1)
-    raise NeptuneError(f"merge_partials: a partial must be a Partial or a dict, got {p!r}")
+        p = Partial({n: v if isinstance(v, tuple) else (v,) for n, v in p.items()}, 1)
+    if not isinstance(p, Partial):
+        raise FeedError(f"merge_partials: partial {k} must be a Partial or a dict, got "
+                        f"{type(p).__name__}")
+    if not isinstance(p.count, int) or isinstance(p.count, bool) or p.count < 0:
+        raise FeedError(f"merge_partials: partial {k} covers {p.count!r} elements; a count "
+                        "is an int >= 0 (0: an empty partial, ignored)")
+    return p
+
+
+def _check_shapes(parts: list[Partial], members) -> None:
+    """Every partial gives each member the same components, of the same shapes."""
+    import torch
+    for m in members:
+        first = None
+        for k, p in enumerate(parts):
+            if m.name not in p.states:
+                raise FeedError(f"merge_partials: partial {k} has no state for {m.name!r}; "
+                                f"members are {[x.name for x in members]}")
+            shapes = tuple(tuple(torch.as_tensor(c).shape) for c in p.states[m.name])
+            if first is None:
+                first = (k, shapes)
+            elif shapes != first[1]:
+                raise FeedError(f"merge_partials: the state of {m.name!r} has shapes "
+                                f"{list(shapes)} in partial {k} but {list(first[1])} in "
+                                f"partial {first[0]}; partials must agree")
 
 
 def evaluate(e: Expr, env: Mapping[Param, object]):
@@ -101,10 +129,15 @@ def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Pa
     running value is extrapolated to it, as in the kernels and the fused reference."""
     import torch
     g = _group(plan)
-    parts = [q for q in (_as_partial(p, g.members) for p in partials) if q.count > 0]
+    parts = [q for q in (_as_partial(p, k) for k, p in enumerate(partials)) if q.count > 0]
     if not parts:
-        raise NeptuneError("merge_partials: no non-empty partial to merge")
+        raise FeedError("merge_partials: no non-empty partial to merge")
+    _check_shapes(parts, g.members)
     total = sum(p.count for p in parts)
+    if extent is not None and (not isinstance(extent, int) or isinstance(extent, bool)
+                               or extent < total):
+        raise FeedError(f"merge_partials: extent is {extent!r}; it is the length of the "
+                        f"whole fused axis, an int >= the partials' total count {total}")
     n = total if extent is None else extent
     by_node = {id(m.node): m for m in g.members}
     first = tuple(plan.out_axes[0]) if plan.out_axes else ()
@@ -138,10 +171,6 @@ def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Pa
 
     merged: dict[str, tuple] = {}
     for m in g.members:
-        missing = [k for k, p in enumerate(parts) if m.name not in p.states]
-        if missing:
-            raise NeptuneError(f"merge_partials: partial {missing[0]} has no state for "
-                               f"{m.name!r}; members are {[x.name for x in g.members]}")
         if m.repair is None:
             acc = None
             for p in parts:

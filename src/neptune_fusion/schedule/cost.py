@@ -105,6 +105,8 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     splits = s.splits if s.strategy == "split" else 1
     row_blocks = -(-problem.rows // s.block_m)
     progs = row_blocks * problem.programs * splits
+    if progs == 0:   # empty sizes (B, N = 0): nothing runs, every schedule is as good
+        return Estimate(s, device.launch_s, r)
     slots = device.sms * r.per_sm
     waves = -(-progs // slots)
     busy = min(1.0, progs / slots)           # share of the device the programs occupy
@@ -273,6 +275,8 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     splits = s.splits if s.strategy == "split" else 1
     rows = max(problem.rows, 1)
     progs = -(-rows // bm) * problem.programs * splits
+    if progs == 0:   # empty sizes (B = 0): nothing runs, every schedule is as good
+        return Estimate(s, device.launch_s, r)
     slots = device.sms * r.per_sm
     waves = -(-progs // slots)
     wave_eff = progs / (waves * slots) if progs >= slots else 1.0
@@ -281,7 +285,7 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     iters = max(1, -(-chunk // bn))
     resident = min(r.per_sm, -(-progs // device.sms))
     flight = resident * bm * min(bn, chunk) * it * min(s.num_stages, iters)
-    stream = min(1.0, flight / _IN_FLIGHT)
+    stream = min(1.0, flight / _IN_FLIGHT) or 1.0   # an empty loop streams nothing
     nbytes = problem.tensor_bytes or \
         problem.programs * rows * (problem.loop + problem.col) * it
     mem = nbytes / (device.bandwidth * sms_busy * stream)
