@@ -30,6 +30,11 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
     lines.append("axes: " + ", ".join(axes))
     state = [f"{v.name}[{_shape(prog, v.roles)}] = {v.init:g}" for v in prog.state]
     lines.append("state: " + ", ".join(state))
+    if prog.phases > 1:
+        lines.append(f"phases: {prog.phases} loops over {prog.loop.name}, one after the "
+                     "other; " + "; ".join(
+                         f"{k}: {', '.join(v.name for v in prog.phase_state(k))}"
+                         for k in range(prog.phases)))
     named: dict = {}
     for name, e in prog.bounds:  # later bounds print earlier ones by name
         label = f"{prog.loop.name}_{name}"
@@ -39,6 +44,9 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
     finals = {v.param: Param(v.name, v.param.dtype) for v in prog.state}
     for seg in prog.segments:
         kind = "boundary tiles, masked" if seg.masked else "interior tiles, no masks"
+        if prog.phases > 1:
+            kind = f"phase {seg.phase}, {kind}"
+            updated = ", ".join(v.name for v in prog.phase_state(seg.phase))
         lines.append(f"for {prog.loop.name}0 in range({prog.loop.name}_{seg.lo}, "
                      f"{prog.loop.name}_{seg.hi}, BLOCK_N):  # {kind}")
         if not bodies:

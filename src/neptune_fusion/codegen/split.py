@@ -59,6 +59,11 @@ def _workspace(prog: TileProgram, splits: int):
 def _check(prog: TileProgram, splits: int) -> None:
     if not isinstance(splits, int) or splits < 1:
         raise CodegenError(f"split-k needs splits >= 1, got {splits!r}")
+    if prog.phases > 1:
+        raise UnschedulableError(
+            f"schedule strategy 'split': {prog.name} runs {prog.phases} phases (loops over "
+            "the fused axis one after the other, a later one reading the earlier ones' "
+            "final values); split-k cuts one loop, so a phased program stays rolling")
     for a in prog.accumulators:
         for p in a.producers:
             if prog.accumulators[p].op == "sum":

@@ -160,16 +160,32 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
 
 
 def partition_loop(prog: TileProgram) -> TileProgram:
-    """Stage ``partition``: the one loop of a lowered ``prog`` as the bounds and loops of
-    :func:`build_segments`; the kernel's sizes now include those its bounds use."""
-    if len(prog.segments) != 1 or prog.segments[0].masked:
+    """Stage ``partition``: the one loop of a lowered ``prog`` -- one per phase -- as the
+    bounds and loops of :func:`build_segments`; the kernel's sizes now include those its
+    bounds use. A later phase's bound equal to an earlier one is that one (same name);
+    one that differs is named with the phase (``hi_1``)."""
+    if len(prog.segments) != prog.phases or any(s.masked for s in prog.segments):
         raise CodegenError(f"{prog.name}: the loop is partitioned once, after lowering "
-                           "(one loop over every tile, no masks yet)")
-    whole = prog.segments[0]
-    bounds, segments, notes = build_segments(whole.body, whole.hints, prog.row.var,
-                                             prog.loop.var, prog.schedule)
-    exprs = [e for _, e in whole.body] + [o.body for o in prog.outputs]
+                           "(one loop over every tile per phase, no masks yet)")
+    bounds: list[tuple[str, Expr]] = []
+    segments: list[Segment] = []
+    notes: list[str] = []
+    for whole in prog.segments:
+        got, segs, said = build_segments(whole.body, whole.hints, prog.row.var,
+                                         prog.loop.var, prog.schedule)
+        rename = {}
+        for n, e in got:
+            same = next((m for m, f in bounds if f == e), None)
+            if same is None:
+                same = n if whole.phase == 0 else f"{n}_{whole.phase}"
+                bounds.append((same, e))
+            rename[n] = same
+        segments += [replace(s, lo=rename[s.lo], hi=rename[s.hi], phase=whole.phase)
+                     for s in segs]
+        notes += [f"phase {whole.phase}: {x}" if prog.phases > 1 else x for x in said]
+    exprs = [e for whole in prog.segments for _, e in whole.body] + \
+        [o.body for o in prog.outputs]
     sizes = kernel_sizes([a.tensor for a in prog.inputs], prog.outputs,
                          exprs + [e for _, e in bounds])
-    return replace(prog, bounds=bounds, segments=segments, sizes=sizes,
-                   rules=prog.rules + notes)
+    return replace(prog, bounds=tuple(bounds), segments=tuple(segments), sizes=sizes,
+                   rules=prog.rules + tuple(notes))
