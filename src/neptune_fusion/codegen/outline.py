@@ -42,7 +42,14 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
         named[e] = Param(label, e.dtype)
     updated = ", ".join(v.name for v in prog.state)
     finals = {v.param: Param(v.name, v.param.dtype) for v in prog.state}
-    for seg in prog.segments:
+    loop = prog.loop
+    if prog.one_tile == "static":
+        lines.append(f"one tile covers {loop.name} < {loop.extent} <= BLOCK_N: each phase's "
+                     "update once, no loop; the tile is loaded once")
+    elif prog.one_tile == "runtime":
+        lines.append(f"if {loop.extent} <= BLOCK_N: one tile, each phase's update once, no "
+                     "loop, the tile loaded once; else:")
+    for seg in prog.segments if prog.one_tile != "static" else ():
         kind = "boundary tiles, masked" if seg.masked else "interior tiles, no masks"
         if prog.phases > 1:
             kind = f"phase {seg.phase}, {kind}"

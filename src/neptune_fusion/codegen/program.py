@@ -176,6 +176,11 @@ class TileProgram:
     schedule: Schedule
     rules: tuple[str, ...] = ()             # speed/lowering rules applied, for reports
     split: Split | None = None              # split-k stage (None: the rolling kernel)
+    # one loop tile covers the whole loop axis (a persistent schedule): "static" -- always
+    # (a static extent <= BLOCK_N): no loops, the tile is loaded once and every phase and
+    # the epilogue read it; "runtime" -- a symbolic extent: that code when the extent fits
+    # BLOCK_N at run time, the loops otherwise; "" -- the loops
+    one_tile: str = ""
 
     @property
     def state(self) -> tuple[StateVar, ...]:
@@ -214,10 +219,11 @@ class TileProgram:
         consumer's phase); every expression
         reads only what the kernel defines there (its axes, the state, the loop's
         position, its input tensors and size arguments); every output has the row axis;
-        the split-k stage, if any, agrees with the workspace it writes or reads.
+        the split-k stage, if any, agrees with the workspace it writes or reads; a one-tile
+        program is a rolling one whose tile covers the loop axis.
         """
         for part in (_check_axes, _check_tensors, _check_state, _check_segments,
-                     _check_outputs, _check_split):
+                     _check_outputs, _check_split, _check_one_tile):
             part(self)
         return self
 
@@ -405,3 +411,17 @@ def _check_split(prog: TileProgram) -> None:
     if sp.col_blocks > 1 and (c is None or c.block_size * sp.col_blocks != c.extent):
         _fail(prog, "split-k", f"{sp.col_blocks} column programs do not cover the column "
               "axis")
+
+
+def _check_one_tile(prog: TileProgram) -> None:
+    mode, ext = prog.one_tile, prog.loop.extent
+    if mode not in ("", "static", "runtime"):
+        _fail(prog, "one tile", f"mode {mode!r} is not '', 'static' or 'runtime'")
+    if mode and prog.split is not None:
+        _fail(prog, "one tile", "a split-k program walks chunks of the loop axis")
+    if mode == "static" and not (isinstance(ext, int) and ext <= prog.schedule.block_n):
+        _fail(prog, "one tile", f"BLOCK_N = {prog.schedule.block_n} does not cover the loop "
+              f"axis {prog.loop.name} < {ext}")
+    if mode == "runtime" and isinstance(ext, int):
+        _fail(prog, "one tile", f"the loop axis {prog.loop.name} < {ext} is static: whether "
+              "one tile covers it is known now")

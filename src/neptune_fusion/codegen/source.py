@@ -15,11 +15,12 @@ interpreter is wrong (bfloat16 ``tl.dot``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
-from ..ir.nodes import Expr, Reduce
-from ..ir.traverse import walk
+from ..ir.fold import fconst, fold
+from ..ir.nodes import Const, Expr, Load, Reduce
+from ..ir.traverse import substitute, walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
 from .program import (
@@ -80,33 +81,27 @@ def generate(prog: TileProgram) -> str:
     pre = Block(names, 1)
     _program_ids(prog, pre, env)
     low = Lowerer(prog, env, pre, None, state_params)
-    bounds = _bounds(prog, pre, low, env)
+    bounds = {} if prog.one_tile == "static" else _bounds(prog, pre, low, env)
     for s in prog.state:
         shape = ", ".join(_block_of(prog, r) for r in s.roles)
         init, _ = literal(s.init)
         pre.emit(f"{s.name} = tl.full([{shape}], {init}, tl.float32)")
         env[s.param] = Val(s.name, s.roles, "f32")
-    loops = Block(names, 1, parent=pre)
+    main = Block(names, 1, parent=pre)
     if prog.split is not None and prog.split.stage == "combine":
-        _combine_loops(prog, loops, env, state_params)
-    blocks = [loops]
-    hoist, within, phase = pre, loops, 0
-    for seg in prog.segments:
-        if seg.phase != phase:
-            # a later phase: what its loops read of the earlier phases' final state
-            # alone is computed once, between the phases
-            hoist = Block(names, 1, parent=within)
-            within = Block(names, 1, parent=hoist)
-            blocks += [hoist, within]
-            done = [s.name for k in range(seg.phase) for s in prog.phase_state(k)]
-            hoist.comment(f"phase {seg.phase}: {', '.join(done)} final from here")
-            phase = seg.phase
-        variant = frozenset(s.param for k in range(seg.phase, prog.phases)
-                            for s in prog.phase_state(k))
-        _segment(prog, seg, bounds, within, hoist, env, variant, dict(zip(
-            [a for a, _ in seg.hints], [n for _, n in seg.hints])))
-    post = Block(names, 1, parent=pre)
-    _epilogue(prog, post, pre, env, state_params, prog.outputs)
+        _combine_loops(prog, main, env, state_params)
+    if prog.one_tile == "static":
+        _one_tile(prog, main, pre, env, state_params)
+    elif prog.one_tile == "runtime":
+        ext = Lowerer(prog, env, pre, None, frozenset()).value(extent_expr(prog.loop.extent))
+        main.comment(f"one tile covers {prog.loop.name} < {ext.code} when it fits BLOCK_N: "
+                     "no loop, the tile is loaded once")
+        with main.nested(f"if {ext.code} <= BLOCK_N:") as one:
+            _one_tile(prog, one, pre, env, state_params)
+        with main.nested("else:") as rest:
+            _loops(prog, rest, pre, env, state_params, bounds)
+    else:
+        _loops(prog, main, pre, env, state_params, bounds)
     what = "a rolling-update (FlashAttention-class) kernel" + (
         f" of {prog.phases} phases" if prog.phases > 1 else "") if prog.split is None else \
         f"split-k {prog.split.stage} kernel ({prog.split.splits} splits, FlashDecoding-class)"
@@ -120,8 +115,109 @@ def generate(prog: TileProgram) -> str:
         _decorator(args),
         f"def {prog.name}(",
     ] + [f"    {group}," for group in _signature_groups(args)] + ["):"]
-    body = pre.lines + [line for b in blocks for line in b.lines] + post.lines
+    body = pre.lines + main.lines
     return "\n".join(lines + body) + "\n"
+
+
+def _loops(prog: TileProgram, into: Block, pre: Block, env, state_params, bounds) -> None:
+    """The loops of every segment, then the epilogue, into ``into``."""
+    names, level = into.names, into.level
+    blocks = [Block(names, level, parent=into)]
+    hoist, within, phase = pre, blocks[0], 0
+    for seg in prog.segments:
+        if seg.phase != phase:
+            # a later phase: what its loops read of the earlier phases' final state
+            # alone is computed once, between the phases
+            hoist = Block(names, level, parent=within)
+            within = Block(names, level, parent=hoist)
+            blocks += [hoist, within]
+            done = [s.name for k in range(seg.phase) for s in prog.phase_state(k)]
+            hoist.comment(f"phase {seg.phase}: {', '.join(done)} final from here")
+            phase = seg.phase
+        variant = frozenset(s.param for k in range(seg.phase, prog.phases)
+                            for s in prog.phase_state(k))
+        _segment(prog, seg, bounds, within, hoist, env, variant, dict(zip(
+            [a for a, _ in seg.hints], [n for _, n in seg.hints])))
+    post = Block(names, level, parent=within)
+    _epilogue(prog, post, pre, env, state_params, prog.outputs)
+    for b in blocks + [post]:
+        into.extend(b)
+
+
+def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> None:
+    """One tile covers the loop axis: each phase's update once, straight-line, from the
+    empty state, then the epilogue; the tile's loads are bound once, before any phase,
+    and every phase -- and an epilogue whose column is the loop axis itself (softmax's
+    row) -- reads them: the input is read once."""
+    loop = prog.loop
+    ext = Lowerer(prog, env, pre, None, frozenset()).value(extent_expr(loop.extent))
+    guard = not (isinstance(loop.extent, int) and loop.extent == prog.schedule.block_n)
+    into.comment(f"one tile: {loop.name} < {ext.code} <= BLOCK_N" +
+                 (", masked" if guard else ""))
+    offs = f"offs_{loop.name}"
+    into.emit(f"{offs} = tl.arange(0, BLOCK_N)")
+    local = dict(env)
+    local[loop.var] = Val(offs, ("loop",), "i32")
+    local[TILE_START] = local[LOOP_LO] = Val("0", (), "i32")
+    local[TILE_END] = Val(ext.code, (), "i32")
+    zero = Const(0, TILE_START.dtype)
+    bodies = []
+    for k in range(prog.phases):
+        segs = [s for s in prog.segments if s.phase == k]
+        seg = next((s for s in segs if s.masked), segs[0])
+        # the first tile: the state and its position at their starting values, folded
+        start = {s.param: fconst(s.init) for s in prog.phase_state(k)}
+        start.update({TILE_START: zero, LOOP_LO: zero})
+        bodies.append((seg, tuple((s, fold(substitute(e, start))) for s, e in seg.body)))
+    outputs = _on_the_tile(prog)
+    # the tile's loads first, in the block every phase and the epilogue see
+    exprs = [e for _, body in bodies for _, e in body] + [o.body for o in outputs]
+    loads = Lowerer(prog, local, into, pre, state_params, guard=guard)
+    for x in _tile_loads(exprs, loop.var):
+        loads.lower(x)
+    for seg, body in bodies:
+        block = Block(into.names, into.level, parent=into)
+        low = Lowerer(prog, local, block, pre, state_params | {TILE_START, TILE_END},
+                      guard=guard, uses=count_uses([e for _, e in body]),
+                      hints=dict(zip([a for a, _ in seg.hints], [n for _, n in seg.hints])))
+        news = [low.lower(e, force=f"{s.name}_new") for s, e in body]
+        if prog.schedule.count_visits:   # a phase's one tile, as its loop would count it
+            block.emit(f"tl.atomic_add(visits_ptr + (pid_row * tl.num_programs(1) + "
+                       f"{'pid_grid' if prog.grid else '0'}) * 2 + {0 if guard else 1}, 1)")
+        block.emit(f"{', '.join(s.name for s, _ in body)} = "
+                   f"{', '.join(v.code for v in news)}")
+        into.extend(block)
+    post = Block(into.names, into.level, parent=into)
+    if outputs is prog.outputs:
+        _epilogue(prog, post, pre, local, state_params, outputs)
+    else:
+        post.comment("epilogue: outputs from the final state and the tile")
+        _store_outputs(prog, post, local, state_params, outputs, guard)
+    into.extend(post)
+
+
+def _on_the_tile(prog: TileProgram):
+    """The outputs with the epilogue's column read on the loop tile when the column is
+    a stateless axis of the loop's extent (softmax's ``j``): the same offsets, so the
+    same loads; else ``prog.outputs`` (the epilogue walks its columns as usual)."""
+    col, loop = prog.col, prog.loop
+    if col is None or col.chunk is None or not (
+            col.extent is loop.extent or (isinstance(col.extent, int)
+                                          and col.extent == loop.extent)):
+        return prog.outputs
+    ren = {col.var: loop.var}
+    return tuple(replace(o, axes=tuple(loop.var if v is col.var else v for v in o.axes),
+                         body=substitute(o.body, ren)) for o in prog.outputs)
+
+
+def _tile_loads(exprs, loop_var) -> list:
+    """Every load of ``exprs`` indexed by the loop axis, once, in order."""
+    out: list = []
+    for e in exprs:
+        for x in walk(e):
+            if isinstance(x, Load) and loop_var in x.free_vars and x not in out:
+                out.append(x)
+    return out
 
 
 def _uses_prod(prog: TileProgram) -> bool:
@@ -297,12 +393,13 @@ def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params,
     _store_outputs(prog, post, env, state_params, outputs)
 
 
-def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs) -> None:
+def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
+                   guard: bool = False) -> None:
     # nothing is hoisted out of the epilogue: it would stay live through the loops
-    low = Lowerer(prog, env, post, None, state_params,
+    low = Lowerer(prog, env, post, None, state_params, guard=guard,
                   uses=count_uses([o.body for o in outputs]))
     for o in outputs:
-        axes = tuple(a for a in ("row", "col")
+        axes = tuple(a for a in ("row", "loop", "col")
                      if any(prog.role_of(v) is not None and prog.role_of(v).role == a
                             for v in o.axes))
         val = low.value(o.body, axes)

@@ -27,7 +27,7 @@ from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary,
 from ..ir.reducers import reducer
 from ..ir.traverse import rewrite, substitute, walk
 from ..schedule.schedule import Schedule
-from .lower import kernel_sizes
+from .lower import dot_roles, kernel_sizes
 from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar, TileProgram
 
 NINF = -float("inf")
@@ -187,5 +187,27 @@ def partition_loop(prog: TileProgram) -> TileProgram:
         [o.body for o in prog.outputs]
     sizes = kernel_sizes([a.tensor for a in prog.inputs], prog.outputs,
                          exprs + [e for _, e in bounds])
+    mode = one_tile(prog)
+    if mode:
+        notes.append("one tile covers the row: " + (
+            "no loop, the tile is loaded once" if mode == "static" else
+            f"when {prog.loop.name}'s extent <= BLOCK_N (at run time), no loop and the tile "
+            "is loaded once; else the loops"))
     return replace(prog, bounds=tuple(bounds), segments=tuple(segments), sizes=sizes,
-                   rules=prog.rules + tuple(notes))
+                   rules=prog.rules + tuple(notes), one_tile=mode)
+
+
+def one_tile(prog: TileProgram) -> str:
+    """How a row reduction (no ``tl.dot``) runs when one loop tile covers the loop axis
+    (a *persistent* schedule; :attr:`TileProgram.one_tile`): ``"static"`` when the extent
+    is static and at most ``BLOCK_N``; ``"runtime"`` when it is symbolic and the kernel
+    reads its input again after the first loop (a later phase, or an epilogue that loads:
+    softmax), which the one tile saves; else ``""``."""
+    if dot_roles(prog):
+        return ""
+    ext = prog.loop.extent
+    if isinstance(ext, int):
+        return "static" if ext <= prog.schedule.block_n else ""
+    rereads = prog.phases > 1 or any(isinstance(x, Load) for o in prog.outputs
+                                     for x in walk(o.body))
+    return "runtime" if rereads else ""
