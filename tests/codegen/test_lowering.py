@@ -172,8 +172,8 @@ def _per_batch():
 
 @pytest.mark.parametrize("chain, why", [
     (_per_batch, r"not single-pass \(t reads the final m: .*\) and its passes are not "
-                 r"phases of one kernel: group 1 \(t\) blocks over rows i, the chain over "
-                 r"b \(different rows\)")])
+                 r"phases of one kernel: t is per b and i, the chain per b \(different "
+                 r"rows: a column of symbolic extent N is not held in registers\)")])
 def test_unsupported_plans_say_why(chain, why):
     outs, _ = chain()
     from neptune_fusion.ir.graph import placeholders

@@ -193,6 +193,30 @@ def test_prod_over_the_max(rng):
         assert kernel.program.phases == 2
 
 
+@pytest.mark.parametrize("rows, keys", [(1, 1), (5, 29), (17, 33)])
+def test_a_phase_with_a_contraction(rows, keys, rng):
+    """Attention with tanh in place of exp cannot fuse: the max over the scores, then
+    sum_j tanh(s - m) v[j, e] -- a tl.dot in phase 1, the head dim a static column."""
+    N, M = nf.sizes("N M")
+    q = nf.placeholder((N, 16), name="q")
+    k = nf.placeholder((M, 16), name="k")
+    v = nf.placeholder((M, 16), name="v")
+    c = nf.reduce_axis(16, "c")
+    s = nf.compute((N, M), lambda i, j: nf.sum(q[i, c] * k[j, c], c) * 0.25, name="s")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((N,), lambda i: nf.max(s[i, j], j), name="m")
+    o = nf.compute((N, 16), lambda i, e: nf.sum(nf.tanh(s[i, j] - m[i]) * v[j, e], j),
+                   name="o")
+    kernel = nf.compile(o, [q, k, v], schedule=SMALL, cache=False)
+    assert isinstance(kernel, Kernel) and kernel.program.phases == 2
+    assert "tl.dot(" in kernel.source
+    feeds = {"q": rng.standard_normal((rows, 16)), "k": rng.standard_normal((keys, 16)),
+             "v": rng.standard_normal((keys, 16))}
+    got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in ("q", "k", "v")))
+    np.testing.assert_allclose(got.double().numpy(), nf.evaluate(o, feeds), rtol=2e-5,
+                               atol=2e-5)
+
+
 # ------------------------------------------------------------------ random chains
 D_CHOICES = (1, 29, 33)
 

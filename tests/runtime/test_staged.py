@@ -83,10 +83,12 @@ def two_lengths(sizes="N M K"):
     return [t]
 
 
-def per_batch(sizes="B N M"):
+def per_batch(n=None):
     """The max over a row of ``w[b]``, then a tanh-sum per row of ``x[b, i]`` reading it:
-    both over j < M, but blocked over different rows (b, then i): two passes."""
-    B, N, M = nf.sizes(sizes)
+    both over j < M, but per b, then per (b, i) -- rows of their own (a symbolic i, or a
+    static one that no tile holds next to the loop: no contraction): two passes."""
+    B, N, M = nf.sizes("B N M")
+    N = N if n is None else n
     w = nf.placeholder((B, M), name="w")
     x = nf.placeholder((B, N, M), name="x")
     j = nf.reduce_axis(M, "j")
@@ -97,7 +99,8 @@ def per_batch(sizes="B N M"):
 
 PROGRAMS = {f.__name__: f for f in (tanh_sum, prod_chain, stages_out, unfusable_softmax)}
 STAGED = {"two_lengths": (two_lengths, {"x": (7, 13), "z": (7, 29)}),
-          "per_batch": (per_batch, {"w": (2, 13), "x": (2, 5, 13)})}
+          "per_batch": (per_batch, {"w": (2, 13), "x": (2, 5, 13)}),
+          "per_batch_static": (lambda: per_batch(5), {"w": (2, 13), "x": (2, 5, 13)})}
 
 
 def _data(rng, n: int, m: int, positive: bool = False) -> np.ndarray:
@@ -210,7 +213,7 @@ def test_passes_over_different_axes_or_rows_stay_staged(name, schedule, rng):
     got = kernel(*(torch.tensor(feeds[p.name], dtype=torch.float32) for p in kernel.inputs))
     _check(got, nf.evaluate(outs, feeds))
     with pytest.raises(UnschedulableError, match=r"are not phases of one kernel: .*"
-                                                 r"\(different rows\)|2 fused groups"):
+                                                 r"\(different rows: |2 fused groups"):
         nf.codegen.lower.check_phased(kernel.plan)
 
 

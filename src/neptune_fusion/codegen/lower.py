@@ -97,11 +97,13 @@ def phase_groups(plan: FusionPlan) -> tuple[FusedGroup, ...]:
 
     A single-pass plan is one phase (its one group). A plan that is not single-pass is
     lowered as *phases* when its groups form a chain over one reduction axis of one row:
-    each group reduces over one axis, all of the same extent, every member depends only on
-    the program's spatial axes (its state is per row), and the groups alone and together
-    block over the same row axis, which every output has. Phase ``k``'s loop runs after
-    phase ``k - 1``'s and its terms read the earlier reductions' final values. Otherwise
-    :class:`UnschedulableError` says why (the pipeline then runs one kernel per pass).
+    each group reduces over one axis, all of the same extent, every member depends only
+    on the program's spatial axes (its state is per row), they block over one row axis,
+    which every output has, and a column some state carries is static and reached through
+    a contraction (attention's head dim in ``sum_j p * v[j, e]``). Phase ``k``'s loop
+    runs after phase ``k - 1``'s and its terms read the earlier reductions' final values.
+    Otherwise :class:`UnschedulableError` says why (the pipeline then runs one kernel per
+    pass).
     """
     if plan.single_pass:
         return (_the_group(plan),)
@@ -142,14 +144,32 @@ def _not_phases(plan: FusionPlan) -> str | None:
     def bodies(gs):
         return [substitute(m.node.body, {m.node.axes[0]: loop}) for g in gs for m in g.members]
     try:
-        _, row, _ = _roles(plan, bodies(groups), loop)
-        for g in groups:
-            _, own, _ = _roles(plan, bodies([g]), loop)
-            if own is not row:
-                return (f"group {g.index} ({', '.join(m.name for m in g.members)}) blocks "
-                        f"over rows {own.name}, the chain over {row.name} (different rows)")
+        _, row, col = _roles(plan, bodies(groups), loop)
     except CodegenError as err:
         return str(err)
+    wide = [m for g in groups for m in g.members if col is not None
+            and col in m.node.free_vars and not isinstance(col.extent, int)]
+    if wide:
+        # attention's head dim is a static column; a symbolic one is rows of their own
+        return (f"{wide[0].name} is per {row.name} and {col.name}, the chain per {row.name} "
+                f"(different rows: a column of symbolic extent {col.extent} is not held "
+                "in registers)")
+    roles = {row: "row", loop: "loop", col: "col"}
+
+    def spans(e: Expr) -> frozenset[str]:
+        got = {roles[v] for v in e.free_vars if v in roles}
+        return frozenset(got - ({roles[a] for a in e.axes if a in roles}
+                                if isinstance(e, Reduce) else set()))
+    for g in groups:
+        for m in g.members:
+            if col is None or col not in m.node.free_vars:
+                continue
+            r = Reduce(m.node.op, substitute(m.node.body, {m.node.axes[0]: loop}), (loop,))
+            if match_contraction(r, roles.get, spans) is None:
+                # its terms span rows, the loop and the column: no tile holds them
+                return (f"{m.name} is per {row.name} and {col.name} and not a contraction "
+                        f"over {loop.name} (different rows: {col.name} is not a column of "
+                        "the chain)")
     for o, axes in zip(plan.outputs, plan.out_axes):
         if row not in axes:
             return f"output {o.name} does not have the row axis {row.name}"
