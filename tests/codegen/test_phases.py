@@ -267,3 +267,19 @@ def test_outline_in_the_doc_is_current():
     for line in outline(_program(tanh_sum(), Schedule(), "tanh_sum")):
         if not line.startswith("rule:"):
             assert line in doc, line
+
+
+def test_a_warm_compile_of_phases_skips_the_plan(tmp_path, rng, monkeypatch):
+    """The form of the definition (phased) and its kernel specs come from the cache: the
+    second compile and its call plan nothing and give the same output."""
+    from neptune_fusion.fusion import plan as plan_module
+    from neptune_fusion.runtime.disk_cache import DiskCache
+    store = DiskCache(tmp_path)
+    x = torch.tensor(rng.standard_normal((5, 29)), dtype=torch.float32)
+    want = nf.compile(tanh_sum(), schedule=SMALL, cache=store)(x)
+    with monkeypatch.context() as mp:
+        mp.setattr(plan_module, "plan", lambda *a, **k: pytest.fail("planned again"))
+        second = nf.compile(tanh_sum(), schedule=SMALL, cache=store)
+        got = second(x)
+    assert second.from_cache and torch.equal(got[0], want[0])
+    assert second.program.phases == 2     # derived on demand
