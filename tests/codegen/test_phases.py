@@ -173,6 +173,10 @@ def test_phases_with_different_bounds(n, rng):
     names = [name for name, _ in prog.bounds]
     assert "hi_1" in names and "hi" in names
     _run(outs, SMALL, rng.standard_normal((n or 21, n or 21)))
+    # one tile over the row (the masks on the tile, no bounds): the same answers
+    whole = Schedule(block_m=4, block_n=64, num_warps=2, num_stages=1)
+    kernel = _run(outs, whole, rng.standard_normal((n or 21, n or 21)))
+    assert kernel.program.one_tile == ("runtime" if n is None else "static")
 
 
 @pytest.mark.parametrize("m", [1, 29, 33])
