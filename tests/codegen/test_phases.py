@@ -221,6 +221,27 @@ def test_a_phase_with_a_contraction(rows, keys, rng):
                                atol=2e-5)
 
 
+@pytest.mark.parametrize("block_n", [16, 64])
+def test_a_later_phase_fuses_its_own_chain(block_n, rng):
+    """Phase 1 is an online softmax of y = 3 tanh(x - max x): its max and sum fused with
+    a repair (its max kept in the exp2 domain), reading phase 0's max as a final value;
+    the output reads x again (or the one tile)."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    y = nf.compute((N, M), lambda i, k: nf.tanh(x[i, k] - m[i]) * 3.0, name="y")
+    m2 = nf.compute((N,), lambda i: nf.max(y[i, j], j), name="m2")
+    l2 = nf.compute((N,), lambda i: nf.sum(nf.exp(y[i, j] - m2[i]), j), name="l2")
+    o = nf.compute((N, M), lambda i, k: nf.exp(y[i, k] - m2[i]) / l2[i], name="o")
+    prog = _program([o], replace(SMALL, block_n=block_n))
+    assert [a.phase for a in prog.accumulators] == [0, 1, 1]
+    assert prog.accumulators[2].producers == (1,)
+    assert "m2 kept in the exp2 domain (m2 * log2(e))" in prog.rules
+    for shape in ((3, 1), (5, 29), (6, 33), (2, 70)):
+        _run([o], replace(SMALL, block_n=block_n), rng.standard_normal(shape))
+
+
 # ------------------------------------------------------------------ random chains
 D_CHOICES = (1, 29, 33)
 
