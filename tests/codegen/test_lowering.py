@@ -158,12 +158,34 @@ def test_a_fused_prod_consumer_lowers(rng):
     np.testing.assert_allclose(got[0].double().numpy(), nf.evaluate(outs, f)[0], rtol=1e-5)
 
 
-@pytest.mark.parametrize("chain, why", [(tanh_chain, "not single-pass")])
+def _per_batch():
+    """max over a row of w[b], then a tanh-sum per row of x[b, i]: rows b, then i."""
+    import neptune_fusion as nf
+    B, N, M = nf.sizes("B N M")
+    w = nf.placeholder((B, M), name="w")
+    x = nf.placeholder((B, N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((B,), lambda b: nf.max(w[b, j], j), name="m")
+    return [nf.compute((B, N), lambda b, i: nf.sum(nf.tanh(x[b, i, j] - m[b]), j),
+                       name="t")], None
+
+
+@pytest.mark.parametrize("chain, why", [
+    (_per_batch, r"not single-pass \(t reads the final m: .*\) and its passes are not "
+                 r"phases of one kernel: t is per b and i, the chain per b \(different "
+                 r"rows: a column of symbolic extent N is not held in registers\)")])
 def test_unsupported_plans_say_why(chain, why):
     outs, _ = chain()
     from neptune_fusion.ir.graph import placeholders
     with pytest.raises(CodegenError, match=why):
         rolling(outs, placeholders(outs), Schedule())
+
+
+def test_an_unfusable_chain_lowers_to_phases():
+    outs, _ = tanh_chain()
+    from neptune_fusion.ir.graph import placeholders
+    prog = rolling(outs, placeholders(outs), Schedule())
+    assert prog.phases == 2 and [a.name for a in prog.accumulators] == ["max0", "t"]
 
 
 @pytest.mark.parametrize("options, text", [

@@ -81,12 +81,14 @@ def test_split_rows_at_small_tiles_match_float64(kind, bm, bn, splits, d):
 
 
 def test_persistent_tile_runs_the_loop_once():
-    """block_n covering the static length: one boundary tile, no interior loop."""
+    """block_n covering the static length: one masked tile, no loop."""
     kern = _check("logsumexp", 33, Schedule(block_m=1, block_n=64, num_warps=2,
                                             num_stages=1, count_visits=True), rows=3)
+    assert kern.program.one_tile == "static" and "for " not in kern.source
     x = torch.randn(3, 33)
     visits = kern.launch(x).visits
     assert visits.sum().item() == 3            # one tile per program, three programs
+    assert visits[:, 0].sum().item() == 3      # masked (33 of 64)
 
 
 def test_block_m_below_16_on_a_contraction_is_refused():
@@ -99,9 +101,9 @@ def test_block_m_below_16_on_a_contraction_is_refused():
 
 
 def test_persistent_row_reduction_source(golden):
-    """log-sum-exp over rows of a static 33 in one 64-wide tile, one row per program: the
-    interior loop has no trip (``33 // 64 * 64 == 0``) and the boundary loop one, both
-    with constant bounds, which Triton folds to straight-line code."""
+    """log-sum-exp over rows of a static 33 in one 64-wide tile, one row per program:
+    straight-line code, no loop, the first tile's update from the empty state folded
+    (no repair)."""
     from neptune_fusion.codegen.source import generate
     from neptune_fusion.fusion.plan import plan
     from neptune_fusion.runtime.pipeline import build_programs
@@ -116,14 +118,18 @@ def test_persistent_row_reduction_source(golden):
 @pytest.mark.parametrize("bn", [1024, 8192])
 def test_full_row_output_is_written_in_column_chunks(kind, bn):
     """A row longer than the epilogue's chunk (2048 columns): the output column carries no
-    state, so the epilogue walks it chunk by chunk (ragged last chunk) instead of one
-    [BLOCK_M, next_pow2(row)] tile; looped (1024) and persistent (8192) loop tiles."""
+    state, so after a loop the epilogue walks it chunk by chunk (ragged last chunk)
+    instead of one [BLOCK_M, next_pow2(row)] tile (looped: 1024); a persistent loop tile
+    (8192) holds the row already, and the epilogue writes it from that tile (the input
+    is read once)."""
     from neptune_fusion.codegen.lower import EPILOGUE_CHUNK
     d = 2 * EPILOGUE_CHUNK + 29
     kern = _check(kind, d, Schedule(block_m=2, block_n=bn, num_warps=4), rows=3)
     assert kern.program.col.chunk == EPILOGUE_CHUNK
-    assert "for j0 in range(0, " in kern.source and "offs_j = j0 + tl.arange(0, BLOCK_J)" \
-        in kern.source
+    chunked = "for j0 in range(0, " in kern.source and \
+        "offs_j = j0 + tl.arange(0, BLOCK_J)" in kern.source
+    assert chunked == (bn < d)
+    assert kern.source.count("tl.load(") == (3 if bn < d else 1)
 
 
 def test_attention_keeps_its_column_whole():

@@ -14,34 +14,17 @@ def persistent_lse(
     pid_row = tl.program_id(0)
     i_first = pid_row * BLOCK_M
     offs_i = i_first + tl.arange(0, BLOCK_M)
-    k_full_hi = 33 // BLOCK_N * BLOCK_N
     lse_max0 = tl.full([BLOCK_M], float("-inf"), tl.float32)
     lse_sum1 = tl.full([BLOCK_M], 0.0, tl.float32)
     t = offs_i * x_s0
     i_in = offs_i < N
-    # interior tiles (no masks): lo <= k < full_hi
-    for k0 in range(0, k_full_hi, BLOCK_N):
-        offs_k = k0 + tl.arange(0, BLOCK_N)
-        x = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None], other=0.0)
-        s = x * 1.4426950408889634
-        lse_max0_tile = tl.max(s, 1)
-        lse_max0_new = tl.maximum(lse_max0, lse_max0_tile)
-        lse_max0_run = tl.where(tl.abs(lse_max0_new) < float("inf"), lse_max0_new, 0.0)
-        alpha = tl.exp2(lse_max0 - lse_max0_run)
-        lse_sum1_tile = tl.sum(tl.exp2(s - lse_max0_run[:, None]), 1)
-        lse_sum1_new = lse_sum1 * alpha + lse_sum1_tile
-        lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new
-    # boundary tiles (masked): full_hi <= k < hi
-    for k0_2 in range(k_full_hi, 33, BLOCK_N):
-        offs_k = k0_2 + tl.arange(0, BLOCK_N)
-        x_2 = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < 33)[None, :], other=0.0)
-        s_2 = tl.where((offs_k < 33)[None, :], x_2 * 1.4426950408889634, float("-inf"))
-        lse_max0_tile_2 = tl.max(s_2, 1)
-        lse_max0_new_2 = tl.maximum(lse_max0, lse_max0_tile_2)
-        lse_max0_run_2 = tl.where(tl.abs(lse_max0_new_2) < float("inf"), lse_max0_new_2, 0.0)
-        alpha_2 = tl.exp2(lse_max0 - lse_max0_run_2)
-        lse_sum1_tile_2 = tl.sum(tl.exp2(s_2 - lse_max0_run_2[:, None]), 1)
-        lse_sum1_new_2 = lse_sum1 * alpha_2 + lse_sum1_tile_2
-        lse_max0, lse_sum1 = lse_max0_new_2, lse_sum1_new_2
+    # one tile: k < 33 <= BLOCK_N, masked
+    offs_k = tl.arange(0, BLOCK_N)
+    x = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < 33)[None, :], other=0.0)
+    s = tl.where((offs_k < 33)[None, :], x * 1.4426950408889634, float("-inf"))
+    lse_max0_new = tl.max(s, 1)
+    s_2 = s - tl.where(tl.abs(lse_max0_new) < float("inf"), lse_max0_new, 0.0)[:, None]
+    lse_sum1_new = tl.sum(tl.exp2(s_2), 1)
+    lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new
     # epilogue: outputs from the final state
     tl.store(lse_ptr + offs_i, (lse_max0 * 0.6931471805599453 + tl.log(lse_sum1)).to(tl.float32), mask=i_in)

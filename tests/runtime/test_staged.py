@@ -1,5 +1,6 @@
-"""Multi-pass plans: the IR split into pass programs (fusion/stages.py) and the kernels that
-run them in order (runtime/staged.py), checked against the float64 reference."""
+"""Multi-pass plans: a chain over one axis of one row as one kernel of several phases
+(codegen/lower.py), the others split into pass programs (fusion/stages.py) run in order
+(runtime/staged.py); every result checked against the float64 reference."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from algebra.chains import FUSABLE
 from algebra.test_random_chains import D, N, X, Y, build, trees, uses
 from neptune_fusion.errors import CodegenError, UnschedulableError
 from neptune_fusion.fusion.stages import split_passes
+from neptune_fusion.runtime.auto import AutoKernel
+from neptune_fusion.runtime.kernel import Kernel
 from neptune_fusion.runtime.staged import StagedKernel
 from neptune_fusion.schedule.schedule import Schedule
 
@@ -64,7 +67,40 @@ def unfusable_softmax(sizes="N M"):
     return [o, s]
 
 
+def two_lengths(sizes="N M K"):
+    """A chain over two axes: the max over j < M, then a tanh-sum over k < K reading it
+    (different extents: two passes, not phases)."""
+    if isinstance(sizes, str):
+        N, M, K = nf.sizes(sizes)
+    else:
+        N, M, K = sizes
+    x = nf.placeholder((N, M), name="x")
+    z = nf.placeholder((N, K), name="z")
+    j, k = nf.reduce_axis(M, "j"), nf.reduce_axis(K, "k")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    a = nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="a")
+    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(z[i, k] - m[i]) + 0.1 * a[i], k), name="t")
+    return [t]
+
+
+def per_batch(n=None):
+    """The max over a row of ``w[b]``, then a tanh-sum per row of ``x[b, i]`` reading it:
+    both over j < M, but per b, then per (b, i) -- rows of their own (a symbolic i, or a
+    static one that no tile holds next to the loop: no contraction): two passes."""
+    B, N, M = nf.sizes("B N M")
+    N = N if n is None else n
+    w = nf.placeholder((B, M), name="w")
+    x = nf.placeholder((B, N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((B,), lambda b: nf.max(w[b, j], j), name="m")
+    t = nf.compute((B, N), lambda b, i: nf.sum(nf.tanh(x[b, i, j] - m[b]), j), name="t")
+    return [t]
+
+
 PROGRAMS = {f.__name__: f for f in (tanh_sum, prod_chain, stages_out, unfusable_softmax)}
+STAGED = {"two_lengths": (two_lengths, {"x": (7, 13), "z": (7, 29)}),
+          "per_batch": (per_batch, {"w": (2, 13), "x": (2, 5, 13)}),
+          "per_batch_static": (lambda: per_batch(5), {"w": (2, 13), "x": (2, 5, 13)})}
 
 
 def _data(rng, n: int, m: int, positive: bool = False) -> np.ndarray:
@@ -139,24 +175,46 @@ def test_narrow_intermediates_are_float32():
 # ------------------------------------------------------------------ kernels (interpreter)
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 @pytest.mark.parametrize("schedule", ["auto", SMALL], ids=["auto", "explicit"])
-def test_multi_pass_kernels_match_float64(name, schedule, rng):
+def test_multi_pass_chains_are_one_phased_kernel(name, schedule, rng):
+    """A chain over one axis of one row: one kernel, one loop per pass of the plan."""
     outs = PROGRAMS[name]()
     kernel = nf.compile(outs, schedule=schedule, cache=False)
-    assert isinstance(kernel, StagedKernel) and len(kernel.passes) >= 2
-    assert not kernel.plan.single_pass or len(kernel.plan.groups) > 1
+    assert isinstance(kernel, AutoKernel if schedule == "auto" else Kernel)
+    assert not kernel.plan.single_pass
     for n, m in ((1, 1), (5, 29), (40, 33)):
         x = _data(rng, n, m, positive=name == "prod_chain")
-        got = kernel(torch.tensor(x, dtype=torch.float32))
+        xt = torch.tensor(x, dtype=torch.float32)
+        got = kernel(xt)
         _check(got, nf.evaluate(outs, {"x": x}),
                rtol=1e-4 if name == "prod_chain" else 2e-5)
+        one = kernel.kernel_for(xt) if schedule == "auto" else kernel
+        assert len(one.kernels) == 1 and one.program.phases == len(kernel.plan.groups) == 2
 
 
-@pytest.mark.parametrize("name", ["tanh_sum", "stages_out"])
-def test_static_sizes(name, rng):
-    outs = PROGRAMS[name]((29, 33))
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("shape", [(29, 33), (1, 29), (33, 1)])
+def test_static_sizes(name, shape, rng):
+    outs = PROGRAMS[name](shape)
     kernel = nf.compile(outs, schedule=SMALL, cache=False)
-    x = _data(rng, 29, 33)
-    _check(kernel(torch.tensor(x, dtype=torch.float32)), nf.evaluate(outs, {"x": x}))
+    assert kernel.program.phases == 2
+    x = _data(rng, *shape, positive=name == "prod_chain")
+    _check(kernel(torch.tensor(x, dtype=torch.float32)), nf.evaluate(outs, {"x": x}),
+           rtol=1e-4 if name == "prod_chain" else 2e-5)
+
+
+@pytest.mark.parametrize("name", sorted(STAGED))
+@pytest.mark.parametrize("schedule", ["auto", SMALL], ids=["auto", "explicit"])
+def test_passes_over_different_axes_or_rows_stay_staged(name, schedule, rng):
+    make, shapes = STAGED[name]
+    outs = make()
+    kernel = nf.compile(outs, schedule=schedule, cache=False)
+    assert isinstance(kernel, StagedKernel) and len(kernel.passes) == 2
+    feeds = {p.name: rng.standard_normal(shapes[p.name]) for p in kernel.inputs}
+    got = kernel(*(torch.tensor(feeds[p.name], dtype=torch.float32) for p in kernel.inputs))
+    _check(got, nf.evaluate(outs, feeds))
+    with pytest.raises(UnschedulableError, match=r"are not phases of one kernel: .*"
+                                                 r"\(different rows: |2 fused groups"):
+        nf.codegen.lower.check_phased(kernel.plan)
 
 
 def test_split_k_per_pass(rng):
@@ -197,26 +255,29 @@ def test_bfloat16_multi_pass(rng):
 
 
 def test_introspection_and_cache_info(rng):
-    outs = tanh_sum()
+    outs = two_lengths()
     kernel = nf.compile(outs, schedule=SMALL, cache=False)
     assert isinstance(kernel, nf.StagedKernel) and "2 passes" in repr(kernel)
     assert "# ---- pass 0 of 2" in kernel.source and "# ---- pass 1 of 2" in kernel.source
     assert [k.name for k in kernel.kernels] == ["nf_t_pass0", "nf_t_pass1"]
-    assert kernel.plan.unfused[0].consumer == "t"
-    x = torch.randn(3, 5)
-    kernel(x)
-    kernel(x)
+    assert kernel.plan.single_pass and len(kernel.plan.groups) == 2   # over j, then k
+    assert [p.name for p in kernel.inputs] == ["z", "x"]
+    x, z = torch.randn(3, 5), torch.randn(3, 4)
+    kernel(z, x)
+    kernel(z, x)
     info = kernel.cache_info()
     assert (info.hits, info.misses) == (2, 2)
-    with pytest.raises(nf.FeedError, match=r"argument 0 \('x'\) must be float32"):
-        kernel(x.double())
+    with pytest.raises(nf.FeedError, match=r"argument 1 \('x'\) must be float32"):
+        kernel(z, x.double())
 
 
-def test_require_single_pass_refuses():
-    outs = tanh_sum()
+@pytest.mark.parametrize("make", [tanh_sum, per_batch], ids=["phased", "staged"])
+def test_require_single_pass_refuses(make):
+    """Phases are not a single pass (the input is read once per phase): refused too."""
+    outs = make()
     for schedule in ("auto", SMALL):
         with pytest.raises(UnschedulableError, match=r"not single-pass \(t reads the final "
-                                                     r"max0: .*require_single_pass=True"):
+                                                     r"m(ax0)?: .*require_single_pass=True"):
             nf.compile(outs, schedule=schedule, cache=False, require_single_pass=True)
 
 
@@ -232,16 +293,13 @@ def test_what_stays_a_limit():
 
 
 def test_multi_pass_golden_source(golden):
-    kernel = nf.compile(tanh_sum(), schedule=Schedule(), cache=False)
-    golden("tanh_sum_passes.py", kernel.source)
+    kernel = nf.compile(two_lengths(), schedule=Schedule(), cache=False)
+    golden("two_lengths_passes.py", kernel.source)
 
 
 def test_intermediates_share_one_workspace(rng):
     """Two intermediates of pass 0 (max and sum, fused) are views of one allocation."""
-    N, _, x, j = _x()
-    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
-    a = nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="a")
-    t = nf.compute((N,), lambda i: nf.sum(nf.tanh(x[i, j] - m[i] + 0.1 * a[i]), j), name="t")
+    [t] = two_lengths()
     kernel = nf.compile(t, schedule=SMALL, cache=False)
     assert len(kernel.staging.intermediates) == 2
     seen = []
@@ -258,20 +316,21 @@ def test_intermediates_share_one_workspace(rng):
             return first.cache_info()
 
     kernel.passes = (Spy(),) + kernel.passes[1:]
-    xv = rng.standard_normal((7, 33))
-    _check(kernel(torch.tensor(xv, dtype=torch.float32)), nf.evaluate(t, {"x": xv}))
+    xv, zv = rng.standard_normal((7, 33)), rng.standard_normal((7, 29))
+    _check(kernel(torch.tensor(zv, dtype=torch.float32), torch.tensor(xv, dtype=torch.float32)),
+           nf.evaluate(t, {"x": xv, "z": zv}))
     [outs] = seen
     assert len(outs) == 2 and all(o is not None for o in outs)
     assert outs[0].untyped_storage().data_ptr() == outs[1].untyped_storage().data_ptr()
 
 
 def test_out_tensors_are_checked():
-    [t] = tanh_sum()
+    [t] = two_lengths()
     kernel = nf.compile(t, schedule=SMALL, cache=False)
-    x = torch.randn(3, 5)
+    z = torch.randn(3, 5)
     with pytest.raises(CodegenError, match=r"out tensor \(4,\) torch.float32 .* contiguous "
                                            r"\(3,\)"):
-        kernel.passes[1](x, torch.randn(3), out=[torch.empty(4)])
+        kernel.passes[1](z, torch.randn(3), torch.randn(3), out=[torch.empty(4)])
 
 
 @hsettings(max_examples=8, deadline=None,
@@ -288,7 +347,7 @@ def test_random_chains_compile_fused_or_not(tree, producer, consumer, seed):
     out = nf.compute((N,), lambda i: op[consumer](build(tree, X[i, k2], Y[i, k2], p[i]), k2),
                      name="out")
     kernel = nf.compile(out, [X, Y], schedule=SMALL, cache=False)
-    assert isinstance(kernel, StagedKernel) != nf.plan(out).single_pass
+    assert isinstance(kernel, Kernel) and kernel.program.phases == len(nf.plan(out).groups)
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.uniform(0.5, 1.5, (3, D)), "y": rng.uniform(-1.0, 1.0, (3, D))}
     want = nf.evaluate(out, {n: v for n, v in feeds.items() if n == "x" or uses(tree, "c2")})

@@ -10,9 +10,10 @@ kept as a ``BLOCK_M x BLOCK_N`` tile instead, updated element by element
 reduction cost the fused kernel 55 % over the same matmul without it.
 
 Legal for a member that is plain (reads no running value), read by no other member
-during the loop, reduced with sum, max or min, and whose tile term varies along the loop
-axis; for the rolling kernel (a split-k partial stores its state per split). A boundary
-tile's term is already masked to the identity by the loop partition.
+during the loop or by a later phase, reduced with sum, max or min, and whose tile term
+varies along the loop axis; for the rolling kernel (a split-k partial stores its state per
+split) that loops (a one-tile kernel reduces once anyway). A boundary tile's term is
+already masked to the identity by the loop partition.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import replace
 
 from ..ir.nodes import Binary, Expr, Param, Reduce
 from ..ir.reducers import reducer
-from ..ir.traverse import substitute
+from ..ir.traverse import substitute, walk
 from .lower import dot_roles
 from .program import StateVar, TileProgram
 
@@ -39,10 +40,15 @@ def _tile_term(update: Expr, old: Param, op: str, loop) -> Expr | None:
 
 def defer_tile_reductions(prog: TileProgram) -> TileProgram:
     """Stage ``defer`` (see module docstring); ``prog`` unchanged where nothing applies."""
-    if prog.split is not None or not dot_roles(prog):
+    if prog.split is not None or prog.one_tile or not dot_roles(prog):
         return prog
     loop = prog.loop.var
     read = {p for a in prog.accumulators for p in a.producers}
+    # a state a later phase (or any other update) reads stays a per-row value
+    for seg in prog.segments:
+        for v, e in seg.body:
+            read |= {k for k, a in enumerate(prog.accumulators)
+                     for s in a.state if s is not v and _reads(e, s.param)}
     swaps: dict[StateVar, StateVar] = {}
     for k, a in enumerate(prog.accumulators):
         if a.producers or k in read or len(a.state) != 1 or a.op not in ("sum", "max", "min"):
@@ -75,6 +81,10 @@ def defer_tile_reductions(prog: TileProgram) -> TileProgram:
     note = "deferred tile reductions: " + ", ".join(s.name for s in swaps)
     return replace(prog, accumulators=accs, segments=tuple(segments), outputs=outputs,
                    rules=prog.rules + (note,))
+
+
+def _reads(e: Expr, param: Param) -> bool:
+    return any(x is param for x in walk(e))
 
 
 def _op_of(prog: TileProgram, s: StateVar) -> str:

@@ -14,6 +14,10 @@ Legality: after the rewrite, no consumer may read the producer other than throug
 ``m*L`` (checked on the IR: the producer is substituted as ``m2 / L`` and every
 occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``.
 
+In a phased program the rule applies to every phase's templates; a later phase reads a
+producer kept in the scaled domain as ``m2 / L`` (the final value, like an output), which
+the rewrite cancels inside an ``exp``.
+
 Equal math is one IR node: every ``exp2`` argument is put in one canonical form
 (:func:`canonical_arg`), a sum of terms times constants, positive terms first, so
 ``exp((s - m) * c)`` and ``exp(s * c - m * c)`` -- or a repair factor's ``exp(-(m' - m))``
@@ -174,9 +178,11 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
     """Apply the rule (see module docstring); returns the notes of what was applied."""
     candidates = {p for a in accs for p in a.producers if accs[p].op in ("max", "min")}
     while True:
-        new = list(accs)
+        # a later phase reads a scaled producer's final value: m2 / L, like an output
+        src = _finals_read(accs, _finals(accs, candidates))
+        new = list(src)
         failed = set()
-        for k, a in enumerate(accs):
+        for k, a in enumerate(src):
             if a.producers or a.updates:
                 got, ok = _consumer(a, candidates)
                 new[k] = got
@@ -193,10 +199,26 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
         new[p] = replace(a, terms=tuple(fold(scale(t, LOG2E)) for t in a.terms),
                          scaled=LOG2E)
         notes.append(f"{a.name} kept in the exp2 domain ({a.name} * log2(e))")
-    finals = {accs[p].state[0].param: Binary("div", accs[p].state[0].param, fconst(LOG2E))
-              for p in candidates}
+    finals = _finals(accs, candidates)
     outs = tuple(replace(o, body=fold(substitute(o.body, finals))) for o in outputs)
     return tuple(new), outs, tuple(notes)
+
+
+def _finals(accs: tuple[Accumulator, ...], scaled: set[int]) -> dict:
+    """The final value of each scaled producer read from its state: ``m2 / log2(e)``."""
+    return {accs[p].state[0].param: Binary("div", accs[p].state[0].param, fconst(LOG2E))
+            for p in scaled}
+
+
+def _finals_read(accs: tuple[Accumulator, ...], finals: dict) -> tuple[Accumulator, ...]:
+    """``accs`` with every read of an earlier phase's final state (a phased program)
+    through ``finals``; the exps of the result are rewritten as usual, so an
+    ``exp(x - m)`` of a later phase becomes ``exp2(x * log2(e) - m2)``."""
+    if not finals:
+        return accs
+    return tuple(a if a.phase == 0 else replace(
+        a, terms=tuple(substitute(t, finals) for t in a.terms),
+        updates=tuple(substitute(u, finals) for u in a.updates)) for a in accs)
 
 
 def apply_exp2(prog: TileProgram) -> TileProgram:

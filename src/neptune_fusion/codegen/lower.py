@@ -10,6 +10,11 @@ those values, and the old state repaired to them and merged. The state starts at
 reducers' identities with the producers' values at theirs (``-inf`` for a max), which
 makes the first repair vanish (checked, see :func:`_vanishes`).
 
+A plan that is not single-pass but a chain of groups over one reduction axis of one row
+(:func:`phase_groups`) is lowered the same way, group ``k`` as *phase* ``k``: one loop per
+phase, run one after the other, a later phase's terms reading the earlier reductions'
+final state.
+
 The next stages of the pipeline (:mod:`neptune_fusion.runtime.pipeline`) rewrite this
 program: :func:`~.exp2.apply_exp2` (exp -> exp2) re-derives the per-tile body from the
 rewritten accumulators with :func:`rederive`, and :func:`~.variants.partition_loop` splits
@@ -80,6 +85,96 @@ def ident(name: str, taken: set[str]) -> str:
 def check_single_pass(plan: FusionPlan) -> None:
     """Raise the error :func:`lower` would for a plan that is not one fused loop."""
     _the_group(plan)
+
+
+def check_phased(plan: FusionPlan) -> None:
+    """Raise the error :func:`lower` would for a plan it cannot lower into one kernel:
+    neither one fused loop nor a chain of phases (:func:`phase_groups`)."""
+    phase_groups(plan)
+
+
+def phase_groups(plan: FusionPlan) -> tuple[FusedGroup, ...]:
+    """The fused groups of ``plan``, one per phase of one tile program, in order.
+
+    A single-pass plan is one phase (its one group). A plan that is not single-pass is
+    lowered as *phases* when its groups form a chain over one reduction axis of one row:
+    each group reduces over one axis, all of the same extent, every member depends only
+    on the program's spatial axes (its state is per row), they block over one row axis,
+    which every output has, and a column some state carries is static and reached through
+    a contraction (attention's head dim in ``sum_j p * v[j, e]``). Phase ``k``'s loop
+    runs after phase ``k - 1``'s and its terms read the earlier reductions' final values.
+    Otherwise :class:`UnschedulableError` says why (the pipeline then runs one kernel per
+    pass).
+    """
+    if plan.single_pass:
+        return (_the_group(plan),)
+    u = plan.unfused[0]
+    head = (f"schedule strategy 'rolling': the plan is not single-pass ({u.consumer} reads "
+            f"the final {u.producer}: {u.reason}) and its passes are not phases of one "
+            "kernel: ")
+    why = _not_phases(plan)
+    if why is not None:
+        raise UnschedulableError(head + why)
+    return plan.groups
+
+
+def _not_phases(plan: FusionPlan) -> str | None:
+    """Why the groups of ``plan`` are not the phases of one tile program (None: they are)."""
+    groups = plan.groups
+    for g in groups:
+        if len(g.axes) != 1:
+            return f"group {g.index} reduces over {len(g.axes)} axes at once"
+    ext0 = groups[0].axes[0].extent
+    for g in groups[1:]:
+        ext = g.axes[0].extent
+        if not (ext is ext0 or (isinstance(ext, int) and ext == ext0)):
+            return (f"group {g.index} reduces over {g.axes[0].name} of extent {ext}, group "
+                    f"0 over {groups[0].axes[0].name} of extent {ext0} (different axes)")
+    context = set(plan.context)
+    for g in groups:
+        for m in g.members:
+            other = m.node.free_vars - context
+            if other:
+                return (f"{m.name} depends on {', '.join(sorted(v.name for v in other))}, "
+                        "not a spatial axis (it is read at other rows)")
+            for p in m.producers:
+                if p.op not in ("max", "min", "sum"):
+                    return f"{m.name} reads the running {p.op} {plan.name(p)}"
+    loop = IndexVar(groups[0].axes[0].name, ext0, "reduce", fresh_uid())
+
+    def bodies(gs):
+        return [substitute(m.node.body, {m.node.axes[0]: loop}) for g in gs for m in g.members]
+    try:
+        _, row, col = _roles(plan, bodies(groups), loop)
+    except CodegenError as err:
+        return str(err)
+    wide = [m for g in groups for m in g.members if col is not None
+            and col in m.node.free_vars and not isinstance(col.extent, int)]
+    if wide:
+        # attention's head dim is a static column; a symbolic one is rows of their own
+        return (f"{wide[0].name} is per {row.name} and {col.name}, the chain per {row.name} "
+                f"(different rows: a column of symbolic extent {col.extent} is not held "
+                "in registers)")
+    roles = {row: "row", loop: "loop", col: "col"}
+
+    def spans(e: Expr) -> frozenset[str]:
+        got = {roles[v] for v in e.free_vars if v in roles}
+        return frozenset(got - ({roles[a] for a in e.axes if a in roles}
+                                if isinstance(e, Reduce) else set()))
+    for g in groups:
+        for m in g.members:
+            if col is None or col not in m.node.free_vars:
+                continue
+            r = Reduce(m.node.op, substitute(m.node.body, {m.node.axes[0]: loop}), (loop,))
+            if match_contraction(r, roles.get, spans) is None:
+                # its terms span rows, the loop and the column: no tile holds them
+                return (f"{m.name} is per {row.name} and {col.name} and not a contraction "
+                        f"over {loop.name} (different rows: {col.name} is not a column of "
+                        "the chain)")
+    for o, axes in zip(plan.outputs, plan.out_axes):
+        if row not in axes:
+            return f"output {o.name} does not have the row axis {row.name}"
+    return None
 
 
 def _the_group(plan: FusionPlan) -> FusedGroup:
@@ -186,31 +281,49 @@ def _sizes(tensors, exprs) -> tuple[Size, ...]:
 # -------------------------------------------------------------------- accumulators
 
 
-def _accumulators(plan, g, loop, grid, row, col, taken):
-    index = {id(m.node): k for k, m in enumerate(g.members)}
-    accs = []
-    for m in g.members:
-        ren = {m.node.axes[0]: loop}
-        allowed = set(grid) | {row} | ({col} if col is not None else set())
-        extra = m.node.free_vars - allowed
-        if extra:
-            raise CodegenError(f"{m.name} depends on {', '.join(v.name for v in extra)}, "
-                               "which is neither a grid, row nor column axis")
-        roles = ("row",) + (("col",) if col is not None and col in m.node.free_vars else ())
-        if m.repair is None:
-            op, prods, terms, updates = m.node.op, (), (substitute(m.node.body, ren),), ()
-        else:
-            op = combined_with(m.node.op, m.repair.method)
-            prods = tuple(index[id(p)] for p in m.repair.producers)
-            terms = tuple(substitute(t, ren) for t in m.repair.terms)
-            updates = m.repair.update
-        if op not in REDUCE_OPS:
-            raise CodegenError(f"{m.name}: reducer {op} is not lowered "
-                               f"({', '.join(REDUCE_OPS)} are)")
-        svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, reducer(op).identity)
-                      for n in (ident(s, taken) for s in m.state_names[:len(terms)]))
-        accs.append(Accumulator(m.name, op, prods, terms, updates, svars))
+def _accumulators(plan, groups, loop, grid, row, col, taken):
+    """The accumulators of every group, group ``k`` in phase ``k``; a member's terms read
+    the reductions of earlier phases as their final state (``finals``)."""
+    index: dict[int, int] = {}
+    accs: list[Accumulator] = []
+    finals: dict = {}
+    members = {m.node for g in groups for m in g.members}
+    for phase, g in enumerate(groups):
+        for m in g.members:
+            acc = _accumulator(plan, m, loop, grid, row, col, taken, index, finals, phase)
+            left = [x for t in acc.terms + acc.updates for x in walk(t) if x in members]
+            if left:
+                raise CodegenError(f"{m.name} reads {plan.name(left[0])} other than at its "
+                                   "own rows; a phase reads an earlier one's final value")
+            index[id(m.node)] = len(accs)
+            accs.append(acc)
+        finals.update({m.node: accs[index[id(m.node)]].state[0].param for m in g.members})
     return tuple(accs)
+
+
+def _accumulator(plan, m, loop, grid, row, col, taken, index, finals, phase):
+    """One member as an :class:`Accumulator` of ``phase``."""
+    ren = {m.node.axes[0]: loop}
+    allowed = set(grid) | {row} | ({col} if col is not None else set())
+    extra = m.node.free_vars - allowed
+    if extra:
+        raise CodegenError(f"{m.name} depends on {', '.join(v.name for v in extra)}, "
+                           "which is neither a grid, row nor column axis")
+    roles = ("row",) + (("col",) if col is not None and col in m.node.free_vars else ())
+    if m.repair is None:
+        op, prods, updates = m.node.op, (), ()
+        terms = (substitute(substitute(m.node.body, finals), ren),)
+    else:
+        op = combined_with(m.node.op, m.repair.method)
+        prods = tuple(index[id(p)] for p in m.repair.producers)
+        terms = tuple(substitute(substitute(t, finals), ren) for t in m.repair.terms)
+        updates = tuple(substitute(u, finals) for u in m.repair.update)
+    if op not in REDUCE_OPS:
+        raise CodegenError(f"{m.name}: reducer {op} is not lowered "
+                           f"({', '.join(REDUCE_OPS)} are)")
+    svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, reducer(op).identity)
+                  for n in (ident(s, taken) for s in m.state_names[:len(terms)]))
+    return Accumulator(m.name, op, prods, terms, updates, svars, phase=phase)
 
 
 def _vanishes(accs: tuple[Accumulator, ...], a: Accumulator, i: int) -> bool:
@@ -234,11 +347,14 @@ def _running(acc: Accumulator, value: Expr, end: Expr, loop: IndexVar) -> Expr:
     return running_expr(acc.op, value, end, extent_expr(loop.extent), end is TILE_END)
 
 
-def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
-    """The new value of every state variable after one tile, and readable names."""
+def _steps(accs: tuple[Accumulator, ...], loop: IndexVar, phase: int = 0):
+    """The new value of every state variable of ``phase`` after one of its tiles, and
+    readable names."""
     new: dict[int, list[Expr]] = {}
     hints: list[tuple[Expr, str]] = []
     for k, a in enumerate(accs):
+        if a.phase != phase:
+            continue
         olds = [s.param for s in a.state]
         if not a.producers:
             parts = [Reduce(a.op, a.terms[0], (loop,))]
@@ -270,8 +386,18 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar):
         for s, c, p in zip(a.state, new[k], parts):
             hints.append((c, f"{s.name}_new"))
             hints.append((p, f"{s.name}_tile"))
-    body = tuple((s, new[k][i]) for k, a in enumerate(accs) for i, s in enumerate(a.state))
+    body = tuple((s, new[k][i]) for k, a in enumerate(accs) if a.phase == phase
+                 for i, s in enumerate(a.state))
     return body, hints
+
+
+def _loops(accs: tuple[Accumulator, ...], loop: IndexVar) -> tuple[Segment, ...]:
+    """One loop over every tile per phase, without masks."""
+    out = []
+    for k in range(1 + max(a.phase for a in accs)):
+        body, hints = _steps(accs, loop, k)
+        out.append(Segment("lo", "hi", False, body, tuple(hints), phase=k))
+    return tuple(out)
 
 
 def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
@@ -280,10 +406,11 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     docstring), before the speed rules and the loop partition: one loop over every tile
     of the loop axis, its body without boundary masks (``partition_loop`` adds them)."""
     schedule.check()
-    g = _the_group(plan)
-    axis0 = g.axes[0]
+    groups = phase_groups(plan)
+    axis0 = groups[0].axes[0]
     loop = IndexVar(axis0.name, axis0.extent, "reduce", fresh_uid())
-    bodies = [substitute(m.node.body, {m.node.axes[0]: loop}) for m in g.members]
+    bodies = [substitute(m.node.body, {m.node.axes[0]: loop})
+              for g in groups for m in g.members]
     grid, row, col = _roles(plan, bodies, loop)
     taken = {"INTERPRET", "BLOCK_M", "BLOCK_N", "tl", "triton", "pid_row", "pid_grid"}
     taken |= {v.name for v in plan.context} | {loop.name}
@@ -292,8 +419,9 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     if missing:
         raise CodegenError(f"the outputs read {', '.join(missing)}, not among the inputs")
     ins = tuple(TensorArg(ident(p.name, taken), p, "input") for p in inputs)
-    accs = _accumulators(plan, g, loop, grid, row, col, taken)
-    finals = {m.node: a.state[0].param for m, a in zip(g.members, accs)}
+    accs = _accumulators(plan, groups, loop, grid, row, col, taken)
+    finals = {m.node: a.state[0].param
+              for m, a in zip([m for g in groups for m in g.members], accs)}
     outs = []
     for o, body, axes in zip(plan.outputs, plan.bodies, plan.out_axes):
         if row not in axes:
@@ -301,8 +429,8 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         outs.append(Output(TensorArg(ident(o.name, taken), o, "output"), axes,
                            fold(substitute(body, finals))))
     outs = tuple(outs)
-    body, hints = _steps(accs, loop)
-    exprs = [e for _, e in body] + [o.body for o in outs]
+    segments = _loops(accs, loop)
+    exprs = [e for seg in segments for _, e in seg.body] + [o.body for o in outs]
     inner = _inner_axes(exprs, loop, taken)
     col_axis = _col_axis(col, accs, outs, schedule, taken)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
@@ -313,8 +441,9 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
         col=col_axis, loop=Axis(loop, "loop", "BLOCK_N", schedule.block_n),
         inner=inner, accumulators=accs,
         bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
-        segments=(Segment("lo", "hi", False, body, tuple(hints)),),
-        schedule=schedule))
+        segments=segments, schedule=schedule,
+        rules=(f"phases: {len(groups)} loops over {loop.name}, one per pass of the plan",)
+        if len(groups) > 1 else ()))
 
 
 EPILOGUE_CHUNK = 2048  # columns per epilogue step when the column carries no state
@@ -396,14 +525,14 @@ def check_tiles(prog: TileProgram) -> TileProgram:
 
 def rederive(prog: TileProgram, accs: tuple[Accumulator, ...],
              outputs: tuple[Output, ...]) -> TileProgram:
-    """A lowered ``prog`` (one loop) with new accumulators and outputs -- a rewrite of the
-    update templates such as exp -> exp2 -- and its per-tile body derived from them."""
-    if len(prog.segments) != 1 or prog.segments[0].masked:
+    """A lowered ``prog`` (one loop per phase) with new accumulators and outputs -- a
+    rewrite of the update templates such as exp -> exp2 -- and its per-tile bodies derived
+    from them."""
+    if len(prog.segments) != prog.phases or any(s.masked for s in prog.segments):
         raise CodegenError(f"{prog.name}: the per-tile body is re-derived only before the "
-                           "loop partition (one loop over every tile)")
-    body, hints = _steps(accs, prog.loop.var)
+                           "loop partition (one loop over every tile per phase)")
     return replace(prog, accumulators=accs, outputs=outputs,
-                   segments=(replace(prog.segments[0], body=body, hints=tuple(hints)),))
+                   segments=_loops(accs, prog.loop.var))
 
 
 def kernel_sizes(inputs, outputs: tuple[Output, ...], exprs) -> tuple[Size, ...]:

@@ -30,6 +30,11 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
     lines.append("axes: " + ", ".join(axes))
     state = [f"{v.name}[{_shape(prog, v.roles)}] = {v.init:g}" for v in prog.state]
     lines.append("state: " + ", ".join(state))
+    if prog.phases > 1:
+        lines.append(f"phases: {prog.phases} loops over {prog.loop.name}, one after the "
+                     "other; " + "; ".join(
+                         f"{k}: {', '.join(v.name for v in prog.phase_state(k))}"
+                         for k in range(prog.phases)))
     named: dict = {}
     for name, e in prog.bounds:  # later bounds print earlier ones by name
         label = f"{prog.loop.name}_{name}"
@@ -37,8 +42,18 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
         named[e] = Param(label, e.dtype)
     updated = ", ".join(v.name for v in prog.state)
     finals = {v.param: Param(v.name, v.param.dtype) for v in prog.state}
-    for seg in prog.segments:
+    loop = prog.loop
+    if prog.one_tile == "static":
+        lines.append(f"one tile covers {loop.name} < {loop.extent} <= BLOCK_N: each phase's "
+                     "update once, no loop; the tile is loaded once")
+    elif prog.one_tile == "runtime":
+        lines.append(f"if {loop.extent} <= BLOCK_N: one tile, each phase's update once, no "
+                     "loop, the tile loaded once; else:")
+    for seg in prog.segments if prog.one_tile != "static" else ():
         kind = "boundary tiles, masked" if seg.masked else "interior tiles, no masks"
+        if prog.phases > 1:
+            kind = f"phase {seg.phase}, {kind}"
+            updated = ", ".join(v.name for v in prog.phase_state(seg.phase))
         lines.append(f"for {prog.loop.name}0 in range({prog.loop.name}_{seg.lo}, "
                      f"{prog.loop.name}_{seg.hi}, BLOCK_N):  # {kind}")
         if not bodies:

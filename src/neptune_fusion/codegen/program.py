@@ -7,6 +7,12 @@ the *row* axis (the query axis ``i``); it holds the whole *col* axis (the head d
 ``j``) in tiles of ``BLOCK_N``, carrying the group's state. *Inner* axes are contraction
 axes inside the loop body (``c`` in ``sum(q[i, c] * k[j, c], c)``).
 
+A *phased* program runs several such loops over the same tiles of the same rows, one
+after the other (a chain no repair fuses: ``sum_j tanh(x - max_j x)``). Every accumulator
+and segment has a ``phase``; phase ``k``'s loops update only phase ``k``'s state, and its
+terms read the state of earlier phases as plain final values (registers, no workspace).
+A program of one phase is the ordinary rolling kernel.
+
 Everything the emitter prints is here as IR: the loop body is one expression per state
 variable (the new value, in terms of :class:`~neptune_fusion.ir.nodes.Param` leaves for
 the state at the start of the tile), the loop bounds are integer IR over the program's
@@ -116,6 +122,7 @@ class Accumulator:
     updates: tuple[Expr, ...]          # empty for plain members
     state: tuple[StateVar, ...]
     scaled: float = 1.0                # state kept as value * scaled (exp2 domain)
+    phase: int = 0                     # the phase whose loop reduces it (module docstring)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class Segment:
     body: tuple[tuple[StateVar, Expr], ...]
     hints: tuple[tuple[Expr, str], ...] = ()   # readable names for values of the body
     guard: bool = False        # tiles may cross the end of the loop axis: check j < extent
+    phase: int = 0             # updates the state of this phase's accumulators only
 
 
 @dataclass(frozen=True)
@@ -171,10 +179,24 @@ class TileProgram:
     schedule: Schedule
     rules: tuple[str, ...] = ()             # speed/lowering rules applied, for reports
     split: Split | None = None              # split-k stage (None: the rolling kernel)
+    # one loop tile covers the whole loop axis (a persistent schedule): "static" -- always
+    # (a static extent <= BLOCK_N): no loops, the tile is loaded once and every phase and
+    # the epilogue read it; "runtime" -- a symbolic extent: that code when the extent fits
+    # BLOCK_N at run time, the loops otherwise; "" -- the loops
+    one_tile: str = ""
 
     @property
     def state(self) -> tuple[StateVar, ...]:
         return tuple(s for a in self.accumulators for s in a.state)
+
+    @property
+    def phases(self) -> int:
+        """How many phases (loops over the fused axis, one after the other) it runs."""
+        return 1 + max((a.phase for a in self.accumulators), default=0)
+
+    def phase_state(self, k: int) -> tuple[StateVar, ...]:
+        """The state variables phase ``k``'s loops update."""
+        return tuple(s for a in self.accumulators if a.phase == k for s in a.state)
 
     @property
     def axes(self) -> tuple[Axis, ...]:
@@ -195,13 +217,16 @@ class TileProgram:
         """Raise :class:`VerificationError` naming the first broken invariant; return self.
 
         Axes play their roles with consistent tile sizes; every accumulator's state is
-        its reducer's and the loop bodies update exactly that state; every expression
+        its reducer's and the loop bodies of each phase update exactly that phase's
+        state (phases numbered from 0, loops in phase order, producers in their
+        consumer's phase); every expression
         reads only what the kernel defines there (its axes, the state, the loop's
         position, its input tensors and size arguments); every output has the row axis;
-        the split-k stage, if any, agrees with the workspace it writes or reads.
+        the split-k stage, if any, agrees with the workspace it writes or reads; a one-tile
+        program is a rolling one whose tile covers the loop axis.
         """
         for part in (_check_axes, _check_tensors, _check_state, _check_segments,
-                     _check_outputs, _check_split):
+                     _check_outputs, _check_split, _check_one_tile):
             part(self)
         return self
 
@@ -275,6 +300,13 @@ def _check_state(prog: TileProgram) -> None:
             _fail(prog, "state", f"{a.name} reduces with {a.op}, which is not lowered")
         if any(not 0 <= p < k for p in a.producers):
             _fail(prog, "state", f"{a.name} reads a producer that is not listed before it")
+        if any(prog.accumulators[p].phase != a.phase for p in a.producers):
+            _fail(prog, "phases", f"{a.name} reads the running value of a producer of "
+                  "another phase")
+        before = prog.accumulators[k - 1].phase if k else 0
+        if a.phase not in (before, before + 1):
+            _fail(prog, "phases", f"{a.name} is in phase {a.phase} after phase {before} "
+                  "(phases are numbered from 0, in order)")
         n = len(a.state)
         if len(a.terms) != n or len(a.updates) != (n if a.producers else 0):
             _fail(prog, "state", f"{a.name} has {n} state variable(s), {len(a.terms)} "
@@ -317,21 +349,29 @@ def _check_segments(prog: TileProgram) -> None:
     tile = {TILE_START, TILE_END, BLOCK_N, I_FIRST} | split
     tile |= {LOOP_LO} if "lo" in bound else set()
     tile |= {I_LAST} if any(x is I_LAST for e in bound.values() for x in walk(e)) else set()
-    state = {s.param for s in prog.state}
     rows = spatial | {prog.row.var} | ({prog.col.var} if prog.col is not None else set())
     if not prog.segments and (prog.split is None or prog.split.stage != "combine"):
         _fail(prog, "segments", "no loop over the fused axis")
+    phases = [seg.phase for seg in prog.segments]
+    if prog.segments and (phases != sorted(phases) or set(phases) != set(range(prog.phases))):
+        _fail(prog, "phases", f"the loops run phases {phases}; every phase of "
+              f"0..{prog.phases - 1} has loops, in order")
     for seg in prog.segments:
-        where = f"segment {seg.lo}..{seg.hi}"
+        where = f"segment {seg.lo}..{seg.hi}" + (f" of phase {seg.phase}"
+                                                 if prog.phases > 1 else "")
         if seg.lo not in bound or seg.hi not in bound:
             _fail(prog, "segments", f"{where} runs between bounds the prologue lacks")
-        if not _same([s for s, _ in seg.body], prog.state):
+        own = prog.phase_state(seg.phase)
+        if not _same([s for s, _ in seg.body], own):
             _fail(prog, "segments", f"{where} updates "
                   f"{', '.join(s.name for s, _ in seg.body)}, not the accumulators' "
-                  f"state ({', '.join(s.name for s in prog.state)})")
+                  f"state ({', '.join(s.name for s in own)})")
         if seg.guard and not seg.masked:
             _fail(prog, "segments", f"{where} checks the axis end but is unmasked")
-        for v, e in seg.body:   # a deferred (loop-spanning) state adds the tile itself
+        # the state of earlier phases is final here: read as a plain value; a deferred
+        # (loop-spanning) state reads the tile itself
+        state = {s.param for k in range(seg.phase + 1) for s in prog.phase_state(k)}
+        for v, e in seg.body:
             _reads(prog, where, [e], state | tile,
                    rows | ({prog.loop.var} if "loop" in v.roles else set()))
 
@@ -361,6 +401,8 @@ def _check_split(prog: TileProgram) -> None:
     sp = prog.split
     if sp is None:
         return
+    if prog.phases > 1:
+        _fail(prog, "split-k", f"a program of {prog.phases} phases is not split")
     if sp.stage not in ("partial", "combine") or not isinstance(sp.splits, int) \
             or sp.splits < 1:
         _fail(prog, "split-k", f"stage {sp.stage!r} with {sp.splits} splits")
@@ -384,3 +426,17 @@ def _check_split(prog: TileProgram) -> None:
     if sp.col_blocks > 1 and (c is None or c.block_size * sp.col_blocks != c.extent):
         _fail(prog, "split-k", f"{sp.col_blocks} column programs do not cover the column "
               "axis")
+
+
+def _check_one_tile(prog: TileProgram) -> None:
+    mode, ext = prog.one_tile, prog.loop.extent
+    if mode not in ("", "static", "runtime"):
+        _fail(prog, "one tile", f"mode {mode!r} is not '', 'static' or 'runtime'")
+    if mode and prog.split is not None:
+        _fail(prog, "one tile", "a split-k program walks chunks of the loop axis")
+    if mode == "static" and not (isinstance(ext, int) and ext <= prog.schedule.block_n):
+        _fail(prog, "one tile", f"BLOCK_N = {prog.schedule.block_n} does not cover the loop "
+              f"axis {prog.loop.name} < {ext}")
+    if mode == "runtime" and isinstance(ext, int):
+        _fail(prog, "one tile", f"the loop axis {prog.loop.name} < {ext} is static: whether "
+              "one tile covers it is known now")

@@ -59,6 +59,11 @@ def _workspace(prog: TileProgram, splits: int):
 def _check(prog: TileProgram, splits: int) -> None:
     if not isinstance(splits, int) or splits < 1:
         raise CodegenError(f"split-k needs splits >= 1, got {splits!r}")
+    if prog.phases > 1:
+        raise UnschedulableError(
+            f"schedule strategy 'split': {prog.name} runs {prog.phases} phases (loops over "
+            "the fused axis one after the other, a later one reading the earlier ones' "
+            "final values); split-k cuts one loop, so a phased program stays rolling")
     for a in prog.accumulators:
         for p in a.producers:
             if prog.accumulators[p].op == "sum":
@@ -87,7 +92,8 @@ def partial_program(prog: TileProgram, splits: int) -> TileProgram:
     outs = tuple(Output(replace(arg, kind="output"), axes, s.param) for s, arg, axes in ws)
     info = Split(splits, "partial", tuple((s, arg) for s, arg, _ in ws), chunk)
     return replace(prog, name=f"{prog.name}_partial", outputs=outs, bounds=bounds,
-                   split=info, rules=prog.rules + (f"split-k: {splits} splits, partial",))
+                   split=info, rules=prog.rules + (f"split-k: {splits} splits, partial",),
+                   one_tile="")
 
 
 def _linear_in_own(u: Expr, i: int) -> bool:
@@ -179,7 +185,7 @@ def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
     rule = f"split-k: {info.splits} splits, combine" + \
         (f" ({blocks} programs per row block over {prog.col.name})" if blocks > 1 else "")
     return replace(prog, name=f"{prog.name}_combine", inputs=inputs, inner=(), bounds=(),
-                   segments=(), split=info, col=col, rules=(rule,))
+                   segments=(), split=info, col=col, rules=(rule,), one_tile="")
 
 
 def split_programs(prog: TileProgram, splits: int) -> tuple[TileProgram, ...]:

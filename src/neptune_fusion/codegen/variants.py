@@ -27,7 +27,7 @@ from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Unary,
 from ..ir.reducers import reducer
 from ..ir.traverse import rewrite, substitute, walk
 from ..schedule.schedule import Schedule
-from .lower import kernel_sizes
+from .lower import dot_roles, kernel_sizes
 from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar, TileProgram
 
 NINF = -float("inf")
@@ -160,16 +160,54 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
 
 
 def partition_loop(prog: TileProgram) -> TileProgram:
-    """Stage ``partition``: the one loop of a lowered ``prog`` as the bounds and loops of
-    :func:`build_segments`; the kernel's sizes now include those its bounds use."""
-    if len(prog.segments) != 1 or prog.segments[0].masked:
+    """Stage ``partition``: the one loop of a lowered ``prog`` -- one per phase -- as the
+    bounds and loops of :func:`build_segments`; the kernel's sizes now include those its
+    bounds use. A later phase's bound equal to an earlier one is that one (same name);
+    one that differs is named with the phase (``hi_1``)."""
+    if len(prog.segments) != prog.phases or any(s.masked for s in prog.segments):
         raise CodegenError(f"{prog.name}: the loop is partitioned once, after lowering "
-                           "(one loop over every tile, no masks yet)")
-    whole = prog.segments[0]
-    bounds, segments, notes = build_segments(whole.body, whole.hints, prog.row.var,
-                                             prog.loop.var, prog.schedule)
-    exprs = [e for _, e in whole.body] + [o.body for o in prog.outputs]
+                           "(one loop over every tile per phase, no masks yet)")
+    bounds: list[tuple[str, Expr]] = []
+    segments: list[Segment] = []
+    notes: list[str] = []
+    for whole in prog.segments:
+        got, segs, said = build_segments(whole.body, whole.hints, prog.row.var,
+                                         prog.loop.var, prog.schedule)
+        rename = {}
+        for n, e in got:
+            same = next((m for m, f in bounds if f == e), None)
+            if same is None:
+                same = n if whole.phase == 0 else f"{n}_{whole.phase}"
+                bounds.append((same, e))
+            rename[n] = same
+        segments += [replace(s, lo=rename[s.lo], hi=rename[s.hi], phase=whole.phase)
+                     for s in segs]
+        notes += [f"phase {whole.phase}: {x}" if prog.phases > 1 else x for x in said]
+    exprs = [e for whole in prog.segments for _, e in whole.body] + \
+        [o.body for o in prog.outputs]
     sizes = kernel_sizes([a.tensor for a in prog.inputs], prog.outputs,
                          exprs + [e for _, e in bounds])
-    return replace(prog, bounds=bounds, segments=segments, sizes=sizes,
-                   rules=prog.rules + notes)
+    mode = one_tile(prog)
+    if mode:
+        notes.append("one tile covers the row: " + (
+            "no loop, the tile is loaded once" if mode == "static" else
+            f"when {prog.loop.name}'s extent <= BLOCK_N (at run time), no loop and the tile "
+            "is loaded once; else the loops"))
+    return replace(prog, bounds=tuple(bounds), segments=tuple(segments), sizes=sizes,
+                   rules=prog.rules + tuple(notes), one_tile=mode)
+
+
+def one_tile(prog: TileProgram) -> str:
+    """How a row reduction (no ``tl.dot``) runs when one loop tile covers the loop axis
+    (a *persistent* schedule; :attr:`TileProgram.one_tile`): ``"static"`` when the extent
+    is static and at most ``BLOCK_N``; ``"runtime"`` when it is symbolic and the kernel
+    reads its input again after the first loop (a later phase, or an epilogue that loads:
+    softmax), which the one tile saves; else ``""``."""
+    if dot_roles(prog):
+        return ""
+    ext = prog.loop.extent
+    if isinstance(ext, int):
+        return "static" if ext <= prog.schedule.block_n else ""
+    rereads = prog.phases > 1 or any(isinstance(x, Load) for o in prog.outputs
+                                     for x in walk(o.body))
+    return "runtime" if rereads else ""

@@ -13,12 +13,15 @@ The last pass program holds the last group and the program's outputs. For
     after:   pass 0:  max0[i] = max(x[i, j], j)                  (an intermediate)
              pass 1:  t[i] = sum(tanh(x[i, j] - max0[i]), j)     (read as a placeholder)
 
-Each pass program is single-pass, so it compiles through the ordinary pipeline (rolling
-or split-k, its own schedule); :class:`~neptune_fusion.runtime.staged.StagedKernel` runs
-them in order. Intermediates of a floating-point dtype narrower than float32 are stored
-in float32 (what the fused kernel's state holds); an output whose dtype would change by
-it is cast back. An output that is exactly an intermediate is not recomputed: it is that
-intermediate (``Staging.aliases``).
+The pipeline uses this split when the passes are not phases of one kernel (over different
+axes or rows; a chain over one axis of one row, like this one, is lowered as phases by
+``codegen/lower.py``). Each pass program is single-pass, so it compiles through the
+ordinary pipeline (rolling or split-k, its own schedule);
+:class:`~neptune_fusion.runtime.staged.StagedKernel` runs them in order. Intermediates of
+a floating-point dtype narrower than float32 are stored in float32 (what the fused
+kernel's state holds); an output whose dtype would change by it is cast back. An output
+that is exactly an intermediate is not recomputed: it is that intermediate
+(``Staging.aliases``).
 """
 
 from __future__ import annotations

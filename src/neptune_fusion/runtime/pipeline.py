@@ -1,10 +1,12 @@
 """The compiler's pipeline: ``compile()`` and the stages it runs, in order, in one place.
 
     outputs --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
-            --check_single_pass--> one fused loop, or else
+            --check_phased--> one fused loop, or a chain of them over one axis of one
+                              row (phases of one kernel), or else
             --split_passes--> pass programs, each one fused loop, each through the
                               stages below (runtime/staged.py StagedKernel runs them)
-            --lower--> TileProgram             (codegen/lower.py: one loop, no masks yet)
+            --lower--> TileProgram             (codegen/lower.py: one loop per phase, no
+                                                masks yet)
             --apply_exp2--> TileProgram        (codegen/exp2.py: when Schedule.exp2)
             --partition_loop--> TileProgram    (codegen/variants.py: boundary/interior)
             --split_programs--> TileProgram(s) (codegen/split.py: when strategy "split")
@@ -46,7 +48,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     two (split-k: partial, combine). Each stage's result is dumped on request."""
     from ..codegen.defer import defer_tile_reductions
     from ..codegen.exp2 import apply_exp2
-    from ..codegen.lower import check_single_pass, lower
+    from ..codegen.lower import check_phased, lower
     from ..codegen.outline import outline
     from ..codegen.split import split_programs
     from ..codegen.variants import partition_loop
@@ -62,7 +64,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
                                                  for p in programs))
         return programs
 
-    check_single_pass(plan)
+    check_phased(plan)
     [prog] = done("lower", (lower(plan, list(inputs), schedule, name=name),))
     [prog] = done("exp2", (apply_exp2(prog),))
     [prog] = done("partition", (partition_loop(prog),))
@@ -127,16 +129,28 @@ class Builder:
             key["schedule"] = schedule.to_dict()
         return key
 
-    def check_single_pass(self) -> None:
-        """Raise what lowering would for a chain that is not one fused loop (skipped when
-        the cache remembers this definition passing)."""
+    def form(self) -> str:
+        """``"single"`` (one fused loop) or ``"phased"`` (one kernel, a loop per pass of
+        the plan); raise what lowering would for a plan that is neither (skipped when the
+        cache remembers the answer)."""
         key = self._key("plan check")
-        if self._specs_store is not None and self._specs_store.get(key) is not None:
-            return
-        from ..codegen.lower import check_single_pass
-        check_single_pass(self.plan)
         if self._specs_store is not None:
-            self._specs_store.put(key, {"single_pass": True})
+            rec = self._specs_store.get(key)
+            if rec is not None and rec.get("form") in ("single", "phased"):
+                return rec["form"]
+        from ..codegen.lower import check_phased
+        check_phased(self.plan)
+        form = "single" if self.plan.single_pass else "phased"
+        if self._specs_store is not None:
+            self._specs_store.put(key, {"form": form})
+        return form
+
+    def check_single_pass(self) -> None:
+        """Raise the error naming the unfused dependency of a plan that is not one fused
+        loop (phases included)."""
+        if self.form() != "single":
+            from ..codegen.lower import check_single_pass
+            check_single_pass(self.plan)
 
     def lowered(self, schedule: Schedule) -> tuple:
         """``(plan, programs)`` of ``schedule``: built once."""
@@ -195,11 +209,13 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
       the field and the violated invariant. Returns a
       :class:`~neptune_fusion.runtime.kernel.Kernel`.
 
-    A definition that is not one fused loop (the plan's ``unfused``, or groups over
-    different axes) compiles to a
-    :class:`~neptune_fusion.runtime.staged.StagedKernel`: one kernel per pass, each
-    scheduled like a single-pass definition (see docs/codegen.md, multi-pass plans).
-    ``require_single_pass=True`` refuses it instead, with the
+    A definition that is not one fused loop (the plan's ``unfused``) but a chain of them
+    over one reduction axis of one row compiles to one kernel that runs the loops one
+    after the other (*phases*, rolling only); one whose passes are over different axes or
+    rows compiles to a :class:`~neptune_fusion.runtime.staged.StagedKernel`: one kernel
+    per pass, each scheduled like a single-pass definition (see docs/codegen.md,
+    multi-pass plans); an explicit split-k schedule runs a phased chain as passes too.
+    ``require_single_pass=True`` refuses both instead, with the
     :class:`~neptune_fusion.errors.UnschedulableError` naming the unfused dependency.
 
     ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
@@ -235,7 +251,11 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
         store = cache or None
     builder = Builder(outs, inputs, kname, single, store, fuse_all=require_single_pass)
     try:
-        builder.check_single_pass()
+        if require_single_pass:
+            builder.check_single_pass()
+        elif builder.form() == "phased" and not auto and sched.strategy == "split":
+            # split-k cuts one loop: an explicit split schedule splits each pass instead
+            raise UnschedulableError("split-k of a phased program")
     except UnschedulableError as err:
         if require_single_pass:
             raise UnschedulableError(f"{err}; require_single_pass=True refuses the "
@@ -255,8 +275,9 @@ def _one(builder: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
 
 
 def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
-    """A multi-pass plan: one kernel per pass program (fusion/stages.py), run in
-    order by a :class:`~neptune_fusion.runtime.staged.StagedKernel`."""
+    """A multi-pass plan whose passes are not phases of one kernel: one kernel per pass
+    program (fusion/stages.py), run in order by a
+    :class:`~neptune_fusion.runtime.staged.StagedKernel`."""
     from ..fusion.stages import split_passes
     from .staged import StagedKernel
     staging = split_passes(list(whole.outputs))
@@ -266,7 +287,7 @@ def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log)
     kernels = []
     for ps in staging.passes:
         b = Builder(ps.outputs, ps.inputs, f"{whole.name}_pass{ps.index}", False, store)
-        b.check_single_pass()
+        b.form()
         kernels.append(_one(b, auto, sched, store, top_k, log))
     return StagedKernel(whole.outputs, whole.inputs, staging, tuple(kernels), whole.single,
                         whole.name, lambda: whole.plan)

@@ -18,18 +18,28 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     the share of loop tiles the loop partition visits per tile shape, from the program's
     own loop bounds (a few ms; only the auto-scheduler's ranking needs it). A program whose
     row and loop tiles feed no ``tl.dot`` is a row reduction (``contraction`` false): the
-    bytes of its inputs and outputs are what it reads and writes once.
+    bytes of its inputs and outputs are what it reads and writes once, plus what it reads
+    again when no tile covers the row (``reread_bytes``: a later phase, an epilogue that
+    loads).
     """
     from ..codegen.lower import dot_roles
     from ..codegen.visits import visited_fraction
+    from ..ir.nodes import Load
+    from ..ir.traverse import walk
     from ..schedule.space import Problem, tile_shapes
     loop_ext = prog.loop.extent
     streamed = 0
     sizes_of_streamed = []
+    along = 0     # bytes of the inputs with a dimension of the loop axis's extent
     for p, t in zip(inputs, tensors):
+        if any(d is loop_ext or (isinstance(d, int) and d == loop_ext) for d in p.shape):
+            along += t.numel() * t.element_size()
         if any(d is loop_ext for d in p.shape):
             streamed += t.numel() * t.element_size()
             sizes_of_streamed.append(t.element_size())
+    # what the kernel reads again after the first loop unless one tile covers the row
+    loads_after = any(isinstance(x, Load) for o in prog.outputs for x in walk(o.body))
+    rereads = prog.phases - 1 + int(loads_after)
     # the element size of what the loop streams (k, v): a small float32 side buffer such
     # as ALiBi slopes must not make fp16 attention look like fp32 to the model
     itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
@@ -47,4 +57,5 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
         splittable=splittable, fp32=itemsize >= 4, contraction=contraction,
         tensor_bytes=sum(t.numel() * t.element_size() for t in tensors) + out_bytes,
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
-                     for bm, bn in tile_shapes(rows)) if visits and contraction else ())
+                     for bm, bn in tile_shapes(rows)) if visits and contraction else (),
+        reread_bytes=0 if contraction else rereads * along)

@@ -1,8 +1,10 @@
 """``StagedKernel``: a multi-pass plan run as a sequence of kernels, one per pass.
 
 A program that is not one fused loop (a dependency no repair breaks, groups over
-different axes) is split by :func:`~neptune_fusion.fusion.stages.split_passes` into pass
-programs, each single-pass; each is compiled by the ordinary pipeline into a
+different axes) and not a chain of phases of one kernel (codegen/lower.py,
+``phase_groups``: the passes run over different axes or rows) is split by
+:func:`~neptune_fusion.fusion.stages.split_passes` into pass programs, each single-pass;
+each is compiled by the ordinary pipeline into a
 :class:`~neptune_fusion.runtime.kernel.Kernel` (explicit schedule: the same one for every
 pass) or an :class:`~neptune_fusion.runtime.auto.AutoKernel` (``schedule="auto"``: each
 pass chooses its own). A call runs the passes in order. The intermediates one pass writes

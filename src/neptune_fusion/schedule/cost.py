@@ -18,11 +18,14 @@ Per program (one row block of one instance, or one split of it):
   efficiency, plus a per-iteration overhead, plus launches (and split-k's combine).
 
 A row reduction (no ``tl.dot``: ``problem.contraction`` false) is priced by
-:func:`row_estimate`: its bytes read and written once, at the share of the bandwidth the
-programs reach -- multiprocessors occupied (programs vs SMs) and bytes in flight per
-multiprocessor (resident programs x tile bytes x pipelined tiles) -- plus per-element
-work, loop iterations, launches and split-k's combine; registers from the tile (the loop
-tile, or the output row tile of a softmax-like epilogue) over the threads.
+:func:`row_estimate`: its bytes read and written once -- plus, unless one tile covers the
+row (persistent), the input it reads again (``reread_bytes``: softmax's epilogue, a later
+phase: a looped softmax moves 3x its input's bytes, a persistent one 2x) -- at the share
+of the bandwidth the programs reach -- multiprocessors occupied (programs vs SMs) and
+bytes in flight per multiprocessor (resident programs x tile bytes x pipelined tiles) --
+plus per-element work, loop iterations, launches and split-k's combine; registers from
+the tile (the loop tile, or the output row tile of a softmax-like epilogue) over the
+threads.
 """
 
 from __future__ import annotations
@@ -288,6 +291,8 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     stream = min(1.0, flight / _IN_FLIGHT) or 1.0   # an empty loop streams nothing
     nbytes = problem.tensor_bytes or \
         problem.programs * rows * (problem.loop + problem.col) * it
+    if not persistent(problem, s):   # a later phase, softmax's epilogue: read x again
+        nbytes += problem.reread_bytes
     mem = nbytes / (device.bandwidth * sms_busy * stream)
     # padded work: rows past the end, the last tile's tail, threads without an element
     elems = max(bm * min(bn, next_pow2(chunk)), 32 * s.num_warps) * iters * progs

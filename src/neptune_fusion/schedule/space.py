@@ -106,6 +106,9 @@ class Problem:
     tensor_bytes: int = 0        # bytes of every input and output (0: unknown)
     # ((block_m, block_n, share of the row-block x loop-tile pairs the loop visits), ...)
     visits: tuple[tuple[int, int, float], ...] = ()
+    # bytes a row reduction reads again after its first loop -- a later phase, an
+    # epilogue that loads (softmax's x) -- unless one tile covers the row (persistent)
+    reread_bytes: int = 0
 
     def visited(self, block_m: int, block_n: int) -> float:
         """The share of loop tiles a schedule's programs visit (masks skip the rest);
