@@ -152,8 +152,8 @@ def test_layernorm_matmul_takes_a_second_pass_unless_required(rng):
     assert nf.plan(out, require_single_pass=True).single_pass
     staged = nf.compile(out, cache=False)
     fused = nf.compile(out, cache=False, require_single_pass=True)
-    assert type(staged).__name__ == "StagedKernel"
-    assert type(fused).__name__ == "AutoKernel"
+    # two passes over the rows: here (a static column) one kernel of two phases
+    assert staged.program.phases == 2 and fused.program.phases == 1
     tensors = _inputs(fused, 9, 37, 20, rng)
     _check(out, staged, tensors)
     _check(out, fused, tensors)
