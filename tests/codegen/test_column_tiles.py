@@ -192,3 +192,18 @@ def test_gemm_cost_prefers_large_tiles():
     too_big = estimate(problem, nf.Schedule(block_m=128, block_n=128, block_col=256,
                                             num_warps=8, num_stages=4), H200)
     assert not too_big.feasible and "shared memory" in too_big.why
+
+
+def test_only_the_fused_axis_length_is_unspecialised():
+    from neptune_fusion.frontend.examples import plain_attention
+    from neptune_fusion.runtime.launcher import reuse_key
+    gemm = nf.compile(_wide("rms", nf.size("K")), block_m=16, block_n=16, block_col=16)
+    assert "do_not_specialize=['D']" in gemm.source     # N and K mask contiguous tiles
+    assert gemm.kernels[0].spec.specialized == ("N", "K")
+    [o], _ = plain_attention()
+    attn = nf.compile(o, block_m=16, block_n=16)
+    assert "do_not_specialize=['M']" in attn.source     # a decode loop's growing length
+    kinds = ("specialized", "size")
+    assert reuse_key(kinds, (4096, 17)) == reuse_key(kinds, (32, 4000))
+    assert reuse_key(kinds, (4096, 17)) != reuse_key(kinds, (4095, 17))
+    assert reuse_key(kinds, (1, 17)) != reuse_key(kinds, (3, 17))

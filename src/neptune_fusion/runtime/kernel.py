@@ -330,7 +330,8 @@ class Kernel:
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
         launcher = None
         if fn is not None and not interpret:
-            consts = [(a[0], sizes[v] if tag == _SIZE else v)
+            consts = [("specialized" if tag == _SIZE and v in spec.specialized else a[0],
+                       sizes[v] if tag == _SIZE else v)
                       for a, (tag, v) in zip(spec.args, args) if tag != _TENSOR]
             launcher = Launcher(fn, grid, opts, self._compiled,
                                 (k, reuse_key(*zip(*consts)) if consts else ()))

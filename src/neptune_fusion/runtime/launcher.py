@@ -14,9 +14,11 @@ direct path (the kernel kept is the aligned variant). ``NEPTUNE_FUSION_DIRECT_LA
 
 The call setups of one kernel share their compiled kernels by a ``key``: the values of
 every non-tensor argument, except that a symbolic size counts only by whether it fits
-32 bits. Generated kernels do not specialise on sizes (``do_not_specialize``), so two
-plans with one key are given the same compiled kernel by Triton; a decode loop whose key
-length grows by one per step therefore dispatches once, not once per step.
+32 bits -- and, for a size Triton specialises on, whether it is 1 and a multiple of 16.
+Generated kernels do not specialise on the fused axis's length (``do_not_specialize``,
+codegen/source.unspecialized_sizes), so two plans with one key are given the same compiled
+kernel by Triton; a decode loop whose key length grows by one per step therefore
+dispatches once, not once per step.
 
 On the direct path a split-k workspace (the partial states one kernel writes and the next
 reads) is one allocation: the launcher reads a pointer argument through ``data_ptr()``,
@@ -68,10 +70,17 @@ class Launcher:
 
 def reuse_key(kinds, values) -> tuple:
     """The key under which call setups share a compiled kernel: the non-tensor argument
-    ``values`` with each symbolic size (kind ``"size"``) reduced to whether it fits 32 bits
-    (Triton's one distinction for an unspecialised integer)."""
-    return tuple(("size", -2 ** 31 <= v < 2 ** 31) if kind == "size" else (kind, v)
-                 for kind, v in zip(kinds, values))
+    ``values`` with each symbolic size reduced to what Triton distinguishes: for an
+    unspecialised one (kind ``"size"``) whether it fits 32 bits, for a specialised one
+    (kind ``"specialized"``) also whether it is 1 and whether a multiple of 16."""
+    def key(kind, v):
+        fits = -2 ** 31 <= v < 2 ** 31 if kind in ("size", "specialized") else None
+        if kind == "size":
+            return ("size", fits)
+        if kind == "specialized":
+            return ("size", fits, v == 1, v % 16 == 0)
+        return (kind, v)
+    return tuple(key(kind, v) for kind, v in zip(kinds, values))
 
 
 def direct_runner(compiled, grid: tuple[int, ...]):

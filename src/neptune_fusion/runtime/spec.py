@@ -44,6 +44,8 @@ class KernelSpec:
     # column tiles across programs (Schedule.block_col): (col extent, tile); the row x
     # column tiles are flattened into program_id(0)
     col_tile: tuple = ()
+    # the size arguments Triton specialises on (codegen/source.unspecialized_sizes)
+    specialized: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +65,8 @@ class KernelSpec:
                 num_warps=int(d["num_warps"]), num_stages=int(d["num_stages"]),
                 count_visits=bool(d["count_visits"]),
                 col_blocks=int(d.get("col_blocks", 1)),
-                col_tile=tuple(_ext(x) for x in d.get("col_tile", ())))
+                col_tile=tuple(_ext(x) for x in d.get("col_tile", ())),
+                specialized=tuple(str(x) for x in d.get("specialized", ())))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed kernel spec: {err!r}") from None
         if not spec.name.isidentifier():   # it names the kernel function and its module
@@ -87,7 +90,7 @@ def ext_of(e) -> Ext:
 
 def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
     """The kernel specs of ``programs`` (one per generated kernel, in launch order)."""
-    from ..codegen.source import kernel_args
+    from ..codegen.source import kernel_args, unspecialized_sizes
     keys = {p: f"in{k}" for k, p in enumerate(inputs)}
 
     def key(t) -> str:
@@ -134,5 +137,7 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             num_stages=s.num_stages, count_visits=s.count_visits,
             col_blocks=prog.split.col_blocks if stage == "combine" else 1,
             col_tile=(ext_of(prog.col.extent), prog.col.block_size)
-            if prog.col is not None and prog.col.programs else ()))
+            if prog.col is not None and prog.col.programs else (),
+            specialized=tuple(a.ref.name for a in kernel_args(prog) if a.kind == "size"
+                              and a.ref not in unspecialized_sizes(prog))))
     return tuple(specs)
