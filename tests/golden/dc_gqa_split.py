@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['B', 'N', 'M'])
 def dc_gqa_partial(
     q_ptr, q_s0, q_s1, q_s2,
     k_ptr, k_s0, k_s1, k_s2,
@@ -93,7 +93,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['B', 'N', 'M'])
 def dc_gqa_combine(
     ws_m_ptr, ws_m_s0, ws_m_s1, ws_m_s2,
     ws_l_ptr, ws_l_s0, ws_l_s1, ws_l_s2,

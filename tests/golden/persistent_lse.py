@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['N'])
 def persistent_lse(
     x_ptr, x_s0,
     lse_ptr,

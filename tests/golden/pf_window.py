@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['B', 'N', 'M'])
 def pf_window(
     q_ptr, q_s0, q_s1, q_s2,
     k_ptr, k_s0, k_s1, k_s2,

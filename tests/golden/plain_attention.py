@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['N', 'M'])
 def attention(
     q_ptr, q_s0,
     k_ptr, k_s0,

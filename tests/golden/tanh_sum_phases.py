@@ -3,7 +3,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['N', 'M'])
 def tanh_sum(
     x_ptr, x_s0,
     t2_ptr,

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['M'])
+@triton.jit(do_not_specialize=['N', 'M'])
 def nf_t_pass0(
     x_ptr, x_s0,
     m2_ptr,
@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=['K'])
+@triton.jit(do_not_specialize=['N', 'K'])
 def nf_t_pass1(
     z_ptr, z_s0,
     m_ptr,

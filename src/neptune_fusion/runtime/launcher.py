@@ -15,10 +15,10 @@ direct path (the kernel kept is the aligned variant). ``NEPTUNE_FUSION_DIRECT_LA
 The call setups of one kernel share their compiled kernels by a ``key``: the values of
 every non-tensor argument, except that a symbolic size counts only by whether it fits
 32 bits -- and, for a size Triton specialises on, whether it is 1 and a multiple of 16.
-Generated kernels do not specialise on the fused axis's length (``do_not_specialize``,
-codegen/source.unspecialized_sizes), so two plans with one key are given the same compiled
-kernel by Triton; a decode loop whose key length grows by one per step therefore
-dispatches once, not once per step.
+Generated kernels specialise on no size but the output column's extent
+(``do_not_specialize``, codegen/source.unspecialized_sizes), so two plans with one key are
+given the same compiled kernel by Triton; a decode loop whose key length grows by one per
+step therefore dispatches once, not once per step.
 
 On the direct path a split-k workspace (the partial states one kernel writes and the next
 reads) is one allocation: the launcher reads a pointer argument through ``data_ptr()``,
