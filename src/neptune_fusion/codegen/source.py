@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Const, Expr, Load, Reduce, Size
+from ..ir.nodes import Const, Expr, Load, Reduce
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names

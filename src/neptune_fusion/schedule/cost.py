@@ -48,6 +48,13 @@ class Resources:
     per_sm: int                  # programs resident per multiprocessor (0: cannot run)
 
 
+def _unfit(r: Resources, device: Device) -> str:
+    """Why a program of resources ``r`` cannot run on ``device``, or ""."""
+    if r.smem > device.smem_per_block:
+        return f"shared memory {r.smem} > {device.smem_per_block} bytes"
+    return "no program fits a multiprocessor" if r.per_sm < 1 else ""
+
+
 @dataclass(frozen=True)
 class Estimate:
     schedule: Schedule
@@ -100,11 +107,8 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     if s.block_col:
         return gemm_estimate(problem, s, device)
     r = resources(problem, s, device)
-    if r.smem > device.smem_per_block:
-        return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
-                                            f"{device.smem_per_block} bytes")
-    if r.per_sm < 1:
-        return Estimate(s, float("inf"), r, "no program fits a multiprocessor")
+    if _unfit(r, device):
+        return Estimate(s, float("inf"), r, _unfit(r, device))
     splits = s.splits if s.strategy == "split" else 1
     row_blocks = -(-problem.rows // s.block_m)
     progs = row_blocks * problem.programs * splits
@@ -202,11 +206,8 @@ def gemm_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     memory traffic of the grouped grid: the left operand once, the right operand once per
     group of :data:`~.schedule.COL_GROUP` row tiles (the rest hits L2)."""
     r = _gemm_resources(problem, s, device)
-    if r.smem > device.smem_per_block:
-        return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
-                                            f"{device.smem_per_block} bytes")
-    if r.per_sm < 1:
-        return Estimate(s, float("inf"), r, "no program fits a multiprocessor")
+    if _unfit(r, device):
+        return Estimate(s, float("inf"), r, _unfit(r, device))
     bm, bn, bc, it = s.block_m, s.block_n, s.block_col, problem.itemsize
     rows, loop, col = max(problem.rows, 1), max(problem.loop, 1), max(problem.col, 1)
     row_tiles, col_tiles = -(-rows // bm), -(-col // bc)
@@ -269,11 +270,8 @@ def _reg_cap(s: Schedule, device: Device) -> int:
 def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     """The estimated time of ``s`` on a row reduction (see module docstring)."""
     r = row_resources(problem, s, device)
-    if r.smem > device.smem_per_block:
-        return Estimate(s, float("inf"), r, f"shared memory {r.smem} > "
-                                            f"{device.smem_per_block} bytes")
-    if r.per_sm < 1:
-        return Estimate(s, float("inf"), r, "no program fits a multiprocessor")
+    if _unfit(r, device):
+        return Estimate(s, float("inf"), r, _unfit(r, device))
     bm, bn, it = s.block_m, s.block_n, problem.itemsize
     splits = s.splits if s.strategy == "split" else 1
     rows = max(problem.rows, 1)
