@@ -405,8 +405,8 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     or an explicit :class:`~neptune_fusion.schedule.schedule.Schedule`. Returns a tensor
     of ``q``'s dtype, computed by generated kernels (interpreted for CPU tensors).
     """
-    if not isinstance(buffers, Mapping):  # report bad q, k, v first, as the checks do
-        _check(q, k, v, enable_gqa)
+    if buffers is not None and not isinstance(buffers, Mapping):
+        _check(q, k, v, enable_gqa)   # bad buffers: report bad q, k, v first, as before
     bufs = _check_buffers(buffers)
     check_no_grad((q, k, v, *bufs.values()), ("q", "k", "v", *bufs))
     cache = cache if cache is not None else DEFAULT_CACHE
