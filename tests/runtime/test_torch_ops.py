@@ -229,9 +229,29 @@ def test_untuned_shape_in_a_capture_surfaces_through_the_op(rng, monkeypatch):
         fn(_randn(rng, 4, 8))
 
 
-def test_eager_calls_take_no_op():
-    """Plain eager calls stay on the direct path: not compiling, so no op is called."""
+def test_eager_calls_take_no_op(rng, monkeypatch):
+    """Plain eager calls stay on the direct path (the op boundary costs host time)."""
+    import neptune_fusion.frontend.attention as att
+    from neptune_fusion.runtime import kernel as kmod
+
+    def boom(*args):
+        raise AssertionError("an eager call went through the op")
+
+    monkeypatch.setattr(att, "_traced", boom)
+    for mod in (kmod, auto):
+        monkeypatch.setattr(mod, "call_kernel", boom)
+    q, k, v = _qkv(rng)
+    assert rel(_attend(q, k, v), _ref(q, k, v)) < 1e-5
+    x = _randn(rng, 3, 20)
+    for sched in ("auto", SMALL):
+        got = nf.compile(_softmax_kernel(), schedule=sched, cache=False)(x)
+        assert torch.allclose(got, torch.softmax(x, 1), atol=1e-6)
     assert not torch_ops.compiling()
+
+
+def test_an_unknown_handle_says_why():
+    with pytest.raises(FeedError, match="handle 123456 is not known in this process"):
+        torch_ops.entry(123456)
 
 
 @pytest.mark.skipif(not os.environ.get("NF_TEST_INDUCTOR"),
@@ -240,3 +260,13 @@ def test_inductor(rng):
     q, k, v = _qkv(rng)
     got = torch.compile(_attend, fullgraph=True)(q, k, v)
     assert rel(got, _ref(q, k, v)) < 1e-5
+
+
+def test_doc_example_runs():
+    import re
+    from pathlib import Path
+    doc = Path(__file__).resolve().parents[2] / "docs" / "torch.md"
+    code = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
+    assert code
+    for block in code:
+        exec(compile(block, "torch.md", "exec"), {})

@@ -58,7 +58,14 @@ handle._dynamo_marked_constant = True   # torch.compiler.assume_constant_result(
 
 
 def entry(h: int):
-    """The entry of handle ``h``."""
+    """The entry of handle ``h``; a :class:`~neptune_fusion.errors.FeedError` if this
+    process has none (a graph traced in another process, e.g. a loaded export)."""
+    if not 0 <= h < len(_ENTRIES):
+        from ..errors import FeedError
+        raise FeedError(f"neptune-fusion op handle {h} is not known in this process: the "
+                        "handle names a compiled operator or attention call site traced in "
+                        "this process, so a graph or exported program that calls "
+                        "neptune_fusion ops runs in the process that traced it")
     return _ENTRIES[h]
 
 
@@ -110,20 +117,20 @@ def define_ops() -> None:
         @torch.library.custom_op("neptune_fusion::kernel", mutates_args=(),
                                  schema="(Tensor[] inputs, int handle) -> Tensor[]")
         def kernel_op(inputs, handle):
-            return _ENTRIES[handle].run(inputs)
+            return entry(handle).run(inputs)
 
         @kernel_op.register_fake
         def _(inputs, handle):
-            return _ENTRIES[handle].fake(inputs)
+            return entry(handle).fake(inputs)
 
         @torch.library.custom_op(
             "neptune_fusion::attention", mutates_args=(),
             schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle) -> Tensor")
         def attention_op(q, k, v, buffers, handle):
-            return _ENTRIES[handle].run([q, k, v, *buffers])[0]
+            return entry(handle).run([q, k, v, *buffers])[0]
 
         @attention_op.register_fake
         def _(q, k, v, buffers, handle):
-            return _ENTRIES[handle].fake([q, k, v, *buffers])[0]
+            return entry(handle).fake([q, k, v, *buffers])[0]
 
         _DEFINED.extend([kernel_op, attention_op])
