@@ -270,3 +270,49 @@ def test_doc_example_runs():
     assert code
     for block in code:
         exec(compile(block, "torch.md", "exec"), {})
+
+
+def test_a_new_operator_or_mod_is_not_served_a_stale_handle(rng):
+    """The handle is a constant of the graph; Dynamo's guards on the objects it came from
+    make another operator or mod trace anew."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    kmax = nf.compile(nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m"), cache=False)
+    ksum = nf.compile(nf.compute((N,), lambda i: nf.sum(x[i, j], j), name="s"), cache=False)
+    f = torch.compile(lambda kern, t: kern(t) + 0.0, fullgraph=True, backend="eager")
+    t = _randn(rng, 4, 16)
+    assert torch.allclose(f(kmax, t), t.max(1).values)
+    assert torch.allclose(f(ksum, t), t.sum(1), atol=1e-5)
+    g = torch.compile(lambda q, mm: nf.attention(q, q, q, mask_mod=mm), fullgraph=True,
+                      backend="eager")
+    q = _randn(rng, 1, 2, 8, 16)
+    for mm, keep in ((CAUSAL, _keep), (None, None),
+                     (ops.SlidingWindow(2), lambda h, i, j: (j <= i) & (i - j < 2))):
+        assert rel(g(q, mm), reference(q, q, q, keep=keep)) < 1e-5
+
+
+def test_the_real_implementation_runs_eagerly_even_while_tracing(rng, monkeypatch):
+    """An op's real implementation never routes back to the op (no recursion), e.g. when a
+    compiler evaluates it at compile time."""
+    from neptune_fusion.runtime import kernel as kmod
+    from neptune_fusion.runtime import staged as smod
+    for mod in (torch_ops, kmod, auto, smod):   # every call site "sees" a trace running
+        monkeypatch.setattr(mod, "compiling", lambda: True)
+    q, k, v = _qkv(rng)
+    h = torch_ops.handle(torch_ops_entry(), _softcap, CAUSAL, None, True, "end", None, None,
+                         None)
+    got = torch.ops.neptune_fusion.attention(q, k, v, [], h) * 2.0 + 1.0
+    assert rel(got, _ref(q, k, v)) < 1e-5
+    x = _randn(rng, 3, 20)
+    for sched in ("auto", SMALL):
+        kern = nf.compile(_softmax_kernel(), schedule=sched, cache=False)
+        got, = torch.ops.neptune_fusion.kernel([x], torch_ops.handle(torch_ops.KernelEntry,
+                                                                     kern))
+        assert torch.allclose(got, torch.softmax(x, 1), atol=1e-6)
+    staged = nf.compile(two_lengths(), schedule=SMALL, cache=False)
+    shapes = {"x": (7, 13), "z": (7, 29)}
+    a, b = (_randn(rng, *shapes[p.name]) for p in staged.inputs)
+    got, = torch.ops.neptune_fusion.kernel([a, b], torch_ops.handle(torch_ops.KernelEntry,
+                                                                    staged))
+    assert torch.equal(got, staged.run((a, b))[0])

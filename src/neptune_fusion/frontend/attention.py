@@ -411,6 +411,13 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     if torch_ops.compiling():
         return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
                        cache, schedule)
+    return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+                  schedule)
+
+
+def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+           schedule):
+    """:func:`attention` run now (eagerly; also the op's real implementation)."""
     if not isinstance(buffers, Mapping):  # report bad q, k, v first, as the checks do
         _check(q, k, v, enable_gqa)
     bufs = _check_buffers(buffers)
@@ -457,8 +464,10 @@ class _OpEntry:
         return None if self.names is None else dict(zip(self.names, tensors[3:]))
 
     def run(self, tensors) -> list:
-        q, k, v = tensors[:3]
-        return [attention(q, k, v, buffers=self._buffers(tensors), **self.kw)]
+        kw = self.kw
+        return [_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
+                       kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
+                       kw["schedule"])]
 
     def fake(self, tensors) -> list:
         q, k, v = tensors[:3]

@@ -77,7 +77,18 @@ class KernelEntry:
         self.kernel = kernel
 
     def run(self, tensors) -> list:
-        got = self.kernel(*tensors)
+        """The eager call (not the kernel's ``__call__``, which would route to the op if
+        a trace were running)."""
+        from .inputs import signature
+        k, tensors = self.kernel, tuple(tensors)
+        if hasattr(k, "staging"):                     # StagedKernel
+            return list(k.run(tensors))
+        sig = signature(tensors)
+        if hasattr(k, "specs"):                       # Kernel
+            got = k.call_signed(tensors, sig)
+        else:                                         # AutoKernel
+            kern, checked = k._kernel_signed(tensors, sig)
+            got = kern.call_signed(tensors, sig, checked)
         return list(got) if isinstance(got, (list, tuple)) else [got]
 
     def fake(self, tensors) -> list:
