@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from ..errors import FeedError
 from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
+from ..runtime import torch_ops
 from ..runtime.inputs import check_no_grad, remember
 from ..schedule.schedule import Schedule
 from . import lang as nf
@@ -404,7 +405,19 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     (default: chosen, on a GPU tuned, per shape class and remembered; split-k for decode)
     or an explicit :class:`~neptune_fusion.schedule.schedule.Schedule`. Returns a tensor
     of ``q``'s dtype, computed by generated kernels (interpreted for CPU tensors).
+    Traced by torch.compile or torch.export, a call is one ``neptune_fusion::attention``
+    op (see docs/torch.md).
     """
+    if torch_ops.compiling():
+        return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
+                       cache, schedule)
+    return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+                  schedule)
+
+
+def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+           schedule):
+    """:func:`attention` run now (eagerly; also the op's real implementation)."""
     if buffers is not None and not isinstance(buffers, Mapping):
         _check(q, k, v, enable_gqa)   # bad buffers: report bad q, k, v first, as before
     bufs = _check_buffers(buffers)
@@ -422,6 +435,47 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
                for t in [qin, k, v] + list(bufs.values())]
     out = setup.kernel(*tensors)
     return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if setup.packed else out
+
+
+def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+            schedule):
+    """:func:`attention` as the ``neptune_fusion::attention`` op (code Dynamo traces): the
+    arguments that are not tensors enter the op's table, the buffers go as a list."""
+    import torch
+    names = None if buffers is None else tuple(buffers)
+    bufs = [] if names is None else [buffers[n] for n in names]
+    h = torch_ops.handle(_OpEntry, score_mod, mask_mod, scale, enable_gqa, q_offset, names,
+                         cache, schedule)
+    return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
+
+
+class _OpEntry:
+    """The op entry of one call site's non-tensor arguments (see runtime/torch_ops.py):
+    ``run`` is the eager :func:`attention`, ``fake`` its output from the shapes."""
+
+    def __init__(self, score_mod, mask_mod, scale, enable_gqa, q_offset, names, cache,
+                 schedule) -> None:
+        self.kw = dict(score_mod=score_mod, mask_mod=mask_mod, scale=scale,
+                       enable_gqa=enable_gqa, q_offset=q_offset, cache=cache,
+                       schedule=schedule)
+        self.names = names
+
+    def _buffers(self, tensors):
+        return None if self.names is None else dict(zip(self.names, tensors[3:]))
+
+    def run(self, tensors) -> list:
+        kw = self.kw
+        return [_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
+                       kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
+                       kw["schedule"])]
+
+    def fake(self, tensors) -> list:
+        q, k, v = tensors[:3]
+        _check(q, k, v, self.kw["enable_gqa"])
+        _check_buffers(self._buffers(tensors))
+        _scale(self.kw["scale"], q.shape[3])
+        _offset_mode(self.kw["q_offset"], q.shape[2], k.shape[2])
+        return [q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))]
 
 
 def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,

@@ -28,6 +28,7 @@ from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
 from ..settings import log_enabled
 from .inputs import CacheInfo, check_inputs, remember, signature
+from .torch_ops import call_kernel, compiling
 
 _MAX_SIGS = 256
 
@@ -85,6 +86,8 @@ class AutoKernel:
         return f"<AutoKernel {self.name}({ins}) -> {outs}; schedule chosen per shape class>"
 
     def __call__(self, *tensors, out=None):
+        if compiling():  # traced by torch.compile / torch.export: one op (torch_ops.py)
+            return call_kernel(self, tensors, self._single, out)
         sig = signature(tensors)
         kern, checked = self._kernel_signed(tensors, sig)
         return kern.call_signed(tensors, sig, checked, out)

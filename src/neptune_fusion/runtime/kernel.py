@@ -23,6 +23,7 @@ from .inputs import CacheInfo, check_inputs, remember, signature
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import interpreted_launch, load_kernel_module
 from .spec import KernelSpec
+from .torch_ops import call_kernel, compiling
 
 
 class GeneratedKernel:
@@ -176,7 +177,10 @@ class Kernel:
     def __call__(self, *tensors, out=None):
         """Run on ``tensors``. ``out``: a list with, per output, a contiguous tensor of its
         shape and dtype on the inputs' device to write it into, or None (a new tensor);
-        how a multi-pass kernel places its intermediates in one workspace."""
+        how a multi-pass kernel places its intermediates in one workspace. Traced by
+        torch.compile or torch.export: one ``neptune_fusion::kernel`` op (torch_ops.py)."""
+        if compiling():
+            return call_kernel(self, tensors, self._single, out)
         return self.call_signed(tensors, signature(tensors), out=out)
 
     def call_signed(self, tensors: tuple, sig: tuple | None, checked=None, out=None):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ..fusion.stages import Staging
 from .inputs import CacheInfo, check_inputs, remember, signature
+from .torch_ops import call_kernel, compiling
 
 _MAX_SIGS = 256
 
@@ -85,6 +86,8 @@ class StagedKernel:
                          sum(i.currsize for i in infos))
 
     def __call__(self, *tensors):
+        if compiling():  # traced by torch.compile / torch.export: one op (torch_ops.py)
+            return call_kernel(self, tensors, self._single)
         outs = self.run(tensors)
         return outs[0] if self._single else outs
 

@@ -1,0 +1,147 @@
+"""torch ops: compiled operators and ``nf.attention`` as ``torch.library`` custom ops.
+
+Eager calls go straight to the Python launch path (no op boundary: it costs host time).
+While torch.compile or torch.export traces a program (``torch.compiler.is_compiling()``),
+a call becomes one op with a fake implementation computed from the input shapes, so the
+trace has no graph break and tunes or launches nothing:
+
+* ``neptune_fusion::kernel(Tensor[] inputs, int handle) -> Tensor[]`` for a
+  :class:`~.kernel.Kernel`, :class:`~.auto.AutoKernel` or :class:`~.staged.StagedKernel`;
+* ``neptune_fusion::attention(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle)
+  -> Tensor`` for ``nf.attention`` (registered by :mod:`neptune_fusion.frontend.attention`).
+
+An op takes tensors and plain values only, so what is not a tensor -- the compiled
+operator, or attention's mods, scale, cache and schedule -- is entered once in a table of
+this process and passed as its ``int`` handle. :func:`handle` runs at trace time, outside
+the traced code (``assume_constant_result``): the handle is a constant of the graph. The
+op's real implementation is the eager call of the entry, so a graph run tunes a new shape
+class at its first call as an eager call does, and raises what it raises (inside a CUDA
+graph capture: the auto-scheduler's "call it once before the capture" error). The table
+is the one piece of process state here (ops cannot take Python objects); it is keyed by
+the entries' identity and holds them for as long as the process lives, as a compiled
+graph may call them at any time. docs/torch.md says why this design.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+_TABLE: dict[tuple, int] = {}   # (maker, *key) -> handle
+_ENTRIES: list = []             # handle -> entry: .run(tensors), .fake(tensors)
+_LOCK = threading.Lock()
+_DEFINED: list = []             # the ops, once defined
+
+
+def compiling() -> bool:
+    """Whether torch.compile (Dynamo) or torch.export is tracing the current call (cheap:
+    false without importing torch when torch is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
+def handle(maker: Callable, *key) -> int:
+    """The op handle of ``maker(*key)`` (an entry with ``run`` and ``fake``), made once
+    per ``(maker, *key)``. Called at trace time; Dynamo takes the result as a constant."""
+    define_ops()
+    k = (maker, *key)
+    with _LOCK:
+        got = _TABLE.get(k)
+        if got is None:
+            got = _TABLE[k] = len(_ENTRIES)
+            _ENTRIES.append(maker(*key))
+    return got
+
+
+handle._dynamo_marked_constant = True   # torch.compiler.assume_constant_result(handle)
+
+
+def entry(h: int):
+    """The entry of handle ``h``; a :class:`~neptune_fusion.errors.FeedError` if this
+    process has none (a graph traced in another process, e.g. a loaded export)."""
+    if not 0 <= h < len(_ENTRIES):
+        from ..errors import FeedError
+        raise FeedError(f"neptune-fusion op handle {h} is not known in this process: the "
+                        "handle names a compiled operator or attention call site traced in "
+                        "this process, so a graph or exported program that calls "
+                        "neptune_fusion ops runs in the process that traced it")
+    return _ENTRIES[h]
+
+
+class KernelEntry:
+    """A compiled operator (``Kernel``, ``AutoKernel``, ``StagedKernel``) as an op entry:
+    ``run`` is its eager call, ``fake`` allocates its outputs from the input shapes."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+
+    def run(self, tensors) -> list:
+        """The eager call (not the kernel's ``__call__``, which would route to the op if
+        a trace were running)."""
+        from .inputs import signature
+        k, tensors = self.kernel, tuple(tensors)
+        if hasattr(k, "staging"):                     # StagedKernel
+            return list(k.run(tensors))
+        sig = signature(tensors)
+        if hasattr(k, "specs"):                       # Kernel
+            got = k.call_signed(tensors, sig)
+        else:                                         # AutoKernel
+            kern, checked = k._kernel_signed(tensors, sig)
+            got = kern.call_signed(tensors, sig, checked)
+        return list(got) if isinstance(got, (list, tuple)) else [got]
+
+    def fake(self, tensors) -> list:
+        import torch
+
+        from ..ir.nodes import Size
+        from .inputs import check_inputs
+        name = getattr(self.kernel, "name", None) or self.kernel.specs[0].name
+        sizes, device = check_inputs(name, self.kernel.inputs, tensors)
+        named = {s.name: v for s, v in sizes.items()}
+        return [torch.empty(tuple(named[x.name] if isinstance(x, Size) else int(x)
+                                  for x in o.shape),
+                            dtype=getattr(torch, o.dtype.name), device=device)
+                for o in self.kernel.outputs]
+
+
+def call_kernel(kernel, tensors: tuple, single: bool, out=None):
+    """``kernel(*tensors, out=out)`` as the ``neptune_fusion::kernel`` op (traced code)."""
+    import torch
+    h = handle(KernelEntry, kernel)   # first: it defines the ops
+    got = torch.ops.neptune_fusion.kernel(list(tensors), h)
+    if out is not None:   # the op returns new tensors; ``out`` gets a copy
+        got = [g if o is None else o.copy_(g) for o, g in zip(out, got)]
+    return got[0] if single else got
+
+
+def define_ops() -> None:
+    """Define the ops (once per process; imports torch)."""
+    if _DEFINED:
+        return
+    with _LOCK:
+        if _DEFINED:
+            return
+        import torch
+
+        # schemas spelled out: this module's annotations are strings (__future__)
+        @torch.library.custom_op("neptune_fusion::kernel", mutates_args=(),
+                                 schema="(Tensor[] inputs, int handle) -> Tensor[]")
+        def kernel_op(inputs, handle):
+            return entry(handle).run(inputs)
+
+        @kernel_op.register_fake
+        def _(inputs, handle):
+            return entry(handle).fake(inputs)
+
+        @torch.library.custom_op(
+            "neptune_fusion::attention", mutates_args=(),
+            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle) -> Tensor")
+        def attention_op(q, k, v, buffers, handle):
+            return entry(handle).run([q, k, v, *buffers])[0]
+
+        @attention_op.register_fake
+        def _(q, k, v, buffers, handle):
+            return entry(handle).fake([q, k, v, *buffers])[0]
+
+        _DEFINED.extend([kernel_op, attention_op])
