@@ -37,8 +37,9 @@ def _config(name: str):
     if name == "gemma2":   # soft-capped logits, sliding/full layers, scaling != head_dim**-0.5
         return transformers.Gemma2Config(**common, head_dim=16, sliding_window=5,
                                          query_pre_attn_scalar=24,
-                                         attn_logit_softcapping=20.0,
-                                         final_logit_softcapping=None)
+                                         attn_logit_softcapping=2.0,
+                                         final_logit_softcapping=None,
+                                         initializer_range=0.2)  # scores reach the cap
     if name == "gpt_oss":  # sinks, sliding/full layers, a small mixture of experts
         return transformers.GptOssConfig(**common, head_dim=16, sliding_window=4,
                                          num_local_experts=4, num_experts_per_tok=2,
@@ -92,18 +93,23 @@ def test_logits_and_greedy_tokens_match_eager(name):
 def test_from_config_with_padding_and_gqa_batch():
     """attn_implementation at construction; a left-padded batch of two prompts."""
     torch.manual_seed(0)
-    cfg = _config("mistral")
-    ours = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=nft.NAME)
-    eager = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    # one config each: a model keeps (and set_attn_implementation changes) its config
+    ours = transformers.AutoModelForCausalLM.from_config(_config("mistral"),
+                                                         attn_implementation=nft.NAME)
+    eager = transformers.AutoModelForCausalLM.from_config(_config("mistral"),
+                                                          attn_implementation="eager")
     eager.load_state_dict(ours.state_dict())
     ours.eval(), eager.eval()
+    assert ours.config._attn_implementation == nft.NAME
     ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0          # the second prompt is 6 tokens, left-padded
     ids[1, :3] = 0
     with torch.no_grad():
         want = eager(ids, attention_mask=mask).logits
+        before = _calls()
         got = ours(ids, attention_mask=mask).logits
+        assert _calls() - before == 2
         # padded query rows see no key in eager's softmax either way: compare real rows
         assert _rel(got[0], want[0]) <= 1e-4
         assert _rel(got[1, 3:], want[1, 3:]) <= 1e-4
@@ -118,12 +124,16 @@ def test_static_cache_decode_matches_eager():
     """A static cache: keys past the queries are unused slots, masked by position."""
     model = _model("llama")
     ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
-    kw = dict(max_new_tokens=4, do_sample=False, cache_implementation="static")
+    kw = dict(max_new_tokens=4, do_sample=False, cache_implementation="static",
+              return_dict_in_generate=True, output_logits=True)
     with torch.no_grad():
         want = model.generate(ids, **kw)
         model.set_attn_implementation(nft.NAME)
         got = model.generate(ids, **kw)
-    assert torch.equal(got, want)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.logits) == 4
+    for a, b in zip(got.logits, want.logits):   # each step's logits, not just the argmax
+        assert _rel(a, b) <= 1e-4
 
 
 def test_unsupported_requests_raise_named_errors():
@@ -164,7 +174,7 @@ def _reference(q, k, v, scale, window, softcap, sinks, q_pos, padding):
 
 
 @pytest.mark.parametrize("window, softcap, sink, pad", [
-    (None, None, True, False), (3, None, True, True), (4, 7.5, False, True)])
+    (None, None, True, False), (3, None, True, True), (6, 7.5, False, True)])
 def test_layer_against_float64(window, softcap, sink, pad):
     """One layer call: decode-like chunk (3 queries at the end of 9 keys), GQA 6:2."""
     g = torch.Generator().manual_seed(4)
@@ -173,7 +183,7 @@ def test_layer_against_float64(window, softcap, sink, pad):
     sinks = torch.randn(6, generator=g) if sink else None
     padding = torch.ones(2, 9, dtype=torch.bool)
     if pad:
-        padding[1, :2] = False
+        padding[1, [1, 5]] = False   # key 5: inside every window of query 6
     from transformers.masking_utils import (
         causal_mask_function,
         sliding_window_causal_mask_function,
@@ -189,6 +199,9 @@ def test_layer_against_float64(window, softcap, sink, pad):
     out, weights = nft.attention_forward(Module(), q, k, v, st, scaling=0.3, s_aux=sinks,
                                          sliding_window=window, softcap=softcap)
     want = _reference(q, k, v, 0.3, window, softcap, sinks, 6, padding)
+    if pad:  # the padding changes the answer
+        plain = _reference(q, k, v, 0.3, window, softcap, sinks, 6, torch.ones_like(padding))
+        assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-4)
     assert weights is None and out.shape == (2, 3, 6, 16)
     assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5)
     if sink:  # the sinks change the answer: without them it differs
