@@ -136,6 +136,18 @@ def test_static_cache_decode_matches_eager():
         assert _rel(a, b) <= 1e-4
 
 
+def test_mask_structure_from_either_signature():
+    """transformers 5.x passes q_length/q_offset, 4.5x the queries' cache_position."""
+    from transformers.masking_utils import causal_mask_function
+    new = nft.mask_structure(1, q_length=3, kv_length=9, q_offset=6, kv_offset=0,
+                             mask_function=causal_mask_function)
+    old = nft.mask_structure(1, kv_length=9, kv_offset=0, cache_position=torch.arange(6, 9),
+                             mask_function=causal_mask_function)
+    fields = lambda st: (st.causal, st.window, st.q_length, st.kv_length,  # noqa: E731
+                         st.q_offset, st.kv_offset, st.padding)
+    assert fields(new) == fields(old) == (True, None, 3, 9, 6, 0, None)
+
+
 def test_unsupported_requests_raise_named_errors():
     model = _model("llama")
     attn = model.model.layers[0].self_attn

@@ -161,12 +161,11 @@ def _mask_mod(causal: bool, window: int | None, shift: int, with_padding: bool):
     """Key ``j`` (the real key ``j - shift``; ``shift`` 1: a sink at 0) for query ``i``
     (its position in key coordinates: nf's ``"end"`` offset)."""
     def mask(b, h, i, j, **bufs):
-        pos = i
         ok = j >= shift
         if causal:
-            ok = ok & (j <= pos)
+            ok = ok & (j <= i)
         if window is not None:
-            ok = ok & (j > pos - window)
+            ok = ok & (j > i - window)
         if with_padding:
             ok = ok & (bufs["padding"][b, j] > 0)
         if shift:
@@ -284,7 +283,7 @@ def register() -> None:
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as err:
         raise NeptuneError("neptune_fusion.integrations.transformers needs transformers with "
-                           "AttentionInterface and AttentionMaskInterface (>= 4.53); "
+                           "AttentionInterface and AttentionMaskInterface (>= 4.56); "
                            "pip install 'neptune-fusion[transformers]'") from err
     AttentionInterface.register(NAME, attention_forward)
     AttentionMaskInterface.register(NAME, mask_structure)
