@@ -32,7 +32,9 @@ def test_extras():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    assert set(extras) == {"test", "bench"}            # one test extra (no 'dev' twin)
+    # one test extra (no 'dev' twin); 'transformers': docs/transformers.md
+    assert set(extras) == {"test", "bench", "transformers"}
+    assert not any(d.startswith("transformers") for d in project["dependencies"])
     assert any(d.startswith("matplotlib") for d in extras["bench"])
     core = project["dependencies"]
     assert not any(d.startswith("matplotlib") for d in core)

@@ -1,0 +1,228 @@
+"""Hugging Face models with ``attn_implementation="neptune_fusion"`` against eager.
+
+Tiny random-weight models built from configs (no download), float32 on the CPU (the
+kernels run under Triton's interpreter): logits of a prefill match transformers' eager
+attention, and greedy ``generate()`` gives the same tokens. Skipped without transformers
+(``pip install 'neptune-fusion[transformers]'``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip(
+    "transformers", minversion="4.56",
+    reason="the transformers integration needs transformers >= 4.56 (the "
+           "'transformers' extra)")
+
+import neptune_fusion as nf  # noqa: E402
+from neptune_fusion.frontend.attention import DEFAULT_CACHE  # noqa: E402
+from neptune_fusion.integrations import transformers as nft  # noqa: E402
+
+VOCAB, NEW = 96, 8
+
+
+def _config(name: str):
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=64, pad_token_id=0)
+    if name == "llama":
+        return transformers.LlamaConfig(**common)
+    if name == "mistral":  # a window (4) much shorter than the prompt (11) + 8 new tokens
+        return transformers.MistralConfig(**common, sliding_window=4)
+    if name == "gemma2":   # soft-capped logits, sliding/full layers, scaling != head_dim**-0.5
+        return transformers.Gemma2Config(**common, head_dim=16, sliding_window=5,
+                                         query_pre_attn_scalar=24,
+                                         attn_logit_softcapping=2.0,
+                                         final_logit_softcapping=None,
+                                         initializer_range=0.2)  # scores reach the cap
+    if name == "gpt_oss":  # sinks, sliding/full layers, a small mixture of experts
+        return transformers.GptOssConfig(**common, head_dim=16, sliding_window=4,
+                                         num_local_experts=4, num_experts_per_tok=2,
+                                         layer_types=["sliding_attention", "full_attention"])
+    raise AssertionError(name)
+
+
+def _model(name: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(_config(name),
+                                                          attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():  # gpt-oss initialises its sinks to 0: give them weight
+        for mod in model.modules():
+            if isinstance(getattr(mod, "sinks", None), torch.nn.Parameter):
+                mod.sinks.normal_(0.0, 1.0)
+    return model
+
+
+def _calls() -> int:
+    info = DEFAULT_CACHE.cache_info()
+    return info.hits + info.misses
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    nft.register()
+
+
+def _rel(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gpt_oss"])
+def test_logits_and_greedy_tokens_match_eager(name):
+    model = _model(name)
+    ids = torch.randint(1, VOCAB, (1, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+        want_tokens = model.generate(ids, max_new_tokens=NEW, do_sample=False)
+        model.set_attn_implementation(nft.NAME)
+        before = _calls()
+        got = model(ids).logits
+        assert _calls() - before == 2          # one nf.attention call per layer
+        assert _rel(got, want) <= 1e-4
+        got_tokens = model.generate(ids, max_new_tokens=NEW, do_sample=False)
+    assert got_tokens.shape[1] == ids.shape[1] + NEW
+    assert torch.equal(got_tokens, want_tokens)
+
+
+def test_from_config_with_padding_and_gqa_batch():
+    """attn_implementation at construction; a left-padded batch of two prompts."""
+    torch.manual_seed(0)
+    # one config each: a model keeps (and set_attn_implementation changes) its config
+    ours = transformers.AutoModelForCausalLM.from_config(_config("mistral"),
+                                                         attn_implementation=nft.NAME)
+    eager = transformers.AutoModelForCausalLM.from_config(_config("mistral"),
+                                                          attn_implementation="eager")
+    eager.load_state_dict(ours.state_dict())
+    ours.eval(), eager.eval()
+    assert ours.config._attn_implementation == nft.NAME
+    ids = torch.randint(1, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0          # the second prompt is 6 tokens, left-padded
+    ids[1, :3] = 0
+    with torch.no_grad():
+        want = eager(ids, attention_mask=mask).logits
+        before = _calls()
+        got = ours(ids, attention_mask=mask).logits
+        assert _calls() - before == 2
+        # padded query rows see no key in eager's softmax either way: compare real rows
+        assert _rel(got[0], want[0]) <= 1e-4
+        assert _rel(got[1, 3:], want[1, 3:]) <= 1e-4
+        want_tokens = eager.generate(ids, attention_mask=mask, max_new_tokens=4,
+                                     do_sample=False)
+        got_tokens = ours.generate(ids, attention_mask=mask, max_new_tokens=4,
+                                   do_sample=False)
+    assert torch.equal(got_tokens, want_tokens)
+
+
+def test_static_cache_decode_matches_eager():
+    """A static cache: keys past the queries are unused slots, masked by position."""
+    model = _model("llama")
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=4, do_sample=False, cache_implementation="static",
+              return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        model.set_attn_implementation(nft.NAME)
+        got = model.generate(ids, **kw)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.logits) == 4
+    for a, b in zip(got.logits, want.logits):   # each step's logits, not just the argmax
+        assert _rel(a, b) <= 1e-4
+
+
+def test_mask_structure_from_either_signature():
+    """transformers 5.x passes q_length/q_offset, 4.5x the queries' cache_position."""
+    from transformers.masking_utils import causal_mask_function
+    new = nft.mask_structure(1, q_length=3, kv_length=9, q_offset=6, kv_offset=0,
+                             mask_function=causal_mask_function)
+    old = nft.mask_structure(1, kv_length=9, kv_offset=0, cache_position=torch.arange(6, 9),
+                             mask_function=causal_mask_function)
+    fields = lambda st: (st.causal, st.window, st.q_length, st.kv_length,  # noqa: E731
+                         st.q_offset, st.kv_offset, st.padding)
+    assert fields(new) == fields(old) == (True, None, 3, 9, 6, 0, None)
+
+
+def test_unsupported_requests_raise_named_errors():
+    model = _model("llama")
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 3, 16)
+    k = v = torch.randn(1, 2, 3, 16)
+    with pytest.raises(nf.NeptuneError, match="dropout"):
+        nft.attention_forward(attn, q, k, v, None, scaling=0.25, dropout=0.1)
+    with pytest.raises(nf.NeptuneError, match="dense or custom mask"):
+        nft.attention_forward(attn, q, k, v, torch.zeros(1, 1, 3, 3), scaling=0.25)
+    with pytest.raises(nf.NeptuneError, match="mask function"):
+        nft.mask_structure(1, 3, 3, mask_function=lambda b, h, i, j: i >= 0)
+    from transformers.masking_utils import packed_sequence_mask_function
+    with pytest.raises(nf.NeptuneError, match="packed_sequence_mask_function"):
+        nft.mask_structure(1, 3, 3, mask_function=packed_sequence_mask_function(
+            torch.zeros(1, 3, dtype=torch.long)))
+
+
+def _reference(q, k, v, scale, window, softcap, sinks, q_pos, padding):
+    """Float64 attention of (B, Hq, N, D) q over unexpanded (B, Hkv, M, D) k, v: queries at
+    absolute positions ``q_pos + i``, keys at ``j``; a sink logit per head (value 0)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(q.shape[2])[:, None] + q_pos
+    j = torch.arange(k.shape[2])[None, :]
+    ok = (j <= i) & ((j > i - window) if window else True)
+    ok = ok[None, None] & padding[:, None, None, :].bool()
+    s = s.masked_fill(~ok, -float("inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.double()[None, :, None, None].expand(*s.shape[:3], 1)], -1)
+    p = torch.softmax(s, -1)[..., :k.shape[2]]
+    return (p @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("window, softcap, sink, pad", [
+    (None, None, True, False), (3, None, True, True), (6, 7.5, False, True)])
+def test_layer_against_float64(window, softcap, sink, pad):
+    """One layer call: decode-like chunk (3 queries at the end of 9 keys), GQA 6:2."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 6, 3, 16, generator=g)
+    k, v = torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g)
+    sinks = torch.randn(6, generator=g) if sink else None
+    padding = torch.ones(2, 9, dtype=torch.bool)
+    if pad:
+        padding[1, [1, 5]] = False   # key 5: inside every window of query 6
+    from transformers.masking_utils import (
+        causal_mask_function,
+        sliding_window_causal_mask_function,
+    )
+    fn = sliding_window_causal_mask_function(window) if window else causal_mask_function
+    st = nft.mask_structure(2, 3, 9, q_offset=6, kv_offset=0, mask_function=fn,
+                            attention_mask=padding)
+    assert (st.causal, st.window, st.padding is None) == (True, window, not pad)
+
+    class Module:
+        is_causal = True
+
+    out, weights = nft.attention_forward(Module(), q, k, v, st, scaling=0.3, s_aux=sinks,
+                                         sliding_window=window, softcap=softcap)
+    want = _reference(q, k, v, 0.3, window, softcap, sinks, 6, padding)
+    if pad:  # the padding changes the answer
+        plain = _reference(q, k, v, 0.3, window, softcap, sinks, 6, torch.ones_like(padding))
+        assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-4)
+    assert weights is None and out.shape == (2, 3, 6, 16)
+    assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5)
+    if sink:  # the sinks change the answer: without them it differs
+        plain = _reference(q, k, v, 0.3, window, softcap, None, 6, padding)
+        assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-4)
+
+
+def test_docs_example_runs():
+    doc = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
+    code = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
+    assert len(code) == 1
+    exec(compile(code[0], str(doc), "exec"), {})
