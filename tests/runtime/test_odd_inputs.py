@@ -257,3 +257,18 @@ def test_demo_rejects_a_negative_seed(capsys):
 
 def test_all_are_neptune_errors():
     assert issubclass(FeedError, NeptuneError)
+
+
+def test_a_mask_offset_read_from_a_buffer_compiles(rng):
+    """``j <= i + d[0]``: the loop bounds read tensor data, which the cost model cannot
+    evaluate on the host; it prices every tile instead of raising a raw ValueError."""
+    b, h, n, m, d = 1, 2, 4, 9, 16
+    q, k, v = (torch.tensor(rng.standard_normal((b, h, s, d)), dtype=torch.float32)
+               for s in (n, m, m))
+    off = torch.tensor([m - n], dtype=torch.int32)
+    out = nf.attention(q, k, v, mask_mod=lambda bb, hh, i, j, o: j <= i + o[0],
+                       buffers={"o": off})
+    s = (q.double() @ k.double().transpose(-1, -2)) * d ** -0.5
+    keep = torch.arange(m)[None, :] <= torch.arange(n)[:, None] + (m - n)
+    want = torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v.double()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)

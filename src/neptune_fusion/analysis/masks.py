@@ -272,15 +272,20 @@ def tidy(e: Expr) -> Expr:
     return fold(rewrite(e, fn), RULES + (_drop_clamp,))
 
 
+class DataDependentBound(ValueError):
+    """A loop bound that reads tensor data (``j <= i + d[0]``): not known on the host."""
+
+
 def evaluate(bounds: dict[str, Expr], env: dict[Expr, int]) -> dict[str, int]:
-    """The bounds for one program: ``env`` binds ``i_first``, ``i_last``, sizes, grid vars."""
+    """The bounds for one program: ``env`` binds ``i_first``, ``i_last``, sizes, grid vars.
+    :class:`DataDependentBound` when a bound reads something else (a tensor's data)."""
     mapping = {k: iconst(v) for k, v in env.items()}
     out = {}
     for name, e in bounds.items():
         got = fold(substitute(e, mapping))
         if not isinstance(got, Const):
             free = sorted({x.name for x in _leaves(got)})
-            raise ValueError(f"bound {name} still depends on {', '.join(free)}")
+            raise DataDependentBound(f"bound {name} still depends on {', '.join(free)}")
         out[name] = int(got.value)
     return out
 

@@ -8,7 +8,7 @@ brute-force count of the tiles the mask leaves non-empty.
 
 from __future__ import annotations
 
-from ..analysis.masks import evaluate
+from ..analysis.masks import DataDependentBound, evaluate
 from ..ir.nodes import Expr, Size
 from .program import BLOCK_N, I_FIRST, I_LAST, TileProgram, extent_value
 
@@ -63,5 +63,8 @@ def visited_fraction(prog: TileProgram, sizes: dict[Size, int], bm: int, bn: int
         return 1.0
     n = min(samples, blocks)
     picks = sorted({round(k * (blocks - 1) / max(n - 1, 1)) for k in range(n)})
-    seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
+    try:
+        seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
+    except DataDependentBound:   # a mask that reads tensor data (an offset in a buffer):
+        return 1.0               # unknown on the host, priced as every tile
     return min(1.0, seen / (len(picks) * tiles))
