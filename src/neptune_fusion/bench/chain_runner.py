@@ -10,7 +10,6 @@ the error's first line; the run goes on.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 
@@ -18,11 +17,11 @@ import torch
 
 from .chains import Chain, Sizes, as_outputs, make_inputs, reference
 from .gate import GateResult, check
-from .providers.base import RunContext, Unsupported
+from .providers.base import RunContext
 from .providers.chains import ChainProvider, dtype_name
 from .record import Checked, Status
-from .runner import classify_failure, release_memory
-from .timing import Ceilings, synchronize
+from .runner import classify_failure, measure_point, release_memory
+from .timing import Ceilings
 
 TF32_THRESHOLD = 5e-3
 """float32 gate of the chains with a projection: TF32 tensor cores round both operands to
@@ -117,35 +116,15 @@ def run_chain_point(provider: ChainProvider, chain: Chain, sizes: Sizes,
     base = dict(chain=chain.name, dtype=dtype_name(ctx.dtype), sizes=dict(sizes),
                 single_pass=chain.single_pass, bound=chain.bound, provider=provider.name,
                 group=provider.group, threshold=limit, unit=UNITS[chain.bound])
-    note = ""
-    try:
-        t0 = time.perf_counter()
-        prepared = provider.prepare(chain, tensors, ctx)
-        if isinstance(prepared, Unsupported):
-            return ChainRecord(**base, status="unsupported", reason=prepared.reason)
-        note = prepared.note
-        out = prepared.fn()
-        synchronize(ctx.device)
-        compile_ms = (time.perf_counter() - t0) * 1e3
-        gate = gate_outputs(out, ref, ctx.dtype, limit)
-        del out
-    except Exception as exc:  # noqa: BLE001 - any provider fault becomes a record
-        status, reason = classify_failure(exc)
-        return ChainRecord(**base, status=status, reason=reason, note=note)
-    if not gate.passed:
-        return ChainRecord(**base, status="wrong", compile_ms=compile_ms, error=gate.error,
-                           reason=gate.reason, note=note)
-    try:
-        ms = ctx.timer(prepared.fn)
-    except Exception as exc:  # noqa: BLE001
-        status, reason = classify_failure(exc)
-        return ChainRecord(**base, status=status, compile_ms=compile_ms, error=gate.error,
-                           reason="while timing: " + reason, note=note)
-    value = rate(chain, sizes, ms, ctx.dtype.itemsize)
-    ceiling = ceilings.copy_tbps if chain.bound == "memory" else ceilings.matmul_tflops
-    return ChainRecord(**base, status="ok", ms=ms, compile_ms=compile_ms, error=gate.error,
-                       throughput=value, fraction_of_ceiling=value / ceiling if ceiling else None,
-                       note=note)
+
+    def rated(ms: float) -> tuple[float, float | None]:
+        value = rate(chain, sizes, ms, ctx.dtype.itemsize)
+        ceiling = ceilings.copy_tbps if chain.bound == "memory" else ceilings.matmul_tflops
+        return value, value / ceiling if ceiling else None
+    return measure_point(lambda **f: ChainRecord(**base, **f),
+                         lambda: provider.prepare(chain, tensors, ctx),
+                         lambda out: gate_outputs(out, ref, ctx.dtype, limit), ctx.timer,
+                         ctx.device, rated)
 
 
 def run_chains(chains: Sequence[Chain], dtypes: Sequence[torch.dtype],

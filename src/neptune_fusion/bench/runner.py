@@ -66,42 +66,55 @@ def release_memory(device: torch.device, collect: bool = True) -> None:
         torch.cuda.empty_cache()
 
 
+def measure_point(make: Callable[..., object], prepare: Callable[[], object],
+                  gate: Callable[[object], object], timer, device: torch.device,
+                  rate: Callable[[float], tuple[float, float | None]]):
+    """The steps every benchmark point takes, each fault a record instead of a raise:
+    ``prepare()`` and the first call (cold, timed together as the compile time), the first
+    output gated (``gate(out)``), then ``timer`` on the prepared call; ``rate(ms)`` gives
+    the throughput and its share of the ceiling. ``make(**fields)`` builds the record."""
+    note = ""
+    try:
+        t0 = time.perf_counter()
+        prepared = prepare()
+        if isinstance(prepared, Unsupported):
+            return make(status="unsupported", reason=prepared.reason)
+        note = prepared.note
+        out = prepared.fn()
+        synchronize(device)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        result = gate(out)
+        del out
+    except Exception as exc:  # noqa: BLE001 - any provider fault becomes a record
+        status, reason = classify_failure(exc)
+        return make(status=status, reason=reason, note=note)
+    if not result.passed:
+        return make(status="wrong", compile_ms=compile_ms, error=result.error,
+                    reason=result.reason, note=note)
+    try:
+        ms = timer(prepared.fn)
+    except Exception as exc:  # noqa: BLE001
+        status, reason = classify_failure(exc)
+        return make(status=status, compile_ms=compile_ms, error=result.error,
+                    reason="while timing: " + reason, note=note)
+    value, share = rate(ms)
+    return make(status="ok", ms=ms, compile_ms=compile_ms, error=result.error,
+                throughput=value, fraction_of_ceiling=share, note=note)
+
+
 def run_point(provider: Provider, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings) -> Record:
     """Prepare, gate and time one provider on one point; never raises for provider faults."""
     base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,
                 group=provider.group, unit=UNITS[op.phase])
-    note = ""
-    try:
-        t0 = time.perf_counter()
-        prepared = provider.prepare(op, q, k, v, ctx)
-        if isinstance(prepared, Unsupported):
-            return Record(**base, status="unsupported", reason=prepared.reason)
-        note = prepared.note
-        out = prepared.fn()
-        synchronize(ctx.device)
-        compile_ms = (time.perf_counter() - t0) * 1e3
-        gate = check(out, ref, ctx.dtype)
-        del out
-    except Exception as exc:  # noqa: BLE001 - any provider fault becomes a record
-        status, reason = classify_failure(exc)
-        return Record(**base, status=status, reason=reason, note=note)
-    if not gate.passed:
-        return Record(**base, status="wrong", compile_ms=compile_ms, error=gate.error,
-                      reason=gate.reason, note=note)
-    try:
-        ms = ctx.timer(prepared.fn)
-    except Exception as exc:  # noqa: BLE001
-        status, reason = classify_failure(exc)
-        return Record(**base, status=status, compile_ms=compile_ms, error=gate.error,
-                      reason="while timing: " + reason, note=note)
-    value = throughput(op, seq, ms, ctx.dtype.itemsize)
-    return Record(**base, status="ok", ms=ms, compile_ms=compile_ms, error=gate.error,
-                  throughput=value,
-                  fraction_of_ceiling=fraction_of_ceiling(op.phase, value,
-                                                          ceilings.matmul_tflops,
-                                                          ceilings.copy_tbps),
-                  note=note)
+
+    def rate(ms: float) -> tuple[float, float | None]:
+        value = throughput(op, seq, ms, ctx.dtype.itemsize)
+        return value, fraction_of_ceiling(op.phase, value, ceilings.matmul_tflops,
+                                          ceilings.copy_tbps)
+    return measure_point(lambda **f: Record(**base, **f),
+                         lambda: provider.prepare(op, q, k, v, ctx),
+                         lambda out: check(out, ref, ctx.dtype), ctx.timer, ctx.device, rate)
 
 
 def run_plan(plan: Plan, ctx: RunContext, ceilings: Ceilings,
