@@ -1,0 +1,217 @@
+"""Hugging Face models end to end: prefill and greedy decode tokens/s per attention backend.
+
+Usage on a GPU (random weights from a config: nothing is downloaded):
+    PYTHONPATH=src python benchmarks/hf_models.py --model llama --out DIR \
+        [--prompt 8192] [--steps 256] [--impls sdpa,flex_attention,neptune_fusion] \
+        [--modes eager,compile]
+    PYTHONPATH=src python benchmarks/hf_models.py --smoke      # CPU: tiny, checks the script
+
+Models (bf16, batch 1, a static cache of prompt + steps slots):
+* ``llama``: Llama-3.2-1B-shaped (hidden 2048, 16 layers, 32/8 heads of 64, MLP 8192,
+  vocabulary 128256, tied embeddings): about 1.2 B parameters.
+* ``gemma2``: Gemma2-shaped at about the same size (hidden 2048, 18 layers, 8/4 heads of
+  128, MLP 8192, vocabulary 32000, logit soft-cap 50, a 4096-token window on every other
+  layer, final soft-cap 30). Head dim 128 rather than Gemma2-2B's 256. SDPA cannot serve
+  soft-capping; its baseline is transformers' eager attention.
+
+Per (backend, mode): the prefill of ``--prompt`` random tokens (CUDA events, median of
+three after one warm-up that also compiles/tunes) and ``--steps`` greedy decode steps
+(each step's token fed back; the whole loop timed once after a warm-up loop of 8 steps).
+``compile`` is ``torch.compile(model.forward, mode="reduce-overhead")`` (CUDA graphs);
+a backend that fails there is recorded with its error, not fatal. Checks: the prefill's
+last-token logits against the first backend's (relative error, bf16) and the share of
+decoded tokens equal to the first backend's (random weights make near-ties, so a few
+differences are expected in bf16). Writes ``hf_models-<model>.json`` and ``.md`` to
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+
+def config(name: str, smoke: bool):
+    import transformers
+    if name == "llama":
+        kw = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                  num_key_value_heads=8, head_dim=64, intermediate_size=8192,
+                  vocab_size=128256, tie_word_embeddings=True, rope_theta=500000.0,
+                  max_position_embeddings=131072)
+        small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=97)
+        return transformers.LlamaConfig(**(kw | small if smoke else kw))
+    if name == "gemma2":
+        kw = dict(hidden_size=2048, num_hidden_layers=18, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=128, intermediate_size=8192,
+                  vocab_size=32000, attn_logit_softcapping=50.0,
+                  final_logit_softcapping=30.0, sliding_window=4096,
+                  query_pre_attn_scalar=128, max_position_embeddings=131072)
+        small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, intermediate_size=96, vocab_size=97,
+                     sliding_window=6, query_pre_attn_scalar=16)
+        return transformers.Gemma2Config(**(kw | small if smoke else kw))
+    raise SystemExit(f"unknown --model {name!r}: llama or gemma2")
+
+
+def static_cache(model, cfg, length: int, device, dtype):
+    from transformers import StaticCache
+    try:
+        return StaticCache(config=cfg, max_cache_len=length)
+    except TypeError:   # transformers 4.5x
+        return StaticCache(config=cfg, max_batch_size=1, max_cache_len=length, device=device,
+                           dtype=dtype)
+
+
+class Run:
+    """One backend in one mode over one model: prefill, then greedy decode."""
+
+    def __init__(self, model, cfg, prompt, steps: int, mode: str):
+        self.model, self.cfg, self.prompt, self.steps = model, cfg, prompt, steps
+        self.dev, self.dtype = prompt.device, next(model.parameters()).dtype
+        self.cache = static_cache(model, cfg, prompt.shape[1] + steps + 8, self.dev, self.dtype)
+        self.fwd = model.forward
+        if mode == "compile":
+            self.fwd = torch.compile(model.forward, mode="reduce-overhead")
+
+    def prefill(self):
+        self.cache.reset()
+        n = self.prompt.shape[1]
+        pos = torch.arange(n, device=self.dev)
+        out = self.fwd(input_ids=self.prompt, past_key_values=self.cache, cache_position=pos,
+                       use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    def decode(self, steps: int, first):
+        tok, n, toks = first, self.prompt.shape[1], []
+        for t in range(steps):
+            pos = torch.tensor([n + t], device=self.dev)
+            logits = self.fwd(input_ids=tok, past_key_values=self.cache, cache_position=pos,
+                              use_cache=True).logits
+            tok = logits[:, -1:].argmax(-1)
+            toks.append(tok)
+        return torch.cat(toks, dim=1)
+
+
+def timed(fn, dev):
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        out = fn()
+        return out, (time.perf_counter() - t0) * 1e3
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    out = fn()
+    b.record()
+    torch.cuda.synchronize()
+    return out, a.elapsed_time(b)
+
+
+def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> dict:
+    model.set_attn_implementation(impl)
+    run = Run(model, cfg, prompt, steps, mode)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        logits = run.prefill()                    # warm-up: compiles, tunes
+        first = logits.argmax(-1, keepdim=True)
+        run.decode(8, first)                      # decode warm-up (compiles its graph)
+        sync(prompt.device)
+        warm_s = time.perf_counter() - t0
+        pre = sorted(timed(run.prefill, prompt.device)[1] for _ in range(3))[1]
+        logits = run.prefill()
+        toks, dec = timed(lambda: run.decode(steps, logits.argmax(-1, keepdim=True)),
+                          prompt.device)
+    n = prompt.shape[1]
+    return {"impl": impl, "mode": mode, "warmup_s": round(warm_s, 2), "prefill_ms": pre,
+            "prefill_tok_s": n / pre * 1e3, "decode_ms": dec, "decode_tok_s": steps / dec * 1e3,
+            "logits": logits, "tokens": toks}
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def table(rows: list[dict], base: str) -> str:
+    ref = {r["mode"]: r for r in rows if r["impl"] == base and "error" not in r}
+    lines = ["| backend | mode | warm-up s | prefill ms | prefill tok/s | x base | "
+             "decode tok/s | x base | logits rel. err | same tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['mode']} | failed: {r['error'][:90]} |"
+                         " | | | | | | |")
+            continue
+        b = ref.get(r["mode"])
+        xp = f"{r['prefill_tok_s'] / b['prefill_tok_s']:.2f}" if b else "-"
+        xd = f"{r['decode_tok_s'] / b['decode_tok_s']:.2f}" if b else "-"
+        lines.append(f"| {r['impl']} | {r['mode']} | {r['warmup_s']} | {r['prefill_ms']:.1f} "
+                     f"| {r['prefill_tok_s']:.0f} | {xp} | {r['decode_tok_s']:.1f} | {xd} | "
+                     f"{r.get('logits_err', float('nan')):.2e} | {r.get('same_tokens', 0):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama")
+    ap.add_argument("--prompt", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--impls", default=None)
+    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    a = ap.parse_args(argv)
+    from neptune_fusion.integrations.transformers import register
+    register()
+    import transformers
+    smoke = a.smoke or not torch.cuda.is_available()
+    dev = torch.device("cpu" if smoke else "cuda")
+    dtype = torch.float32 if smoke else torch.bfloat16
+    prompt_len, steps = (12, 4) if smoke else (a.prompt, a.steps)
+    default = ("sdpa,flex_attention,neptune_fusion" if a.model == "llama"
+               else "eager,flex_attention,neptune_fusion")
+    impls = (a.impls or (default.replace(",flex_attention", "") if smoke else default)).split(",")
+    modes = ["eager"] if smoke else a.modes.split(",")
+    cfg = config(a.model, smoke)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=dev)
+    rows = []
+    for mode in modes:
+        for impl in impls:
+            torch._dynamo.reset()
+            try:
+                rows.append(measure(model, cfg, prompt, steps, impl, mode))
+            except Exception as err:   # one failing backend must not lose the others
+                traceback.print_exc()
+                rows.append({"impl": impl, "mode": mode,
+                             "error": f"{type(err).__name__}: {err}".replace("\n", " ")})
+            print(rows[-1].get("error") or {k: v for k, v in rows[-1].items()
+                                             if k not in ("logits", "tokens")}, flush=True)
+    base = impls[0]
+    ref = next((r for r in rows if r["impl"] == base and "error" not in r), None)
+    for r in rows:
+        if "error" not in r and ref is not None:
+            r["logits_err"] = float((r["logits"] - ref["logits"]).norm() / ref["logits"].norm())
+            r["same_tokens"] = float((r["tokens"] == ref["tokens"]).float().mean())
+    text = (f"# {a.model}: prefill {prompt_len} tokens, {steps} greedy decode steps\n\n"
+            f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}, torch "
+            f"{torch.__version__}, transformers {transformers.__version__}, "
+            f"{time.strftime('%Y-%m-%d')}; baseline: {base}\n\n{table(rows, base)}\n")
+    print(text)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"hf_models-{a.model}.md").write_text(text)
+        keep = [{k: v for k, v in r.items() if k not in ("logits", "tokens")} for r in rows]
+        (out / f"hf_models-{a.model}.json").write_text(json.dumps(keep, indent=1))
+
+
+if __name__ == "__main__":
+    main()
