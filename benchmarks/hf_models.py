@@ -17,12 +17,14 @@ Models (bf16, batch 1, a static cache of prompt + steps slots):
 Per (backend, mode): the prefill of ``--prompt`` random tokens (CUDA events, median of
 three after one warm-up that also compiles/tunes) and ``--steps`` greedy decode steps
 (each step's token fed back; the whole loop timed once after a warm-up loop of 8 steps).
-``compile`` is ``torch.compile(model.forward, mode="reduce-overhead")`` (CUDA graphs);
-a backend that fails there is recorded with its error, not fatal. Checks: the prefill's
-last-token logits against the first backend's (relative error, bf16) and the share of
-decoded tokens equal to the first backend's (random weights make near-ties, so a few
-differences are expected in bf16). Writes ``hf_models-<model>.json`` and ``.md`` to
-``--out``.
+``compile`` is ``torch.compile(model.forward)``, ``graphs`` the same with
+``mode="reduce-overhead"`` (CUDA graphs, a graph step per call); a backend that fails
+there is recorded with its error, not fatal. Checks: the prefill's last-token logits
+against the first backend's (relative error, bf16) and the share of decoded tokens equal
+to the first backend's (random weights make near-ties, so once one token differs the rest
+follow another path). Each run appends its rows to ``--out``/``hf_models-<model>.jsonl``
+(run backends in separate processes to bound each one's time); ``--report`` rewrites
+``hf_models-<model>.md`` from them.
 """
 
 from __future__ import annotations
@@ -77,7 +79,14 @@ class Run:
         self.cache = static_cache(model, cfg, prompt.shape[1] + steps + 8, self.dev, self.dtype)
         self.fwd = model.forward
         if mode == "compile":
-            self.fwd = torch.compile(model.forward, mode="reduce-overhead")
+            self.fwd = torch.compile(model.forward)
+        elif mode == "graphs":
+            compiled = torch.compile(model.forward, mode="reduce-overhead")
+
+            def fwd(**kw):   # a new CUDA-graph step per call; outputs copied out of the pool
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(**kw).logits.clone()
+            self.fwd = fwd
 
     def prefill(self):
         self.cache.reset()
@@ -85,17 +94,21 @@ class Run:
         pos = torch.arange(n, device=self.dev)
         out = self.fwd(input_ids=self.prompt, past_key_values=self.cache, cache_position=pos,
                        use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()
+        return logits_of(out)[:, -1].float()
 
     def decode(self, steps: int, first):
         tok, n, toks = first, self.prompt.shape[1], []
         for t in range(steps):
             pos = torch.tensor([n + t], device=self.dev)
-            logits = self.fwd(input_ids=tok, past_key_values=self.cache, cache_position=pos,
-                              use_cache=True).logits
+            logits = logits_of(self.fwd(input_ids=tok, past_key_values=self.cache,
+                                        cache_position=pos, use_cache=True))
             tok = logits[:, -1:].argmax(-1)
             toks.append(tok)
         return torch.cat(toks, dim=1)
+
+
+def logits_of(out):
+    return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def timed(fn, dev):
@@ -165,7 +178,11 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--report", action="store_true",
+                    help="only write the table from the rows earlier runs left in --out")
     a = ap.parse_args(argv)
+    if a.report:
+        return report(Path(a.out), a.model)
     from neptune_fusion.integrations.transformers import register
     register()
     import transformers
@@ -194,24 +211,42 @@ def main(argv=None) -> None:
                              "error": f"{type(err).__name__}: {err}".replace("\n", " ")})
             print(rows[-1].get("error") or {k: v for k, v in rows[-1].items()
                                              if k not in ("logits", "tokens")}, flush=True)
-    base = impls[0]
-    ref = next((r for r in rows if r["impl"] == base and "error" not in r), None)
-    for r in rows:
-        if "error" not in r and ref is not None:
-            r["logits_err"] = float((r["logits"] - ref["logits"]).norm() / ref["logits"].norm())
-            r["same_tokens"] = float((r["tokens"] == ref["tokens"]).float().mean())
-    text = (f"# {a.model}: prefill {prompt_len} tokens, {steps} greedy decode steps\n\n"
-            f"{torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu'}, torch "
-            f"{torch.__version__}, transformers {transformers.__version__}, "
-            f"{time.strftime('%Y-%m-%d')}; baseline: {base}\n\n{table(rows, base)}\n")
-    print(text)
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"hf_models-{a.model}.md").write_text(text)
-        keep = [{k: v for k, v in r.items() if k not in ("logits", "tokens")} for r in rows]
-        (out / f"hf_models-{a.model}.json").write_text(json.dumps(keep, indent=1))
+    out = Path(a.out or "/tmp/hf_models")
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = Path("/tmp/hf_models_tensors")
+    tensors.mkdir(exist_ok=True)
+    with open(out / f"hf_models-{a.model}.jsonl", "a") as f:
+        for r in rows:
+            if "error" not in r:
+                torch.save({"logits": r.pop("logits").cpu(), "tokens": r.pop("tokens").cpu()},
+                           tensors / f"{a.model}-{r['impl']}-{r['mode']}.pt")
+            r |= {"prompt": prompt_len, "steps": steps,
+                  "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                  "torch": torch.__version__, "transformers": transformers.__version__,
+                  "date": time.strftime("%Y-%m-%d")}
+            f.write(json.dumps(r) + "\n")
+    report(out, a.model)
 
+
+def report(out: Path, model: str) -> None:
+    """The table of every row in ``out/hf_models-<model>.jsonl`` (one line per backend and
+    mode, possibly from several processes), checked against the first row's backend."""
+    rows = [json.loads(x) for x in (out / f"hf_models-{model}.jsonl").read_text().splitlines()]
+    tensors = Path("/tmp/hf_models_tensors")
+    base = rows[0]["impl"]
+    for r in rows:
+        mine = tensors / f"{model}-{r['impl']}-{r['mode']}.pt"
+        ref = tensors / f"{model}-{base}-{r['mode']}.pt"
+        if "error" not in r and mine.exists() and ref.exists():
+            a, b = torch.load(mine), torch.load(ref)
+            r["logits_err"] = float((a["logits"] - b["logits"]).norm() / b["logits"].norm())
+            r["same_tokens"] = float((a["tokens"] == b["tokens"]).float().mean())
+    r0 = rows[0]
+    text = (f"# {model}: prefill {r0['prompt']} tokens, {r0['steps']} greedy decode steps\n\n"
+            f"{r0['device']}, torch {r0['torch']}, transformers {r0['transformers']}, "
+            f"{r0['date']}; baseline: {base}\n\n{table(rows, base)}\n")
+    print(text)
+    (out / f"hf_models-{model}.md").write_text(text)
 
 if __name__ == "__main__":
     main()

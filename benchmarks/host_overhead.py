@@ -12,8 +12,9 @@ Then times per call: the whole eager call in a loop (host-bound when the kernels
 short), first with every launch through Triton's dispatch (the path before
 runtime/launcher.py: an A/B in one process), then as it is; the same with a device
 synchronisation per call, ``do_bench`` (what the bench's eager column measures) and
-CUDA-graph replay (GPU time only); with ``--profile`` the
-functions with the most host time (cProfile).
+CUDA-graph replay (GPU time only); first a yardstick of the host's speed (a tiny
+``torch.add`` and an SDPA decode call, eager) so runs on different machines compare; with
+``--profile`` the functions with the most host time (cProfile).
 """
 
 from __future__ import annotations
@@ -127,12 +128,26 @@ def run_op(name: str, seq: int, profile: bool) -> None:
         pstats.Stats(pr).sort_stats("tottime").print_stats(20)
 
 
+def host_yardstick() -> None:
+    """This host's speed, to compare runs on different machines: PyTorch's own eager
+    launch of a tiny add, and SDPA's (cuDNN's) eager decode call."""
+    a = torch.randn(8, device="cuda")
+    out = torch.empty_like(a)
+    print(f"host yardstick: torch.add(out=) {per_call_us(lambda: torch.add(a, a, out=out)):.1f}"
+          " us/call", end="")
+    q = torch.randn(8, 32, 1, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(8, 8, 4096, 128, device="cuda", dtype=torch.float16)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    print(f"; SDPA GQA decode {per_call_us(lambda: sdpa(q, k, k, enable_gqa=True)):.1f} us/call")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="DC-GQA")
     ap.add_argument("--seq", type=int, default=16384)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    host_yardstick()
     for name in args.ops.split(","):
         run_op(name, args.seq, args.profile)
 
