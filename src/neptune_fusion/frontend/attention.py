@@ -143,6 +143,7 @@ class AttentionCache:
     """
 
     def __init__(self, store=None) -> None:
+        torch_ops.referable(self)   # traced code names it by number (torch_ops)
         self.store = store
         self._kernels: dict = {}
         self._building: dict = {}   # key -> the lock held while that kernel compiles
@@ -444,8 +445,9 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     import torch
     names = None if buffers is None else tuple(buffers)
     bufs = [] if names is None else [buffers[n] for n in names]
-    h = torch_ops.handle(_OpEntry, score_mod, mask_mod, scale, enable_gqa, q_offset, names,
-                         cache, schedule)
+    key = torch_ops.constant_key
+    h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), scale, enable_gqa, q_offset,
+                         names, key(cache), key(schedule))
     return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
 
 

@@ -28,7 +28,7 @@ from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
 from ..settings import log_enabled
 from .inputs import CacheInfo, check_inputs, remember, signature
-from .torch_ops import call_kernel, compiling
+from .torch_ops import call_kernel, compiling, referable
 
 _MAX_SIGS = 256
 
@@ -53,6 +53,7 @@ class AutoKernel:
 
     def __init__(self, outputs, inputs, builder, single: bool, name: str, base: Schedule,
                  build, *, store=None, top_k: int = 4, log: bool | None = None) -> None:
+        referable(self)   # traced code names it by number (torch_ops.constant_key)
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self._builder = builder        # the definition's Builder (plan, fingerprint)

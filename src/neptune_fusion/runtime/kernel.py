@@ -23,7 +23,7 @@ from .inputs import CacheInfo, check_inputs, remember, signature
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import interpreted_launch, load_kernel_module
 from .spec import KernelSpec
-from .torch_ops import call_kernel, compiling
+from .torch_ops import call_kernel, compiling, referable
 
 
 class GeneratedKernel:
@@ -108,6 +108,7 @@ class Kernel:
 
     def __init__(self, outputs, inputs, specs: tuple[KernelSpec, ...], schedule: Schedule,
                  single: bool, lowered: Callable, from_cache: bool = False) -> None:
+        referable(self)   # traced code names it by number (torch_ops.constant_key)
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.schedule = schedule

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ..fusion.stages import Staging
 from .inputs import CacheInfo, check_inputs, remember, signature
-from .torch_ops import call_kernel, compiling
+from .torch_ops import call_kernel, compiling, referable
 
 _MAX_SIGS = 256
 
@@ -33,6 +33,7 @@ class StagedKernel:
 
     def __init__(self, outputs, inputs, staging: Staging, passes: tuple, single: bool,
                  name: str, plan: Callable) -> None:
+        referable(self)   # traced code names it by number (torch_ops.constant_key)
         self.outputs = tuple(outputs)
         self.inputs = tuple(inputs)
         self.staging = staging

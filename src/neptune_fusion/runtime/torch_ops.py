@@ -24,14 +24,19 @@ graph may call them at any time. docs/torch.md says why this design.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 
 _TABLE: dict[tuple, int] = {}   # (maker, *key) -> handle
 _ENTRIES: list = []             # handle -> entry: .run(tensors), .fake(tensors)
 _LOCK = threading.Lock()
 _DEFINED: list = []             # the ops, once defined
+_REFS = weakref.WeakValueDictionary()   # ref name -> referable object of this process
+_REF_NUMBERS = itertools.count(1)
+_REF, _DATACLASS = "nf-ref", "nf-dataclass"   # tags of constant keys (see constant_key)
 
 
 def compiling() -> bool:
@@ -41,16 +46,62 @@ def compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def referable(obj):
+    """Give ``obj`` (a compiled operator, an attention cache: objects with identity) a
+    name by which traced code refers to it; returns ``obj``. Called when it is made."""
+    # a string, not an int: Dynamo may turn an int attribute of an argument symbolic when
+    # a recompile sees another value (automatic dynamic), and a symbol is not a constant
+    n = f"{_REF}-{next(_REF_NUMBERS)}"
+    obj._nf_ref = n
+    _REFS[n] = obj
+    return obj
+
+
+def constant_key(x):
+    """``x`` as a value every supported Dynamo can take as a constant (code Dynamo traces).
+
+    Dynamo hands ``assume_constant_result`` functions only what it can rebuild as a Python
+    constant, and what that is differs by version: torch 2.11 refuses frozen dataclasses
+    (``ops.Causal()``, a ``Schedule``) and plain objects (a kernel, a cache) that 2.13
+    accepts. Functions, closures, numbers, strings, ``None``, tuples and classes pass
+    everywhere, so objects travel as those: a referable object as its name, a dataclass
+    as its class and field values (rebuilt equal by :func:`from_key`). A dataclass mod
+    passed *as an argument* of the compiled function whose int field differs between calls
+    may be made symbolic by Dynamo and fail to convert: make such mods globals or
+    closures (they are constants of the program)."""
+    if isinstance(x, tuple):
+        return tuple(constant_key(e) for e in x)
+    ref = getattr(x, "_nf_ref", None)
+    if ref is not None:
+        return (_REF, ref)
+    fields = getattr(type(x), "__dataclass_fields__", None)
+    if fields is not None and not isinstance(x, type):
+        return (_DATACLASS, type(x), tuple((n, constant_key(getattr(x, n))) for n in fields))
+    return x
+
+
+def from_key(k):
+    """The object a :func:`constant_key` stands for (an equal one for dataclasses)."""
+    if isinstance(k, tuple) and len(k) == 2 and k[0] == _REF:
+        return _REFS[k[1]]
+    if isinstance(k, tuple) and len(k) == 3 and k[0] == _DATACLASS:
+        return k[1](**{n: from_key(v) for n, v in k[2]})
+    if isinstance(k, tuple):
+        return tuple(from_key(e) for e in k)
+    return k
+
+
 def handle(maker: Callable, *key) -> int:
-    """The op handle of ``maker(*key)`` (an entry with ``run`` and ``fake``), made once
-    per ``(maker, *key)``. Called at trace time; Dynamo takes the result as a constant."""
+    """The op handle of ``maker(*objects)`` (an entry with ``run`` and ``fake``), made
+    once per key; ``key`` holds :func:`constant_key` values of the objects. Called at trace
+    time; Dynamo takes the result as a constant."""
     define_ops()
     k = (maker, *key)
     with _LOCK:
         got = _TABLE.get(k)
         if got is None:
             got = _TABLE[k] = len(_ENTRIES)
-            _ENTRIES.append(maker(*key))
+            _ENTRIES.append(maker(*(from_key(x) for x in key)))
     return got
 
 
@@ -108,7 +159,7 @@ class KernelEntry:
 def call_kernel(kernel, tensors: tuple, single: bool, out=None):
     """``kernel(*tensors, out=out)`` as the ``neptune_fusion::kernel`` op (traced code)."""
     import torch
-    h = handle(KernelEntry, kernel)   # first: it defines the ops
+    h = handle(KernelEntry, constant_key(kernel))   # first: it defines the ops
     got = torch.ops.neptune_fusion.kernel(list(tensors), h)
     if out is not None:   # the op returns new tensors; ``out`` gets a copy
         got = [g if o is None else o.copy_(g) for o, g in zip(out, got)]
