@@ -12,9 +12,10 @@ Then times per call: the whole eager call in a loop (host-bound when the kernels
 short), first with every launch through Triton's dispatch (the path before
 runtime/launcher.py: an A/B in one process), then as it is; the same with a device
 synchronisation per call, ``do_bench`` (what the bench's eager column measures) and
-CUDA-graph replay (GPU time only); first a yardstick of the host's speed (a tiny
-``torch.add`` and an SDPA decode call, eager) so runs on different machines compare; with
-``--profile`` the functions with the most host time (cProfile).
+CUDA-graph replay (GPU time only), and the same for a prepared call
+(``nf.prepare_attention``: signature compare + direct launches). First a yardstick of the
+host's speed (a tiny ``torch.add`` and an SDPA decode call, eager) so runs on different
+machines compare; with ``--profile`` the functions with the most host time (cProfile).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import torch
 
 from neptune_fusion import ops
 from neptune_fusion.bench.gate import relative_error
+from neptune_fusion.bench.providers.base import RunContext
+from neptune_fusion.bench.providers.sdpa import CUDNN
 from neptune_fusion.bench.reference import reference_attention
 from neptune_fusion.bench.timing import gpu_timer, graph_timer
 from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators
@@ -115,6 +118,21 @@ def run_op(name: str, seq: int, profile: bool) -> None:
         print(f"  eager loop, Triton's dispatch only (before): "
               f"{per_call_us(call):8.1f} us/call")
     print(f"  eager loop         {per_call_us(call):8.1f} us/call")
+    run = ops.prepare(q, k, v, cache=cache, **kw)   # nf.prepare_attention
+    prepared = run(q2, k2, v2)
+    print(f"  prepared: rel. error {relative_error(prepared, ref):.1e} (bit-identical to "
+          f"direct: {torch.equal(prepared, direct)})")
+    print(f"  prepared call      {per_call_us(lambda: run(q, k, v)):8.1f} us/call")
+    print(f"  prepared + sync    {per_call_us(lambda: run(q, k, v), sync_each=True):8.1f} "
+          "us/call")
+    print(f"  prepared do_bench  {gpu_timer()(lambda: run(q, k, v)) * 1e3:8.1f} us")
+    got = CUDNN.prepare(op, q, k, v, RunContext(dev, torch.float16, gpu_timer()))
+    if hasattr(got, "fn"):
+        print(f"  cuDNN (SDPA) eager {per_call_us(got.fn):8.1f} us/call, do_bench "
+              f"{gpu_timer()(got.fn) * 1e3:8.1f} us, graph replay "
+              f"{graph_timer(rep_ms=20)(got.fn) * 1e3:8.1f} us")
+    else:
+        print(f"  cuDNN (SDPA): {got.reason}")
     print(f"  eager + sync each  {per_call_us(call, sync_each=True):8.1f} us/call")
     print(f"  do_bench           {gpu_timer()(call) * 1e3:8.1f} us")
     print(f"  graph replay       {graph_timer(rep_ms=20)(call) * 1e3:8.1f} us")

@@ -63,7 +63,8 @@ _LAZY = {
     "attention": "frontend.attention", "AttentionCache": "frontend.attention",
     "Schedule": "schedule", "DiskCache": "runtime.disk_cache", "AutoKernel": "runtime.auto",
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",
-    "StagedKernel": "runtime.staged",
+    "StagedKernel": "runtime.staged", "prepare_attention": "frontend.prepared",
+    "PreparedAttention": "frontend.prepared",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
     "compile", "Kernel", "AutoKernel", "StagedKernel", "DiskCache", "attention", "AttentionCache",
+    "prepare_attention", "PreparedAttention",
     "Schedule", "ops",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",

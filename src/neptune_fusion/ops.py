@@ -277,6 +277,25 @@ def attention(q, k, v, *, scale: float, causal: bool, q_start: int = 0,
     ``alibi_slopes`` a (Hq,) float32 tensor of per-head slopes (bias ``slope * (j - i)``).
     ``cache`` and ``schedule`` as for :func:`neptune_fusion.frontend.attention.attention`.
     """
+    return _attention(q, k, v, **_keywords(q, k, scale, causal, q_start, alibi_slopes,
+                                           softcap, window, cache, schedule))
+
+
+def prepare(q, k, v, *, scale: float, causal: bool, q_start: int = 0, alibi_slopes=None,
+            softcap: float | None = None, window: int | None = None,
+            cache: AttentionCache | None = None, schedule=None):
+    """:func:`attention`'s call prepared for the signature of ``q, k, v``
+    (:func:`neptune_fusion.prepare_attention`): returns ``run(q, k, v)``."""
+    from .frontend.prepared import prepare_attention
+    kw = _keywords(q, k, scale, causal, q_start, alibi_slopes, softcap, window, cache,
+                   schedule)
+    prepared, buffers = prepare_attention(q, k, v, **kw), kw["buffers"]
+    return lambda q, k, v: prepared(q, k, v, buffers)
+
+
+def _keywords(q, k, scale, causal, q_start, alibi_slopes, softcap, window, cache,
+              schedule) -> dict:
+    """nf.attention's keywords for the harness's arguments."""
     buffers = None
     alibi = None
     if alibi_slopes is not None:
@@ -287,7 +306,6 @@ def attention(q, k, v, *, scale: float, causal: bool, q_start: int = 0,
             slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
         buffers = {"slopes": slopes}
         alibi = AlibiSlopes()
-    return _attention(q, k, v, score_mod=score_mod_of(softcap, alibi),
-                      mask_mod=mask_mod_of(causal, window), scale=scale,
-                      enable_gqa=q.shape[1] != k.shape[1], q_offset=q_start,
-                      buffers=buffers, cache=cache, schedule=schedule)
+    return dict(score_mod=score_mod_of(softcap, alibi), mask_mod=mask_mod_of(causal, window),
+                scale=scale, enable_gqa=q.shape[1] != k.shape[1], q_offset=q_start,
+                buffers=buffers, cache=cache, schedule=schedule)

@@ -419,6 +419,17 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
            schedule):
     """:func:`attention` run now (eagerly; also the op's real implementation)."""
+    setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
+                              buffers, cache, schedule)
+    out = setup.kernel(*tensors)
+    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if setup.packed else out
+
+
+def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
+             schedule):
+    """A call's checked setup (spec, schedule, kernel; cached per call key) and the
+    tensors its kernel takes: ``(setup, [q, k, v, *buffers])``, the query reshaped for
+    packed decode and any input whose last dimension is strided made contiguous."""
     if buffers is not None and not isinstance(buffers, Mapping):
         _check(q, k, v, enable_gqa)   # bad buffers: report bad q, k, v first, as before
     bufs = _check_buffers(buffers)
@@ -432,10 +443,8 @@ def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, c
                           cache, schedule)
         cache._remember(key, setup)
     qin = q.reshape(q.shape[0], k.shape[1], setup.group, q.shape[3]) if setup.packed else q
-    tensors = [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
-               for t in [qin, k, v] + list(bufs.values())]
-    out = setup.kernel(*tensors)
-    return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if setup.packed else out
+    return setup, [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
+                   for t in [qin, k, v] + list(bufs.values())]
 
 
 def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,

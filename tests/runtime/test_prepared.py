@@ -1,0 +1,78 @@
+"""nf.prepare_attention: a call bound to one signature (runtime/prepared.py). On CPU the
+bound arguments launch through the interpreter, so these check the binding (inputs,
+sizes, split-k workspace, packed GQA decode) against float64; the speed is the H200's
+(benchmarks/host_overhead.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import neptune_fusion as nf
+from neptune_fusion import ops
+from neptune_fusion.errors import FeedError
+from neptune_fusion.frontend.attention import AttentionCache
+from neptune_fusion.schedule.schedule import Schedule
+from runtime.test_attention_api import randn, reference, rel
+
+SPLIT = Schedule(block_m=16, block_n=16, num_warps=4, strategy="split", splits=3)
+ROLL = Schedule(block_m=16, block_n=16)
+
+
+def _keep(h, i, j):
+    return j <= i
+
+
+@pytest.mark.parametrize("hq,n,sched", [(4, 1, SPLIT), (2, 1, SPLIT), (2, 9, ROLL)])
+def test_prepared_matches_float64_on_fresh_data(hq, n, sched):
+    """Split-k decode (packed GQA with hq=4 over 2 KV heads, plain with 2), and rolling
+    prefill: each call's output is right for *its* inputs, and the same tensor."""
+    m, cache = 45, AttentionCache()
+    kw = dict(mask_mod=ops.Causal(), q_offset="end", enable_gqa=True, schedule=sched,
+              cache=cache)
+    shapes = ((1, hq, n, 16), (1, 2, m, 16), (1, 2, m, 16))
+    q, k, v = (randn(*s, seed=x, dtype=torch.float32) for x, s in enumerate(shapes))
+    prepared = nf.prepare_attention(q, k, v, **kw)
+    outs = []
+    for seed in (10, 20):
+        q, k, v = (randn(*s, seed=seed + x, dtype=torch.float32)
+                   for x, s in enumerate(shapes))
+        out = prepared(q, k, v)
+        assert out is prepared.output
+        assert rel(out, reference(q, k, v, keep=_keep, offset=m - n)) < 1e-5
+        outs.append(out.clone())
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_prepared_with_a_buffer():
+    slopes = torch.tensor([0.5, 0.25], dtype=torch.float32)
+    q, k, v = randn(1, 2, 1, 16, seed=1), randn(1, 2, 30, 16, seed=2), randn(1, 2, 30, 16,
+                                                                            seed=3)
+    kw = dict(score_mod=ops.AlibiSlopes(), q_offset="end", buffers={"slopes": slopes},
+              schedule=SPLIT, cache=AttentionCache())
+    prepared = nf.prepare_attention(q, k, v, **kw)
+    other = torch.tensor([0.125, 1.0], dtype=torch.float32)
+    got = prepared(q, k, v, buffers={"slopes": other})
+    want = nf.attention(q, k, v, **(kw | {"buffers": {"slopes": other}}))
+    assert rel(got, want.double()) < 1e-3
+
+
+def test_another_signature_takes_the_general_path():
+    cache = AttentionCache()
+    q, k, v = randn(1, 2, 1, 16, seed=1), randn(1, 2, 30, 16, seed=2), randn(1, 2, 30, 16,
+                                                                            seed=3)
+    prepared = nf.prepare_attention(q, k, v, q_offset="end", schedule=SPLIT, cache=cache)
+    k2, v2 = randn(1, 2, 31, 16, seed=4), randn(1, 2, 31, 16, seed=5)   # one key more
+    out = prepared(q, k2, v2)
+    assert out is not prepared.output
+    assert rel(out, reference(q, k2, v2)) < 5e-3
+    k3 = k.clone().requires_grad_()
+    with pytest.raises(FeedError, match="requires grad"):
+        prepared(q, k3, v)   # the general path's check, not a silent cut of autograd
+
+
+def test_what_cannot_be_prepared_is_refused():
+    q, v = randn(1, 2, 1, 16, seed=1), randn(1, 2, 30, 16, seed=3)
+    k = randn(1, 2, 16, 30, seed=2).transpose(2, 3)   # last dimension strided
+    with pytest.raises(FeedError, match="k .* is not laid out as the kernel reads it"):
+        nf.prepare_attention(q, k, v, q_offset="end", schedule=SPLIT)
