@@ -6,8 +6,9 @@ GPU, every result checked against the one-GPU output first.
   one GPU's decode of its own ``S`` keys (goal: <= 1.15x its latency);
 * prefill: PF-Global and PF-Causal at 32k and 64k tokens in total, half per GPU,
   :func:`neptune_fusion.distributed.ring_attention` against ``nf.attention`` on the whole
-  sequence on one GPU (goal: >= 1.7x its throughput); the overlap is shown by timing the
-  ring's compute alone (its chunks, no transfer) and its transfers alone.
+  sequence on one GPU (goal: >= 1.7x its throughput), causal in both layouts
+  (contiguous, zigzag); the overlap is shown by timing the ring's compute alone (its
+  chunks, no transfer) and its transfers alone.
 
 Every rank runs the same fixed number of calls (a timer that picks its own repetition
 count per rank, such as ``do_bench``, would leave the ranks in different collectives), in
@@ -45,7 +46,7 @@ from neptune_fusion import ops
 from neptune_fusion.bench.gate import relative_error, threshold_for
 from neptune_fusion.bench.timing import gpu_timer, synchronize
 from neptune_fusion.bench.workloads import smoke_variant
-from neptune_fusion.distributed import ring_attention, sharded_decode
+from neptune_fusion.distributed import layout_segments, ring_attention, shard, sharded_decode
 from neptune_fusion.distributed.shards import chunk
 from neptune_fusion.frontend.attention import attention
 
@@ -133,36 +134,48 @@ def decode_point(op, keys: int, args, device, clock, solo) -> dict:
             "rel_err_vs_one_gpu": err, "correct": err <= threshold_for(dtype)}
 
 
-def prefill_point(op, tokens: int, args, device, clock, solo) -> dict:
-    world, rank = dist.get_world_size(), dist.get_rank()
+def prefill_point(op, tokens: int, layouts: list[str], args, device, clock,
+                  solo) -> list[dict]:
+    world = dist.get_world_size()
     dtype = getattr(torch, args.dtype)
     q, k, v = make(op, tokens, tokens, 2000 + tokens, dtype, device)
     kw = kwargs_of(op)
     whole = lambda: attention(q, k, v, **kw)  # noqa: E731
     one = whole()
-    per = tokens // world
-    a, b = rank * per, (rank + 1) * per if rank < world - 1 else tokens
-    ql, kl, vl = (t[:, :, a:b].contiguous() for t in (q, k, v))
-    call = lambda: ring_attention(ql, kl, vl, **kw)  # noqa: E731
-    err = relative_error(call(), one[:, :, a:b].double())
-    del one
     base_ms = on_rank0(lambda: solo(whole), device)
     base_bench = on_rank0(lambda: args.bench(whole), device)
-    del q, k, v
+    lengths = [tokens * (r + 1) // world - tokens * r // world for r in range(world)]
+    out = [_ring_layout(op, layout, lengths, (q, k, v), one, kw, dtype, clock)
+           for layout in layouts]
+    for rec in out:
+        rec.update(one_gpu_ms=base_ms, one_gpu_do_bench_ms=base_bench,
+                   speedup=base_ms / rec["ms"], ok_goal=base_ms / rec["ms"] >= 1.7)
+    return out
+
+
+def _ring_layout(op, layout, lengths, whole, one, kw, dtype, clock) -> dict:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    segs = layout_segments(lengths, layout)
+    ql, kl, vl = (shard(t, rank, world, layout) for t in whole)
+    mine = torch.cat([one[:, :, a:a + n] for a, _, n in segs[rank]], 2)
+    call = lambda: ring_attention(ql, kl, vl, layout=layout, **kw)  # noqa: E731
+    err = relative_error(call(), mine.double())
+    del mine
     ms = clock(call)
-    # the timeline: the ring's chunks computed alone (this rank's KV in every position),
-    # and its transfers alone
-    starts = [r * per for r in range(world)]
 
     def compute_only():
+        # the ring's chunks computed alone (this rank's KV standing in for each rank's:
+        # the shapes are the same), no transfer
         for step in range(world):
-            chunk(ql, kl, vl, a, starts[(rank - step) % world], kw, "check")
+            for q0, qa, qn in segs[rank]:
+                for k0, ka, kn in segs[(rank - step) % world]:
+                    chunk(ql.narrow(2, qa, qn), kl.narrow(2, ka, kn), vl.narrow(2, ka, kn),
+                          q0, k0, kw, "check")
     compute_ms = clock(compute_only)
     transfer_ms = clock(lambda: _ring_transfers(kl, vl, world))
     hidden = compute_ms + transfer_ms - ms
-    return {"op": op.name, "tokens": tokens, "tokens_per_gpu": b - a, "ms": ms,
-            "one_gpu_ms": base_ms, "one_gpu_do_bench_ms": base_bench,
-            "speedup": base_ms / ms, "goal": ">= 1.7", "ok_goal": base_ms / ms >= 1.7,
+    return {"op": op.name, "layout": layout, "tokens": sum(lengths),
+            "tokens_per_gpu": ql.shape[2], "ms": ms, "goal": ">= 1.7",
             "compute_alone_ms": compute_ms, "transfers_alone_ms": transfer_ms,
             "overlapped_ms": hidden,
             "overlap_fraction": hidden / transfer_ms if transfer_ms > 0 else None,
@@ -183,15 +196,19 @@ def _ring_transfers(k, v, world: int) -> None:
         cur = got
 
 
+def _k(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 def table(records: list[dict]) -> str:
     lines = ["| point | multi-GPU ms | one GPU ms | ratio | goal | met | rel err vs one GPU |",
              "|---|---:|---:|---:|---|---|---:|"]
     for r in records:
         if "keys_per_gpu" in r:
-            name = f"{r['op']} decode, {r['keys_per_gpu'] // 1024}k keys/GPU"
+            name = f"{r['op']} decode, {_k(r['keys_per_gpu'])} keys/GPU"
             base, ratio = r["one_gpu_half_ms"], f"{r['ratio']:.2f}x latency"
         else:
-            name = f"{r['op']} ring prefill, {r['tokens'] // 1024}k tokens"
+            name = f"{r['op']} ring prefill ({r['layout']}), {_k(r['tokens'])} tokens"
             base, ratio = r["one_gpu_ms"], f"{r['speedup']:.2f}x throughput"
         lines.append(f"| {name} | {r['ms']:.3f} | {base:.3f} | {ratio} | {r['goal']} | "
                      f"{'yes' if r['ok_goal'] else 'no'} | {r['rel_err_vs_one_gpu']:.2e} |")
@@ -203,7 +220,7 @@ def table(records: list[dict]) -> str:
                   "transfers |", "|---|---:|---:|---:|---:|---:|"]
         for r in pre:
             frac = r["overlap_fraction"]
-            lines.append(f"| {r['op']} {r['tokens'] // 1024}k | {r['ms']:.3f} | "
+            lines.append(f"| {r['op']} {r['layout']} {_k(r['tokens'])} | {r['ms']:.3f} | "
                          f"{r['compute_alone_ms']:.3f} | {r['transfers_alone_ms']:.3f} | "
                          f"{r['overlapped_ms']:.3f} | "
                          f"{'-' if frac is None else f'{frac:.2f}'} |")
@@ -228,10 +245,12 @@ def run(args) -> int:
                                         solo))
             _say(rank, records[-1])
     for name in args.prefill_ops:
+        op = pick(ops.OPERATORS[name])
+        layouts = [x for x in args.layouts if op.causal or x == "contiguous"]
         for tokens in args.prefill_tokens:
-            records.append(prefill_point(pick(ops.OPERATORS[name]), tokens, args, device,
-                                         clock, solo))
-            _say(rank, records[-1])
+            for rec in prefill_point(op, tokens, layouts, args, device, clock, solo):
+                records.append(rec)
+                _say(rank, rec)
     if rank == 0:
         import triton
         out = Path(args.out)
@@ -295,6 +314,9 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-ops", nargs="*", default=list(PREFILL_OPS), choices=PREFILL_OPS)
     p.add_argument("--prefill-tokens", type=int, nargs="*", default=[32768, 65536],
                    help="tokens in total")
+    p.add_argument("--layouts", nargs="*", default=["contiguous", "zigzag"],
+                   choices=["contiguous", "zigzag"],
+                   help="ring layouts (zigzag for causal operators only)")
     p.add_argument("--iters", type=int, default=20, help="calls per timed round")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (median)")
     p.add_argument("--smoke", action="store_true",

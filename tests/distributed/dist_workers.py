@@ -194,6 +194,25 @@ def ring_alibi_global(rank, world):
     close(o, want[:, :, qa:qb], "o")
 
 
+def ring_zigzag(rank, world):
+    """Causal prefill in the zigzag layout (two segments per rank), uneven lengths, ALiBi;
+    the output's rows are this rank's, in its local order."""
+    import torch
+
+    from neptune_fusion import ops
+    from neptune_fusion.distributed import layout_segments, ring_attention, shard
+    total = 29 + 6 * world
+    q, k, v = data(6, total, total)
+    mine = [shard(t, rank, world, "zigzag") for t in (q, k, v)]
+    o = ring_attention(*mine, layout="zigzag", enable_gqa=True, mask_mod=ops.Causal(),
+                       score_mod=ops.Alibi(HQ))
+    want, _ = reference(q, k, v, 0, causal=True, alibi=True)
+    lengths = [total * (r + 1) // world - total * r // world for r in range(world)]
+    segs = layout_segments(lengths, "zigzag")[rank]
+    assert len(segs) == 2 and segs[0][0] < segs[1][0]
+    close(o, torch.cat([want[:, :, a:a + n] for a, _, n in segs], 2), "o")
+
+
 def ring_dtype_mismatch(rank, world):
     import torch
 
@@ -260,10 +279,10 @@ SCENARIOS = {
     "two": [("decode_uneven", decode_uneven), ("decode_positions", decode_positions),
             ("decode_mismatch", decode_mismatch), ("decode_overlap", decode_overlap),
             ("ring_causal", ring_causal), ("ring_alibi_global", ring_alibi_global),
-            ("ring_dtype_mismatch", ring_dtype_mismatch), ("lse_vocab", lse_vocab),
+            ("ring_zigzag", ring_zigzag), ("ring_dtype_mismatch", ring_dtype_mismatch), ("lse_vocab", lse_vocab),
             ("merge_mismatch", merge_mismatch)],
     "three": [("decode_uneven", decode_uneven), ("decode_positions", decode_positions),
               ("ring_causal", ring_causal), ("ring_alibi_global", ring_alibi_global),
-              ("lse_vocab", lse_vocab)],
+              ("ring_zigzag", ring_zigzag), ("lse_vocab", lse_vocab)],
 }
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -122,8 +122,8 @@ def test_local_errors():
     q, k, v = W.data(12, 1, 5)
     with pytest.raises(DistributedError, match="kv_offset must be an int >= 0"):
         sharded_decode(q, k, v, kv_offset=-1, enable_gqa=True)
-    with pytest.raises(DistributedError, match="layout must be one of contiguous"):
-        ring_attention(q, k, v, layout="zigzag")
+    with pytest.raises(DistributedError, match="layout must be one of contiguous, zigzag"):
+        ring_attention(q, k, v, layout="striped")
     with pytest.raises(DistributedError, match="k_local must be a 4-d torch tensor"):
         ring_attention(q, k[0], v)
     with pytest.raises(DistributedError, match="reserved"):

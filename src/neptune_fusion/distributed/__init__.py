@@ -15,8 +15,8 @@ from __future__ import annotations
 from ..errors import DistributedError
 from .decode import sharded_decode
 from .merge import all_merge
-from .ring import ring_attention
+from .ring import layout_segments, ring_attention, shard
 from .states import as_partial, merge_states
 
-__all__ = ["DistributedError", "all_merge", "as_partial", "merge_states", "ring_attention",
-           "sharded_decode"]
+__all__ = ["DistributedError", "all_merge", "as_partial", "layout_segments", "merge_states",
+           "ring_attention", "shard", "sharded_decode"]
