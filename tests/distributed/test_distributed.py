@@ -19,8 +19,10 @@ from neptune_fusion import ops  # noqa: E402
 from neptune_fusion.distributed import (  # noqa: E402
     DistributedError,
     as_partial,
+    layout_segments,
     merge_states,
     ring_attention,
+    shard,
     sharded_decode,
 )
 from neptune_fusion.distributed.positions import hidden  # noqa: E402
@@ -129,5 +131,36 @@ def test_local_errors():
     with pytest.raises(DistributedError, match="reserved"):
         sharded_decode(q, k, v, kv_offset=0, enable_gqa=True, mask_mod=ops.Causal(),
                        buffers={"nf_positions": torch.zeros(2)})
+    with pytest.raises(DistributedError, match="check=False needs q_offset as an int"):
+        sharded_decode(q, k, v, kv_offset=0, enable_gqa=True, check=False)
     with pytest.raises(DistributedError, match="group is given"):
         ring_attention(q, k, v, group=object())
+
+
+@pytest.mark.parametrize("lengths", [[5, 5], [0, 7, 3], [1, 0], [8, 9, 10, 11]])
+def test_layouts_tile_the_sequence(lengths):
+    """Every layout gives each rank its local length and covers the sequence once."""
+    for layout in ("contiguous", "zigzag"):
+        segs = layout_segments(lengths, layout)
+        assert [sum(n for _, _, n in s) for s in segs] == lengths
+        for s in segs:   # local starts follow one another
+            assert [a for _, a, _ in s] == [sum(n for _, _, n in s[:k]) for k in range(len(s))]
+        cover = sorted((a, a + n) for s in segs for a, _, n in s if n)
+        assert [c for pair in cover for c in pair][1:-1:2] == [c[0] for c in cover][1:]
+        assert (cover[0][0], cover[-1][1]) == (0, sum(lengths))
+    x = torch.arange(20.0)[None, None, :, None]
+    got = [shard(x, r, 3, "zigzag")[0, 0, :, 0].tolist() for r in range(3)]
+    assert got == [[0, 1, 2, 17, 18, 19], [3, 4, 5, 13, 14, 15, 16], [6, 7, 8, 9, 10, 11, 12]]
+
+
+def test_docs_example_runs(tmp_path):
+    """docs/distributed.md's example, as a reader would run it (two gloo processes)."""
+    import re
+    import subprocess
+    doc = Path(__file__).resolve().parents[2] / "docs" / "distributed.md"
+    (code,) = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]

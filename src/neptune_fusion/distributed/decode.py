@@ -18,7 +18,7 @@ WHAT = "sharded_decode"
 
 
 def sharded_decode(q, k_local, v_local, *, kv_offset: int, group=None,
-                   return_lse: bool = False, **attention_kwargs):
+                   return_lse: bool = False, check: bool = True, **attention_kwargs):
     """Attention of ``q`` (B, Hq, N, D), the same on every rank, over the whole KV cache,
     whose keys ``kv_offset .. kv_offset + T - 1`` this rank holds in ``k_local``,
     ``v_local`` (B, Hkv, T, D); every rank returns the same output (B, Hq, N, Dv).
@@ -29,6 +29,10 @@ def sharded_decode(q, k_local, v_local, *, kv_offset: int, group=None,
     ``+ 1 - N``). ``return_lse=True`` returns ``(o, lse)`` (lse float32 (B, Hq, N)).
     Shards may be uneven or empty, and need not be in rank order, but must not overlap.
     A group of one, or a process without torch.distributed, communicates nothing.
+
+    ``check=False`` skips the signature gather that checks the ranks against each other
+    (one small all_gather and a host synchronisation per call), for a decode loop known to
+    be consistent; ``q_offset`` must then be an int (``"end"`` needs every rank's length).
     """
     shards.reject(attention_kwargs, WHAT)
     shards.check_local(WHAT, q=q, k_local=k_local, v_local=v_local)
@@ -40,6 +44,13 @@ def sharded_decode(q, k_local, v_local, *, kv_offset: int, group=None,
     where = ranks(group, WHAT)
     sig = shards.signature(q, k_local, v_local, kwargs, WHAT)
     n = q.shape[2]
+    if not check:
+        if not isinstance(kwargs["q_offset"], int) or isinstance(kwargs["q_offset"], bool):
+            raise DistributedError(f"{WHAT}: check=False needs q_offset as an int (the "
+                                   f"absolute position of query row 0), got "
+                                   f"{kwargs['q_offset']!r}")
+        return _run(q, k_local, v_local, kv_offset, kwargs["q_offset"], kwargs, where,
+                    return_lse)
     rows = gather_ints(sig + [n, k_local.shape[2], kv_offset], q.device, where)
     agree(rows, shards.FIELDS + ("query length",), WHAT, shards.NAMES)
     spans = sorted((r[-1], r[-1] + r[-2], rank) for rank, r in enumerate(rows) if r[-2] > 0)
@@ -53,6 +64,11 @@ def sharded_decode(q, k_local, v_local, *, kv_offset: int, group=None,
         q_offset = max((a1 for _, a1, _ in spans), default=0) - n
     elif q_offset is None:
         q_offset = 0
+    return _run(q, k_local, v_local, kv_offset, q_offset, kwargs, where, return_lse)
+
+
+def _run(q, k_local, v_local, kv_offset: int, q_offset: int, kwargs, where, return_lse):
+    """The local states, one all_gather of them, the merge."""
     got = shards.chunk(q, k_local, v_local, q_offset, kv_offset, kwargs, WHAT)
     o, lse = got if got is not None else shards.empty_state(q, v_local)
     if where.size > 1:
