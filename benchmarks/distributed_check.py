@@ -12,9 +12,10 @@ GPU, every result checked against the one-GPU output first.
 
 Every rank runs the same fixed number of calls (a timer that picks its own repetition
 count per rank, such as ``do_bench``, would leave the ranks in different collectives), in
-CUDA events, ``--rounds`` rounds of ``--iters`` calls; a time is the median over rounds of
-the slowest rank. The single-GPU baselines run on rank 0 alone, timed the same way and
-with ``neptune_fusion.bench.timing.gpu_timer`` (do_bench) as a cross-check. Writes
+CUDA events, ``--rounds`` rounds of ``--iters`` calls (``--prefill-iters`` for prefill);
+a time is the median over rounds of the slowest rank. The single-GPU baselines run on
+rank 0 alone, timed the same way and with ``neptune_fusion.bench.timing.gpu_timer``
+(do_bench) as a cross-check. Writes
 ``distributed_check.json`` and ``report.md`` (versions, date) to ``--out``.
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 benchmarks/distributed_check.py --out DIR
@@ -244,6 +245,9 @@ def run(args) -> int:
         device = torch.device("cuda", torch.cuda.current_device())
     clock = Clock(device, args.iters, args.rounds, True)
     solo = Clock(device, args.iters, args.rounds, False)
+    # prefill calls take 10-150 ms: fewer of them (the whole run stays under 5 minutes)
+    pclock = Clock(device, args.prefill_iters, args.rounds, True)
+    psolo = Clock(device, args.prefill_iters, args.rounds, False)
     args.bench = gpu_timer() if device.type == "cuda" else solo
     pick = (lambda op: smoke_variant(op)) if args.smoke else (lambda op: op)
     records = []
@@ -256,7 +260,7 @@ def run(args) -> int:
         op = pick(ops.OPERATORS[name])
         layouts = [x for x in args.layouts if op.causal or x == "contiguous"]
         for tokens in args.prefill_tokens:
-            for rec in prefill_point(op, tokens, layouts, args, device, clock, solo):
+            for rec in prefill_point(op, tokens, layouts, args, device, pclock, psolo):
                 records.append(rec)
                 _say(rank, rec)
     if rank == 0:
@@ -271,7 +275,8 @@ def run(args) -> int:
                "python": platform.python_version(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                    timespec="seconds"),
-               "dtype": args.dtype, "iters": args.iters, "rounds": args.rounds}
+               "dtype": args.dtype, "iters": args.iters, "prefill_iters": args.prefill_iters,
+               "rounds": args.rounds}
         ok = all(r["correct"] for r in records)
         (out / "distributed_check.json").write_text(json.dumps(
             {"environment": env, "all_correct": ok, "records": records}, indent=2))
@@ -279,7 +284,8 @@ def run(args) -> int:
                   f"{env['world']} x {env['device']}, {env['backend']}, torch {env['torch']}, "
                   f"Triton {env['triton']}, {args.dtype}, NCCL_NVLS_ENABLE="
                   f"{env['NCCL_NVLS_ENABLE']}; median of {args.rounds} rounds of "
-                  f"{args.iters} calls (slowest rank). `benchmarks/distributed_check.py`.\n\n"
+                  f"{args.iters} calls ({args.prefill_iters} for prefill; slowest rank). "
+                  "`benchmarks/distributed_check.py`.\n\n"
                   f"{table(records)}\n\nAll outputs match the one-GPU output: {ok}.\n")
         (out / "report.md").write_text(report)
         print(report)
@@ -326,6 +332,8 @@ def main(argv=None) -> int:
                    choices=["contiguous", "zigzag"],
                    help="ring layouts (zigzag for causal operators only)")
     p.add_argument("--iters", type=int, default=20, help="calls per timed round")
+    p.add_argument("--prefill-iters", type=int, default=3,
+                   help="calls per timed round of a prefill point")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (median)")
     p.add_argument("--smoke", action="store_true",
                    help="CPU dry run with gloo: tiny shapes, times that mean nothing")
@@ -337,6 +345,7 @@ def main(argv=None) -> int:
         if "--prefill-tokens" not in given:
             args.prefill_tokens = [64]
         args.iters, args.rounds = min(args.iters, 1), min(args.rounds, 1)
+        args.prefill_iters = 1
     elif not torch.cuda.is_available():
         print("distributed_check: needs CUDA devices (or --smoke)", file=sys.stderr)
         return 2

@@ -84,24 +84,29 @@ def test_merge_states_is_the_derived_merge(rng):
 
 
 def test_return_lse_is_one_kernel_and_packed():
-    """nf.attention(return_lse=True): o as without it, lse the reference's, for prefill
-    and the packed GQA decode kernel; a row with no key gives o = 0 and lse = -inf."""
+    """nf.attention(return_lse=True): o as without it, lse the reference's, for the packed
+    GQA decode kernel under split-k (one kernel: the lse is combined with the rest) and
+    for prefill; a row with no key gives o = 0 and lse = -inf."""
     cache = nf.AttentionCache(store=False)
-    q, k, v = W.data(10, 1, 40)
+    q, k, v = W.data(10, 1, 300)
+    split = nf.Schedule(strategy="split", splits=3, block_m=16, block_n=32)
     o, lse = nf.attention(q, k, v, enable_gqa=True, q_offset="end", cache=cache,
-                          return_lse=True)
+                          schedule=split, return_lse=True)
     assert o.shape == (1, W.HQ, 1, W.DIM) and lse.shape == (1, W.HQ, 1)
     assert lse.dtype == torch.float32
-    want_o, want_lse = W.reference(q, k, v, 39)
+    want_o, want_lse = W.reference(q, k, v, 299)
     W.close(o, want_o, "o")
     W.close(lse, want_lse, "lse")
     (kern,) = cache.kernels()
-    assert isinstance(kern.kernel_for(q.reshape(1, W.HKV, 2, W.DIM), k, v), nf.Kernel)
+    assert type(kern) is nf.Kernel and kern.schedule.strategy == "split"
+    W.close(nf.attention(q, k, v, enable_gqa=True, q_offset="end", cache=cache,
+                         schedule=split), want_o, "o without lse")
     q, k, v = W.data(11, 5, 9)
     o, lse = nf.attention(q, k, v, enable_gqa=True, mask_mod=ops.Causal(), q_offset=-2,
                           cache=cache, return_lse=True)
     assert torch.isneginf(lse[:, :, :2]).all() and (o[:, :, :2] == 0).all()
     W.close(lse[:, :, 2:], W.reference(q, k, v, -2, causal=True)[1][:, :, 2:], "lse")
+    W.close(o, W.reference(q, k, v, -2, causal=True)[0], "o")
 
 
 def test_hidden_chunks():
