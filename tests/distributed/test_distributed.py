@@ -20,6 +20,7 @@ from neptune_fusion.distributed import (  # noqa: E402
     DistributedError,
     as_partial,
     layout_segments,
+    merge_stacked,
     merge_states,
     ring_attention,
     shard,
@@ -68,6 +69,10 @@ def test_merge_states_is_the_derived_merge(rng):
     want_o, want_lse = W.reference(q, k, v, q0, causal=True)
     W.close(o, want_o, "o")
     W.close(lse, want_lse, "lse")
+    so, sl = merge_stacked(torch.stack([p[0] for p in parts]),
+                           torch.stack([p[1] for p in parts]))
+    W.close(so, want_o, "o (stacked)")
+    W.close(sl, want_lse, "lse (stacked)")
     assert torch.isneginf(lse[:, :, :2]).all() and (o[:, :, :2] == 0).all()
     assert torch.isfinite(lse[:, :, 2:]).all()
     assert math.isinf(parts[2][1][0, 0, 5].item())   # row 5 (position 3) sees no key >= 4

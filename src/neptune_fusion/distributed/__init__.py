@@ -16,7 +16,7 @@ from ..errors import DistributedError
 from .decode import sharded_decode
 from .merge import all_merge
 from .ring import layout_segments, ring_attention, shard
-from .states import as_partial, merge_states
+from .states import as_partial, merge_stacked, merge_states
 
-__all__ = ["DistributedError", "all_merge", "as_partial", "layout_segments", "merge_states",
-           "ring_attention", "shard", "sharded_decode"]
+__all__ = ["DistributedError", "all_merge", "as_partial", "layout_segments", "merge_stacked",
+           "merge_states", "ring_attention", "shard", "sharded_decode"]

@@ -4,15 +4,15 @@ Rank ``r`` holds keys ``kv_offset .. kv_offset + T_r - 1`` of the cache; every r
 the same queries. Each rank runs the (split-k) decode kernel on its shard with absolute
 positions (:mod:`.positions`), which also writes each row's log-sum-exp; the small states
 ``(o, lse)`` cross once (one all_gather), and every rank merges them
-(:func:`.states.merge_states`) into attention over the whole cache.
+(:func:`.states.merge_stacked`) into attention over the whole cache.
 """
 
 from __future__ import annotations
 
 from ..errors import DistributedError
 from . import shards
-from .group import agree, all_gather, gather_ints, ranks
-from .states import merge_states
+from .group import agree, all_gather_stacked, gather_ints, ranks
+from .states import merge_stacked
 
 WHAT = "sharded_decode"
 
@@ -74,9 +74,9 @@ def _run(q, k_local, v_local, kv_offset: int, q_offset: int, kwargs, where, retu
     if where.size > 1:
         import torch
         flat = torch.cat([o.to(torch.float32).reshape(-1), lse.reshape(-1)])
-        parts = all_gather(flat, where)
+        got = all_gather_stacked(flat, where)
         split = o.numel()
-        o, lse = merge_states([p[:split].reshape(o.shape) for p in parts],
-                              [p[split:].reshape(lse.shape) for p in parts])
+        o, lse = merge_stacked(got[:, :split].reshape(where.size, *o.shape),
+                               got[:, split:].reshape(where.size, *lse.shape))
         o = o.to(q.dtype)
     return (o, lse) if return_lse else o

@@ -88,6 +88,19 @@ def all_gather(t, where: Ranks) -> list:
     return _all_gather(t.contiguous(), where)
 
 
+def all_gather_stacked(t, where: Ranks):
+    """Every rank's ``t`` stacked, ``(size, *t.shape)``: one all_gather into one flat
+    tensor (gloo and NCCL both take the flat form)."""
+    if where.size == 1:
+        return t.unsqueeze(0)
+    import torch
+    import torch.distributed as dist
+    t = t.contiguous()
+    out = torch.empty(where.size * t.numel(), dtype=t.dtype, device=t.device)
+    dist.all_gather_into_tensor(out, t.reshape(-1), group=where.group)
+    return out.reshape(where.size, *t.shape)
+
+
 def _all_gather(t, where: Ranks) -> list:
     import torch
     import torch.distributed as dist

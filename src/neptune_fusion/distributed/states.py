@@ -9,8 +9,7 @@ no key, ``lse = -inf``). :func:`as_partial` builds that :class:`Partial`.
 Merging such states with the plan's derived repairs (``l' = l exp(m - m')``, the same for
 ``o_sum``) reduces to the closed form :func:`merge_states` computes::
 
-    M = max_r lse_r;  w_r = exp(lse_r - M);  L = sum_r w_r
-    o = sum_r w_r o_r / L   (0 where L = 0);  lse = M + log(L)
+    lse = log sum_r exp(lse_r);   o = sum_r exp(lse_r - lse) o_r   (0 where lse = -inf)
 
 a handful of torch operations instead of ``merge_partials``' evaluation of the repair IR
 per partial (1.2-2.5 ms of host time for three small partials on the 2-core CPU host,
@@ -34,20 +33,25 @@ def as_partial(o, lse, count: int) -> Partial:
 
 
 def merge_states(os: Sequence, lses: Sequence):
-    """Merge shards' ``(o_r, lse_r)`` (o: (..., Dv), lse: (...)) into ``(o, lse)``: o in
-    float32, lse float32; a row no shard saw gives o = 0, lse = -inf."""
+    """Merge shards' ``(o_r, lse_r)`` (o: (..., Dv), lse: (...)) into ``(o, lse)``, both
+    float32; a row no shard saw gives o = 0, lse = -inf."""
     import torch
     lses = [x.to(torch.float32) for x in lses]
-    top = lses[0]
+    lse = lses[0]
     for x in lses[1:]:
-        top = torch.maximum(top, x)
-    top = torch.where(torch.isfinite(top), top, torch.zeros((), dtype=top.dtype,
-                                                             device=top.device))
-    total, acc = None, None
+        lse = torch.logaddexp(lse, x)      # -inf with -inf gives -inf
+    acc = None
     for o, x in zip(os, lses):
-        w = torch.exp(x - top)          # 0 for an empty row (lse = -inf)
+        w = torch.exp(x - lse).nan_to_num_(0.0)   # NaN where every lse is -inf: no key
         part = w.unsqueeze(-1) * o.to(torch.float32)
-        total = w if total is None else total + w
-        acc = part if acc is None else acc + part
-    o = torch.where(total.unsqueeze(-1) > 0, acc / total.unsqueeze(-1), 0.0)
-    return o, top + torch.log(total)
+        acc = part if acc is None else acc.add_(part)
+    return acc, lse
+
+
+def merge_stacked(o, lse):
+    """:func:`merge_states` of states stacked along dim 0: ``o`` (P, ..., Dv) and ``lse``
+    (P, ...), float32 (the form one all_gather gives); six torch operations."""
+    import torch
+    total = torch.logsumexp(lse, 0)
+    w = torch.exp(lse - total).nan_to_num_(0.0)
+    return (w.unsqueeze(-1) * o).sum(0), total
