@@ -174,3 +174,23 @@ def test_docs_example_runs(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_wrapped_mods_follow_their_captured_values():
+    """A mod is wrapped once per guard: the same wrapper for an equal mod, a new one when
+    a captured value changes -- and each call computes with its own value."""
+    from neptune_fusion.distributed.positions import wrapped
+    assert wrapped(ops.SlidingWindow(4), "mask") is wrapped(ops.SlidingWindow(4), "mask")
+    assert wrapped(ops.SlidingWindow(4), "mask") is not wrapped(ops.SlidingWindow(5), "mask")
+    q, k, v = W.data(13, 2, 30)
+    w = 9
+
+    def window(b, h, i, j):   # the same function, its captured w changed between calls
+        return (j <= i) & (i - j < w)
+    o = sharded_decode(q, k[:, :, 10:], v[:, :, 10:], kv_offset=10, enable_gqa=True,
+                       mask_mod=window)
+    W.close(o, W.reference(q, k, v, 28, causal=True, window=9)[0], "window 9")
+    w = 4
+    o = sharded_decode(q, k[:, :, 10:], v[:, :, 10:], kv_offset=10, enable_gqa=True,
+                       mask_mod=window)
+    W.close(o, W.reference(q, k, v, 28, causal=True, window=4)[0], "window 4")
