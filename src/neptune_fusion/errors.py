@@ -57,3 +57,8 @@ class CodegenError(NeptuneError):
 class UnschedulableError(ScheduleError, CodegenError):
     """A schedule's strategy the plan does not allow (rolling for a chain that is not one
     fused loop, split-k for a running-sum producer). Both a schedule and a codegen error."""
+
+
+class DistributedError(NeptuneError, ValueError):
+    """Ranks of a process group that disagree (shapes, dtypes, overlapping shards), or a
+    bad argument of :mod:`neptune_fusion.distributed`; every rank raises it alike."""

@@ -64,6 +64,9 @@ class AttentionSpec:
     # axis: q is (B, Hkv, group, D), row r is query head hkv * group + r, at position
     # ``offset``; so one program's row block serves the whole group (tl.dot's M >= 16)
     packed: bool = False
+    # a second output ``lse`` (float32, (B, heads, rows)): the row's log-sum-exp
+    # ``m + log(l)`` (-inf for a row with no key), for merging shards (docs/distributed.md)
+    lse: bool = False
 
 
 def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Placeholder]]:
@@ -128,6 +131,10 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     o = nf.compute((B, heads, rows, dv), lambda b, h, i, e: nf.where(
         l[b, h, i] > 0, nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], 0.0),
         name="o", dtype=spec.dtype)
+    if spec.lse:
+        lse = nf.compute((B, heads, rows), lambda b, h, i: mx[b, h, i] + nf.log(l[b, h, i]),
+                         name="lse", dtype="float32")
+        return [o, lse], [q, k, v] + list(bufs.values())
     return [o], [q, k, v] + list(bufs.values())
 
 
@@ -253,8 +260,8 @@ class AttentionCache:
             try:
                 from ..runtime.pipeline import compile as nf_compile
                 outs, ins = attention_definition(spec)
-                kern = nf_compile(outs[0], ins, schedule=schedule, name="attention",
-                                  cache=self.store)
+                kern = nf_compile(outs if spec.lse else outs[0], ins, schedule=schedule,
+                                  name="attention", cache=self.store)
                 with self._lock:
                     self.misses += 1
                     self._kernels[key] = kern
@@ -396,7 +403,7 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
               mask_mod: Callable | None = None, scale: float | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
               buffers: Mapping | None = None, cache: AttentionCache | None = None,
-              schedule=None):
+              schedule=None, return_lse: bool = False):
     """Attention of (B, Hq, N, D) ``q`` over (B, Hkv, M, D) ``k`` and (B, Hkv, M, Dv) ``v``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
@@ -407,8 +414,16 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     or an explicit :class:`~neptune_fusion.schedule.schedule.Schedule`. Returns a tensor
     of ``q``'s dtype, computed by generated kernels (interpreted for CPU tensors).
     Traced by torch.compile or torch.export, a call is one ``neptune_fusion::attention``
-    op (see docs/torch.md).
+    op (see docs/torch.md). ``return_lse=True`` (eager only) returns ``(o, lse)``: ``lse``
+    is each row's log-sum-exp of its scores, float32 (B, Hq, N), ``-inf`` for a row with
+    no key; the same kernel writes both (docs/distributed.md: a partial state to merge).
     """
+    if return_lse:
+        if torch_ops.compiling():
+            raise FeedError("attention: return_lse=True is not traced by torch.compile or "
+                            "torch.export yet; call it eagerly")
+        return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
+                      cache, schedule, lse=True)
     if torch_ops.compiling():
         return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
                        cache, schedule)
@@ -417,16 +432,22 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
 
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-           schedule):
+           schedule, lse: bool = False):
     """:func:`attention` run now (eagerly; also the op's real implementation)."""
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                              buffers, cache, schedule)
+                              buffers, cache, schedule, lse)
     out = setup.kernel(*tensors)
+    if lse:  # [o, lse]; packed decode: (B, Hkv, group) rows are the query heads
+        o, row_lse = out
+        if setup.packed:
+            o = o.reshape(q.shape[0], q.shape[1], 1, v.shape[3])
+            row_lse = row_lse.reshape(q.shape[0], q.shape[1], 1)
+        return o, row_lse
     return out.reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if setup.packed else out
 
 
 def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-             schedule):
+             schedule, lse: bool = False):
     """A call's checked setup (spec, schedule, kernel; cached per call key) and the
     tensors its kernel takes: ``(setup, [q, k, v, *buffers])``, the query reshaped for
     packed decode and any input whose last dimension is strided made contiguous."""
@@ -437,10 +458,12 @@ def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
     cache = cache if cache is not None else DEFAULT_CACHE
     key = _call_key(q, k, v, scale, enable_gqa, q_offset, bufs, schedule, cache, score_mod,
                     mask_mod)
+    if lse and key is not None:
+        key = key + ("lse",)
     setup = cache._call_setup(key)
     if setup is None:  # first call of this key: full checks, then remember what they gave
         setup = _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
-                          cache, schedule)
+                          cache, schedule, lse)
         cache._remember(key, setup)
     qin = q.reshape(q.shape[0], k.shape[1], setup.group, q.shape[3]) if setup.packed else q
     return setup, [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
@@ -490,7 +513,7 @@ class _OpEntry:
 
 
 def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
-               cache: AttentionCache, schedule) -> _CallSetup:
+               cache: AttentionCache, schedule, lse: bool = False) -> _CallSetup:
     """Check a call and derive its spec, schedule and kernel (see :func:`attention`)."""
     _check(q, k, v, enable_gqa)
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
@@ -505,7 +528,7 @@ def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs:
         dtype=dtype, q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=d,
         v_head_dim=v.shape[3], scale=_scale(scale, d), score_mod=score_mod,
         mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m), buffers=buffers,
-        packed=packed)
+        packed=packed, lse=lse)
     sched = "auto" if schedule is None else schedule
     if not (sched == "auto" or isinstance(sched, Schedule)):
         raise FeedError(f"attention: schedule must be 'auto', None or a Schedule, got "
