@@ -136,6 +136,25 @@ def test_static_cache_decode_matches_eager():
         assert _rel(a, b) <= 1e-4
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_compiled_model_has_no_graph_break(name):
+    """torch.compile of a whole model: prefill and a dynamic-cache decode step trace with
+    no graph break (fullgraph) and give eager attention's logits."""
+    model = _model(name)
+    ids = torch.randint(1, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    tok = torch.tensor([[4]])
+    with torch.no_grad():
+        want = model(ids, use_cache=True)
+        want_next = model(tok, past_key_values=want.past_key_values).logits
+        model.set_attn_implementation(nft.NAME)
+        torch._dynamo.reset()
+        fwd = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+        got = fwd(input_ids=ids, use_cache=True)
+        got_next = fwd(input_ids=tok, past_key_values=got.past_key_values).logits
+    assert _rel(got.logits, want.logits) <= 1e-4
+    assert _rel(got_next, want_next) <= 1e-4
+
+
 def test_mask_structure_from_either_signature():
     """transformers 5.x passes q_length/q_offset, 4.5x the queries' cache_position."""
     from transformers.masking_utils import causal_mask_function

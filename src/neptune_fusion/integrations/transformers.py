@@ -111,6 +111,12 @@ def _recognise(fn) -> tuple[bool, int | None]:
     return causal, window
 
 
+# Under torch.compile, Dynamo calls it at trace time and keeps the result as a constant
+# (torch.compiler.assume_constant_result): it reads functions' names and closures, which
+# Dynamo does not trace; a mask function is a constant of the model's code.
+_recognise._dynamo_marked_constant = True
+
+
 def mask_structure(batch_size: int = 1, q_length: int | None = None, kv_length: int = 0,
                    q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
                    cache_position=None, **_ignored) -> MaskStructure:
