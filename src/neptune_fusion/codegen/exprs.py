@@ -24,7 +24,7 @@ from ..ir.traverse import walk
 from .emitter import Block
 from .patterns import canonical, match_contraction
 from .program import TileProgram
-from .tiles import TileOps, Val
+from .tiles import TileOps, Val, masked_load
 from .triton_ops import (
     ADD,
     ATOM,
@@ -208,6 +208,9 @@ class Lowerer(TileOps):
         if isinstance(e, Binary):
             return self.binary(e, axes)
         if isinstance(e, Where):
+            ld = masked_load(e)
+            if ld is not None and self.tile_roles(e.cond) <= self.tile_roles(ld):
+                return self.load(ld, axes, e.cond)
             c, a, b = (self.value(x, axes) for x in (e.cond, e.a, e.b))
             a, b = (self.f32(x) if e.dtype.is_float else x for x in (a, b))
             code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, " \
