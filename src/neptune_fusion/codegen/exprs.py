@@ -166,7 +166,7 @@ class Lowerer(TileOps):
              always: bool = False) -> Val:
         if isinstance(e, Const) or val.code.isidentifier():
             return val
-        heavy = isinstance(e, (Load, Reduce)) or val.code.startswith("tl.dot(")
+        heavy = isinstance(e, (Load, Reduce)) or val.code.startswith(("tl.dot(", "tl.load("))
         hint = force or self.hints.get(e)
         if always or hint or heavy or self.uses.get(e, 0) > 1 or len(val.code) > 72:
             name = block.bind(hint or self.default_hint(e, val), val.code)
@@ -174,6 +174,8 @@ class Lowerer(TileOps):
         return val
 
     def default_hint(self, e: Expr, val: Val) -> str:
+        ld = masked_load(e)   # where(c, x[...], 0): named after x, as a load
+        e = e if ld is None else ld
         if isinstance(e, Load):
             arg = self.args[e.tensor]
             return arg.name + ("T" if val.axes != canonical(val.axes) else "")
