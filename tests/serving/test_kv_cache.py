@@ -251,3 +251,31 @@ def test_bad_paged_input(change, msg):
     with pytest.raises(FeedError, match=msg):
         nf.attention(args.pop("q"), args.pop("k"), args.pop("v"),
                      cache=AttentionCache(store=False), **args)
+
+
+def test_paged_decode_under_torch_compile():
+    """kv_lens and block_table travel through the neptune_fusion::attention op: one
+    graph, no break, the eager kernels' result."""
+    lens = [1, PS + 1, 2 * PS]
+    q, k, v, kl, table, keys, vals = _paged(lens, 4, 2, 1, 2, torch.float32, seed=13)
+    cache = AttentionCache(store=False)
+
+    def step(q, k, v, kl, table):
+        return nf.attention(q, k, v, kv_lens=kl, block_table=table, enable_gqa=True,
+                            mask_mod=ops.Causal(), cache=cache) * 2.0
+
+    explained = torch._dynamo.explain(step)(q, k, v, kl, table)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    got = torch.compile(step, fullgraph=True, backend="eager")(q, k, v, kl, table)
+    assert torch.equal(got, step(q, k, v, kl, table))
+    want = _reference(q, keys, vals, lens, ops.OpSpec("x", "DC", 4, 2)) * 2.0
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_values_are_checked_on_cpu_always_and_on_cuda_when_asked(monkeypatch):
+    from neptune_fusion.frontend.kv import wants_values_checked
+    monkeypatch.delenv("NEPTUNE_FUSION_VALIDATE", raising=False)
+    assert wants_values_checked(torch.device("cpu"))
+    assert not wants_values_checked(torch.device("cuda", 0))   # no host sync by default
+    monkeypatch.setenv("NEPTUNE_FUSION_VALIDATE", "1")
+    assert wants_values_checked(torch.device("cuda", 0))

@@ -14,7 +14,7 @@ from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
-from ..ir.traverse import factors, product
+from ..ir.traverse import factors, product, walk
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -63,10 +63,13 @@ def gatherable(idx: Expr) -> bool:
 
 
 def masked_load(e: Expr) -> Load | None:
-    """The load of ``where(c, x[...], 0.0)`` (a float load, or a float cast of one): read
-    as a masked ``tl.load`` keeping the storage dtype; None for anything else."""
+    """The load of ``where(c, x[...], 0.0)`` (a float load, or a float cast of one) whose
+    condition does not read that load: read as a masked ``tl.load`` keeping the storage
+    dtype; None for anything else (``where(|x| < inf, x, 0)`` needs ``x`` loaded first)."""
     if isinstance(e, Where) and is_const(e.b, 0.0) and e.dtype.is_float:
-        return loaded(e.a)
+        ld = loaded(e.a)
+        if ld is not None and not any(x is ld for x in walk(e.cond)):
+            return ld
     return None
 
 
