@@ -147,7 +147,8 @@ class ServingSession:
                     records += self._point(point, dtype, timer, ceilings.copy_tbps)
                     progress.advance(task)
                     release_memory(self.device)
-        doc = {"suite": "serving", "date": now.isoformat(), "mode": "cpu-smoke" if self.smoke else "gpu",
+        doc = {"suite": "serving", "date": now.isoformat(),
+               "mode": "cpu-smoke" if self.smoke else "gpu",
                "environment": environment(self.device), "config": self.config(),
                "copy_tbps": ceilings.copy_tbps, "records": records}
         out_dir.mkdir(parents=True, exist_ok=True)
