@@ -279,3 +279,27 @@ def test_values_are_checked_on_cpu_always_and_on_cuda_when_asked(monkeypatch):
     assert not wants_values_checked(torch.device("cuda", 0))   # no host sync by default
     monkeypatch.setenv("NEPTUNE_FUSION_VALIDATE", "1")
     assert wants_values_checked(torch.device("cuda", 0))
+
+
+def test_buffers_alibi_slopes_and_attention_sinks():
+    """Mods reading buffers see the per-sequence positions: ALiBi from a slopes buffer,
+    and a window that always keeps the first ``sinks[0]`` keys (attention sinks)."""
+    lens = [3, PS - 1, PS + 1, 2 * PS]
+    q, k, v, kl = _contiguous(lens, 2, 2, 2, 2 * PS, torch.float32, seed=14)
+    slopes = torch.tensor([0.5, 0.125])
+    sinks = torch.tensor([2], dtype=torch.int32)
+
+    def keep(b, h, i, j, slopes, sinks):
+        return (j <= i) & ((j < sinks[0]) | (i - j < 4))
+    out = nf.attention(q, k, v, kv_lens=kl, score_mod=ops.AlibiSlopes(), mask_mod=keep,
+                       buffers={"slopes": slopes, "sinks": sinks},
+                       cache=AttentionCache(store=False), schedule=ROLL)
+    want = torch.zeros_like(out, dtype=torch.float64)
+    for b, m in enumerate(lens):
+        s = q[b].double() @ k[b, :, :m].double().transpose(-1, -2) * D ** -0.5
+        pos = torch.arange(2)[:, None] + (m - 2)
+        j = torch.arange(m)[None, :]
+        s = s + slopes.double()[:, None, None] * (j - pos)
+        s = s.masked_fill(~((j <= pos) & ((j < 2) | (pos - j < 4))), -math.inf)
+        want[b] = torch.softmax(s, -1) @ v[b, :, :m].double()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)

@@ -324,19 +324,16 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
             and all(type(t) is torch.Tensor for t in bufs.values())):
         return None
-    # a ragged or paged cache: the tensors' signature (never their values) joins the key
-    kv = ()
-    for t in (kv_lens, block_table):
-        if t is not None:
-            if type(t) is not torch.Tensor:
-                return None
-            kv += (t.shape, t.dtype, t.device)
-        else:
-            kv += (None,)
-    if block_table is not None:
-        kv += (k.shape[2],)   # the page size
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
         return None
+    # a ragged or paged cache: the tensors' signature (never their values) joins the key
+    cache_sig: tuple = ()
+    for t in (kv_lens, block_table):
+        if t is not None and type(t) is not torch.Tensor:
+            return None
+        cache_sig += (None,) if t is None else (t.shape, t.dtype, t.device)
+    if block_table is not None:
+        cache_sig += (k.shape[2],)   # the page size
     if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)) \
             or not isinstance(schedule, (str, Schedule, type(None))):
         return None
@@ -351,7 +348,7 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
     mods = cache._traces(_torch_dtypes()[q.dtype], q.shape[1], buffers, score_mod, mask_mod)
     return (q.shape, ks[0], ks[1], ks[3], vs[0], vs[1], vs[3], q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, mods, scale, bool(enable_gqa), mode,
-            schedule, buffers, tuple(t.device for t in bufs.values()), kv)
+            schedule, buffers, tuple(t.device for t in bufs.values()), cache_sig)
 
 
 def _buffers(bufs: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:
