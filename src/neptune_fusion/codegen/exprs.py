@@ -211,7 +211,10 @@ class Lowerer(TileOps):
             return self.binary(e, axes)
         if isinstance(e, Where):
             ld = masked_load(e)
-            if ld is not None and self.tile_roles(e.cond) <= self.tile_roles(ld):
+            # a masked load, unless the block reads the load unmasked too (then the tile
+            # loaded once and a select: softmax's max and sum over one tile of x)
+            if ld is not None and self.tile_roles(e.cond) <= self.tile_roles(ld) \
+                    and self.uses.get(ld, 1) <= 1:
                 return self.load(ld, axes, e.cond)
             c, a, b = (self.value(x, axes) for x in (e.cond, e.a, e.b))
             a, b = (self.f32(x) if e.dtype.is_float else x for x in (a, b))
