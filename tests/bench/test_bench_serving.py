@@ -38,7 +38,7 @@ def test_serving_smoke_runs_end_to_end(tmp_path):
     names = ["B3-H4/2-ragged", "B3-H4/2-paged16", "B3-H4/2-paged64"]
     assert sorted({p for p, _ in got}) == sorted(names)
     for name in names:
-        for provider in ("neptune", "flex", "sdpa-cudnn"):
+        for provider in ("neptune", "neptune-split4", "flex", "sdpa-cudnn"):
             r = got[name, provider]
             assert r["status"] == "ok", r
             assert 0 <= r["error"] <= 1e-2

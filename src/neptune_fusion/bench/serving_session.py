@@ -31,22 +31,31 @@ from .serving import (
 from .session import run_ceilings
 from .timing import graph_timer, synchronize, wall_timer
 
-PROVIDERS = ("neptune", "flex", "sdpa-cudnn")
+PROVIDERS = ("neptune", "neptune-split4", "flex", "sdpa-cudnn")
+# an explicit split-k schedule beside the auto-scheduler's choice: with mixed lengths the
+# longest sequence's programs set a rolling kernel's time, and the auto-scheduler offers
+# split-k only when the programs cannot fill the GPU (B = 64 fills it)
+SPLIT4 = dict(block_m=16, block_n=64, num_warps=4, num_stages=3, strategy="split", splits=4)
 
 
 # ------------------------------------------------------------------------ providers
 
 
-def _neptune(x: ServingInputs, point: ServingPoint, smoke: bool):
+def _neptune(x: ServingInputs, point: ServingPoint, smoke: bool, schedule=None):
     from ..frontend.attention import AttentionCache
     from ..frontend.attention import attention as nf_attention
+    from ..schedule.schedule import Schedule
     cache = AttentionCache()
+    sched = Schedule(**schedule) if schedule else None
 
     def fn():
         return nf_attention(x.q, x.k, x.v, kv_lens=x.kv_lens, block_table=x.block_table,
-                            enable_gqa=point.q_heads != point.kv_heads, cache=cache)
-    return Prepared(fn, "nf.attention(kv_lens=" + (
-        f", block_table=): pages of {point.page}" if point.page else "): contiguous cache"))
+                            enable_gqa=point.q_heads != point.kv_heads, cache=cache,
+                            schedule=sched)
+    how = f", block_table=): pages of {point.page}" if point.page else \
+        "): contiguous cache"
+    return Prepared(fn, "nf.attention(kv_lens=" + how + (
+        f", schedule {sched.to_json()}" if sched else ", auto schedule"))
 
 
 def _flex(x: ServingInputs, point: ServingPoint, smoke: bool):
@@ -54,6 +63,8 @@ def _flex(x: ServingInputs, point: ServingPoint, smoke: bool):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError as exc:
         return Unsupported(f"torch {torch.__version__} has no FlexAttention ({exc})")
+    from .providers._compile import raise_recompile_limits
+    raise_recompile_limits()   # one compile per point: never the silent eager fallback
     dev, lens, gqa = x.q.device, x.kv_lens, point.q_heads != point.kv_heads
     run = flex_attention if smoke else torch.compile(flex_attention, dynamic=False,
                                                      fullgraph=True)
@@ -205,6 +216,7 @@ def _gate(out, ref, dtype):
 
 
 _PREPARE = {"neptune": lambda x, point, smoke, kv: _neptune(x, point, smoke),
+            "neptune-split4": lambda x, point, smoke, kv: _neptune(x, point, smoke, SPLIT4),
             "flex": lambda x, point, smoke, kv: _flex(x, point, smoke),
             "sdpa-cudnn": lambda x, point, smoke, kv: _cudnn(x, point, smoke, kv)}
 
@@ -262,7 +274,7 @@ def _speedups(records: list[dict]) -> list[dict]:
             row["replay"] = r.get("replay_new_lengths", "")
     for row in rows.values():
         ours = row.get("neptune")
-        for p in ("flex", "sdpa-cudnn"):
+        for p in ("neptune-split4", "flex", "sdpa-cudnn"):
             theirs = row.get(p)
             row[f"vs {p}"] = theirs / ours if ours and theirs else None
     return list(rows.values())
@@ -279,7 +291,9 @@ def markdown(doc: dict) -> str:
              "Batched decode over ragged and paged KV caches, KV lengths uniform in "
              f"{doc['config']['lengths']} (seeded). GPU time from CUDA-graph replay, ms; "
              "bandwidth on the bytes actually read; a ratio above 1 means neptune-fusion is "
-             "faster. sdpa-cudnn runs the batch padded to its longest sequence.", ""]
+             "faster (neptune: the auto-scheduler's choice; neptune split-k x4: an explicit "
+             "4-way split-k schedule, for the mixed-length tail). sdpa-cudnn runs the batch "
+             "padded to its longest sequence.", ""]
     if smoke:
         lines += ["CPU smoke run: the Triton interpreter, no times (they would mean "
                   "nothing); the gate's relative error per provider.", "",
@@ -288,11 +302,12 @@ def markdown(doc: dict) -> str:
         lines += [f"| {p} | {d} | " + " | ".join(cells) + " |"
                   for (p, d), cells in _gates(doc["records"]).items()]
         return "\n".join(lines + _failures(doc)) + "\n"
-    lines += ["| point | dtype | neptune | flex | sdpa-cudnn (padded) | TB/s | of copy | "
-              "vs flex | vs cuDNN | one graph, new lengths |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines += ["| point | dtype | neptune | neptune split-k x4 | flex | sdpa-cudnn (padded) "
+              "| TB/s | of copy | vs flex | vs cuDNN | one graph, new lengths |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in _speedups(doc["records"]):
         lines.append(f"| {r['point']} | {r['dtype']} | {_f(r.get('neptune'))} | "
+                     f"{_f(r.get('neptune-split4'))} | "
                      f"{_f(r.get('flex'))} | {_f(r.get('sdpa-cudnn'))} | "
                      f"{_f(r.get('tbps'), '.2f')} | {_f(r.get('share'), '.0%')} | "
                      f"{_f(r.get('vs flex'), '.2f')} | {_f(r.get('vs sdpa-cudnn'), '.2f')} | "
@@ -334,11 +349,12 @@ def _print(console: Console, records: list[dict], smoke: bool) -> None:
         console.print(table)
         return
     table = Table(title="serving decode (GPU time, ms)")
-    for col in ("point", "dtype", "neptune", "flex", "sdpa-cudnn", "TB/s", "vs flex",
-                "vs cuDNN"):
+    for col in ("point", "dtype", "neptune", "split-k x4", "flex", "sdpa-cudnn", "TB/s",
+                "vs flex", "vs cuDNN"):
         table.add_column(col)
     for r in _speedups(records):
-        table.add_row(r["point"], r["dtype"], _f(r.get("neptune")), _f(r.get("flex")),
+        table.add_row(r["point"], r["dtype"], _f(r.get("neptune")),
+                      _f(r.get("neptune-split4")), _f(r.get("flex")),
                       _f(r.get("sdpa-cudnn")), _f(r.get("tbps"), ".2f"),
                       _f(r.get("vs flex"), ".2f"), _f(r.get("vs sdpa-cudnn"), ".2f"))
     console.print(table)
