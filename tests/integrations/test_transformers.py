@@ -155,6 +155,37 @@ def test_compiled_model_has_no_graph_break(name):
     assert _rel(got_next, want_next) <= 1e-4
 
 
+def test_static_cache_compiles_to_one_graph_for_every_step():
+    """A static cache's offset stays on the device (kv_lens): prefill and decode steps
+    trace with no graph break, give eager attention's logits, and later steps compile
+    nothing new (one kernel, one graph for every length)."""
+    from transformers import StaticCache
+    model = _model("llama")
+    cfg = model.config
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
+
+    def run(fwd):
+        cache = StaticCache(config=cfg, max_cache_len=12)
+        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(6))
+               .logits]
+        for t, tok in enumerate((3, 9, 4)):
+            out.append(fwd(input_ids=torch.tensor([[tok]]), past_key_values=cache,
+                           cache_position=torch.tensor([6 + t])).logits)
+        return out
+
+    with torch.no_grad():
+        want = run(model.forward)
+        model.set_attn_implementation(nft.NAME)
+        torch._dynamo.reset()
+        got = run(torch.compile(model.forward, fullgraph=True, backend="aot_eager",
+                                dynamic=False))
+        before = len(DEFAULT_CACHE)
+        run(model.forward)   # eager, same shapes: nothing new to compile
+        assert len(DEFAULT_CACHE) == before
+    for a, b in zip(got, want):
+        assert _rel(a, b) <= 1e-4
+
+
 def test_mask_structure_from_either_signature():
     """transformers 5.x passes q_length/q_offset, 4.5x the queries' cache_position."""
     from transformers.masking_utils import causal_mask_function

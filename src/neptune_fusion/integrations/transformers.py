@@ -17,10 +17,12 @@
 Positions. Query row ``i`` is at absolute position ``q_offset + i`` and key ``j`` at
 ``kv_offset + j``. When the queries are the last keys (no cache, a dynamic cache, a
 dynamic sliding-window cache) the call uses ``q_offset="end"``: one kernel for every
-length. A static cache's keys past the last query are empty slots: under a causal mask
-they are dropped (a view of K and V; the mask reads the cache's offset once per
-forward, a host sync), so the
-queries are again the last keys.
+length. A static cache hands over all its slots and the queries' offset as a device
+tensor: the call passes ``kv_lens = q_offset + S`` (per batch row, on the device), so the
+kernel's key loop stops at the filled slots and nothing syncs with the host -- one kernel
+and one CUDA graph for every decode step. (A static cache whose key offset is not 0, or
+an offset given as an int, takes the host path: the empty slots past the last query are
+dropped, a view of K and V.)
 
 Sinks (gpt-oss). A sink is one more logit per head with a zero value row: softmax over
 ``[scores, sink]``. It is added as a key at index 0 whose score is ``s_aux[h]`` (the
@@ -52,14 +54,15 @@ class MaskStructure:
     ``causal``: keys after the query are masked; ``window``: also keys ``window`` or more
     positions before it (transformers' ``kv > q - window``); ``padding``: a (B, kv_length)
     bool tensor (True: attend) or None when nothing is padded; ``q_offset``/``kv_offset``:
-    absolute positions of query row 0 and key 0 (ints).
+    absolute positions of query row 0 and key 0 (ints; ``q_offset`` may be a 0-d device
+    tensor: a static cache's, read by the kernel through ``kv_lens``).
     """
 
     causal: bool
     window: int | None
     q_length: int
     kv_length: int
-    q_offset: int = 0
+    q_offset: object = 0
     kv_offset: int = 0
     padding: object = None
 
@@ -141,12 +144,25 @@ def mask_structure(batch_size: int = 1, q_length: int | None = None, kv_length: 
                 f"neptune_fusion mask: attention_mask of shape {tuple(attention_mask.shape)}; "
                 "only a 2-d (batch, keys) padding mask is supported")
         padding = _slice_padding(attention_mask.bool(), kv_length, kv_offset)
-        if bool(padding.all()):
+        if not _tracing() and bool(padding.all()):   # traced: no host sync, keep it
             padding = None
-    # a static cache's offsets are 0-d tensors that the cache updates in place as the layers
-    # run: read them now, once per forward (a host sync)
-    return MaskStructure(causal, window, int(q_length), int(kv_length), int(q_offset),
+    # a static cache's query offset is a 0-d tensor the cache advances in place when a
+    # layer writes its keys (before its attention runs): keep a copy of its value now, on
+    # the device (attention_forward passes it as kv_lens), when the key offset is 0
+    device_offset = _is_tensor(q_offset) and not _is_tensor(kv_offset) and kv_offset == 0
+    return MaskStructure(causal, window, int(q_length), int(kv_length),
+                         q_offset.clone() if device_offset else int(q_offset),
                          int(kv_offset), padding)
+
+
+def _is_tensor(x) -> bool:
+    import torch
+    return isinstance(x, torch.Tensor)
+
+
+def _tracing() -> bool:
+    import torch
+    return torch.compiler.is_compiling()
 
 
 def _slice_padding(mask, kv_length: int, kv_offset):
@@ -237,7 +253,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     bufs = {}
     padding = st.padding
     qo, ko = st.q_offset, st.kv_offset
-    if qo + n != ko + m:
+    kv_lens = None
+    if _is_tensor(qo) and not st.causal:
+        qo = int(qo)   # a static cache without a causal mask: the host path says no
+    if _is_tensor(qo):
+        # a static cache, offsets on the device: the filled slots end after the queries
+        kv_lens = (qo.reshape(()).to(torch.int32) + n).expand(query.shape[0]).contiguous()
+    elif qo + n != ko + m:
         # a static cache: the keys past the last query are empty slots. A causal mask hides
         # them, so drop them (a view) and the queries are the last keys again. (Keeping them
         # with the offset in a buffer would share one kernel across decode steps, but a
@@ -275,7 +297,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         mask_mod=_mask_mod(st.causal, window, shift, "padding" in bufs)
         if (st.causal or shift or "padding" in bufs) else None,
         score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
-        q_offset="end", buffers=bufs or None)
+        q_offset="end" if kv_lens is None else None, buffers=bufs or None,
+        kv_lens=None if kv_lens is None else kv_lens + shift)
     return out.transpose(1, 2).contiguous(), None
 
 
