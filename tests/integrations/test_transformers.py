@@ -132,6 +132,12 @@ def test_static_cache_decode_matches_eager():
         got = model.generate(ids, **kw)
     assert torch.equal(got.sequences, want.sequences)
     assert len(got.logits) == 4
+    # each layer's decode steps ran one prepared call (nf.prepare_attention), built once
+    prepared = [m.__dict__.get("_nf_prepared") for m in model.modules()
+                if "_nf_prepared" in m.__dict__]
+    assert len(prepared) == model.config.num_hidden_layers
+    assert all(len(t) == 1 and isinstance(next(iter(t.values())), nf.PreparedAttention)
+               for t in prepared)
     for a, b in zip(got.logits, want.logits):   # each step's logits, not just the argmax
         assert _rel(a, b) <= 1e-4
 

@@ -214,7 +214,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     ``key``/``value`` -> ``((B, S, Hq, D), None)``. See the module docstring."""
     import torch
 
-    from ..frontend.attention import attention
 
     if dropout:
         raise UnsupportedAttention(f"neptune_fusion attention: dropout={dropout} (training) "
@@ -292,14 +291,52 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         zv = value.new_zeros(value.shape[0], value.shape[1], 1, value.shape[3])
         key, value = torch.cat([zk, key], dim=2), torch.cat([zv, value], dim=2)
     cap = float(softcap) if softcap is not None else None
-    out = attention(
-        query, key, value, scale=float(scaling), enable_gqa=query.shape[1] != key.shape[1],
-        mask_mod=_mask_mod(st.causal, window, shift, "padding" in bufs)
-        if (st.causal or shift or "padding" in bufs) else None,
-        score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
-        q_offset="end" if kv_lens is None else None, buffers=bufs or None,
-        kv_lens=None if kv_lens is None else kv_lens + shift)
+    what = (st.causal, window, shift, "padding" in bufs, cap, sinks, float(scaling),
+            query.shape[1] != key.shape[1])
+    if kv_lens is not None:
+        kv_lens = kv_lens + shift
+    out = _attend(module, what, query, key, value, bufs or None, kv_lens)
     return out.transpose(1, 2).contiguous(), None
+
+
+_PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not prepared
+_PREPARED_PER_LAYER = 8      # prepared calls a layer keeps (oldest dropped first)
+
+
+def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
+    """``nf.attention`` for a layer: ``what`` = (causal, window, shift, padding, softcap,
+    sinks, scale, gqa). A static-cache decode step (``kv_lens`` given: every step has the
+    same shapes) runs a call prepared once per layer and input signature
+    (:func:`neptune_fusion.prepare_attention`: a signature compare and the kernels' own
+    launchers, no per-call checks or allocation); everything else, and anything traced,
+    the general call."""
+    from ..frontend.attention import attention
+    from ..runtime.prepared import cheap_signature
+    causal, window, shift, padded, cap, sinks, scale, gqa = what
+    kw = dict(scale=scale, enable_gqa=gqa,
+              mask_mod=_mask_mod(causal, window, shift, padded)
+              if (causal or shift or padded) else None,
+              score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
+              q_offset="end" if kv_lens is None else None)
+    if kv_lens is None or query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+    tensors = (query, key, value, *(bufs or {}).values(), kv_lens)
+    table = module.__dict__.setdefault("_nf_prepared", {})
+    sig = (what, tuple(bufs or ()), cheap_signature(tensors))
+    prepared = table.get(sig)
+    if prepared is None:
+        from ..frontend.prepared import prepare_attention
+        try:
+            prepared = prepare_attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+                                         **kw)
+        except FeedError:   # not preparable (a strided view): the general call, every time
+            prepared = False
+        if len(table) >= _PREPARED_PER_LAYER:
+            table.pop(next(iter(table)))
+        table[sig] = prepared
+    if prepared is False:
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+    return prepared(query, key, value, bufs, kv_lens)
 
 
 def register() -> None:
