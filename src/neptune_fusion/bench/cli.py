@@ -182,17 +182,27 @@ def run_chains(args: argparse.Namespace, console, device,
         except ValueError as exc:
             error = str(exc)
     if error:
-        print_usage()
-        console.print(f"[bold red]error:[/] {error}")
-        return 2
+        return _usage_error(console, print_usage, error)
     from .chain_session import ChainSession
     dtypes = (args.dtype,) if args.dtype else CHAIN_DTYPES
     session = ChainSession(chains=chains, dtypes=tuple(getattr(torch, d) for d in dtypes),
                            providers=providers, device=device, smoke=args.cpu_smoke,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    return _run_session(args, console, session, device, "chains")
+
+
+def _usage_error(console, print_usage: Callable[[], None], error: str) -> int:
+    print_usage()
+    console.print(f"[bold red]error:[/] {error}")
+    return 2
+
+
+def _run_session(args: argparse.Namespace, console, session, device, topic: str) -> int:
+    """Run a suite's session into ``--out`` (default: a dated folder named by ``topic``)."""
+    import torch
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
-    out_dir = args.out or default_out_dir(now, device_name, "chains")
+    out_dir = args.out or default_out_dir(now, device_name, topic)
     session.run(console, _progress(console), out_dir, now)
     return 0
 
@@ -219,18 +229,12 @@ def run_serving(args: argparse.Namespace, console, device,
         except ValueError as exc:
             error = str(exc)
     if error:
-        print_usage()
-        console.print(f"[bold red]error:[/] {error}")
-        return 2
+        return _usage_error(console, print_usage, error)
     dtypes = (args.dtype,) if args.dtype else ("float16", "bfloat16")
     session = ServingSession(points=pts, dtypes=tuple(getattr(torch, d) for d in dtypes),
                              providers=providers, device=device, smoke=args.cpu_smoke,
                              rep_ms=args.rep_ms)
-    now = datetime.now(timezone.utc)
-    device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
-    out_dir = args.out or default_out_dir(now, device_name, "serving")
-    session.run(console, _progress(console), out_dir, now)
-    return 0
+    return _run_session(args, console, session, device, "serving")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
