@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import DerivativeError
-from ..ir.nodes import Compute, Placeholder, fresh_uid
+from ..ir.nodes import Cast, Compute, Load, Placeholder, Reduce, fresh_uid
 from .reverse import gradients
 from .softmax import lse_link, saved_output_rule, use_saved_lse
 
@@ -38,6 +38,22 @@ class AttentionBackward:
     inputs: tuple[Placeholder, ...]
     s: Compute
     p: Compute
+
+    def kernel_outputs(self) -> tuple[list[Compute], int]:
+        """``(outputs, group)``: what a kernel computes -- ``d_q`` and, under GQA, the
+        per-query-head ``d_k_h, d_v_h`` (their group sum, ``d_k[b, hk] = sum_g
+        d_k_h[b, hk * G + g]``, is left to the caller: an index mixing a head and a
+        reduce axis is not lowered yet) -- and the group size ``G``."""
+        out, group = [self.grads[0]], 1
+        for g in self.grads[1:]:
+            body = g.body.x if isinstance(g.body, Cast) else g.body
+            if isinstance(body, Reduce) and len(body.axes) == 1 \
+                    and isinstance(body.body, Load) and isinstance(body.body.tensor, Compute):
+                out.append(body.body.tensor)
+                group = body.axes[0].extent
+            else:
+                out.append(g)
+        return out, group
 
 
 def attention_backward(outputs: Sequence[Compute], inputs: Sequence[Placeholder]

@@ -115,24 +115,41 @@ def _order(outputs: Sequence[Compute], links: Mapping[Placeholder, Link]) -> lis
     return order
 
 
-def _term(load: Load, g: Expr, xs: tuple[IndexVar, ...]) -> Expr:
-    """``g`` (arriving at ``load``) at the loaded tensor's coordinates ``xs``, summed over
-    every other variable."""
-    mapping, summed = invert(load, xs)
-    body = substitute(g, mapping)
-    rest = sorted(body.free_vars - frozenset(xs) - frozenset(summed), key=lambda v: v.name)
-    taken = {x.name for x in xs} | {v.name for v in summed}
+def _sum_rest(body: Expr, keep: frozenset, taken: set[str]) -> Expr:
+    """``body`` summed over its free variables outside ``keep`` (renamed apart from
+    ``taken``, so that a summed axis never prints like a coordinate)."""
+    rest = sorted(body.free_vars - keep, key=lambda v: v.name)
     fresh = {}
-    for v in rest:   # a summed axis never prints like a coordinate
+    for v in rest:
         name = v.name
         while name in taken:
             name += "'"
         taken.add(name)
         fresh[v] = IndexVar(name, v.extent, "reduce", fresh_uid())
     body = substitute(body, fresh)
-    axes = tuple(summed) + tuple(fresh.values())
-    axes = tuple(a for a in axes if a in body.free_vars)
-    return build.reduce("sum", body, axes) if axes else body
+    return build.reduce("sum", body, tuple(fresh.values())) if fresh else body
+
+
+def _term(load: Load, g: Expr, xs: tuple[IndexVar, ...], extra_rules: tuple) -> Expr:
+    """``g`` (arriving at ``load``) at the loaded tensor's coordinates ``xs``, summed over
+    every other variable. A grouped index (``h // G``) sums in two steps, each over one
+    axis as the code generator lowers them: ``d_k_h[b, h, j, c] = sum_i(...)`` per
+    query head, then ``sum_g(d_k_h[b, hk * G + g, j, c])``."""
+    mapping, summed = invert(load, xs)
+    if not summed:
+        body = substitute(g, mapping)
+        return _sum_rest(body, frozenset(xs), {x.name for x in xs})
+    t = load.tensor
+    heads = [v.a if isinstance(v, Binary) else v for v in load.indices]
+    ys = tuple(IndexVar(v.name, v.extent, "spatial", fresh_uid()) for v in heads)
+    inner = substitute(g, dict(zip(heads, ys)))
+    inner = _sum_rest(inner, frozenset(ys), {y.name for y in ys})
+    name = f"d_{t.name}_" + "".join(v.name for v in heads if v not in load.indices)
+    per = Compute(name, tuple(v.extent for v in heads), ys,
+                  build.cast(simplify(inner, extra_rules), float32), fresh_uid())
+    verify(per)
+    body = Load(per, tuple(mapping[v] for v in heads))
+    return build.reduce("sum", body, tuple(summed))
 
 
 def gradients(outputs: Sequence[Compute], seeds: Sequence[Placeholder],
@@ -186,7 +203,7 @@ def _adjoint(t: Tensor, parts: list, dtype, extra_rules: tuple) -> Compute:
     xs = tuple(IndexVar(n, e, "spatial", fresh_uid()) for n, e in zip(names, t.shape))
     total = None
     for part in parts:
-        e = part(xs) if callable(part) else _term(part[0], part[1], xs)
+        e = part(xs) if callable(part) else _term(part[0], part[1], xs, extra_rules)
         total = e if total is None else total + e
     body = build.cast(simplify(total, extra_rules), dtype)
     out = Compute("d_" + t.name, t.shape, xs, body, fresh_uid())
