@@ -81,7 +81,7 @@ def _softmax_pairs(order: list[Tensor]):
     return out
 
 
-def _check_uses(order, s: Compute, m: Compute, l: Compute, dropped) -> None:
+def _check_uses(order, s: Compute, m: Compute, l: Compute, dropped) -> None:  # noqa: E741
     """The legality conditions of :func:`use_saved_lse` (module docstring)."""
     ps = [t for t in order if isinstance(t, Compute) and isinstance(t.body, Unary)
           and t.body.op == "exp" and isinstance(t.body.x, Binary) and t.body.x.op == "sub"

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 
 from ..autodiff.attention import attention_backward
-from ..errors import DerivativeError, FeedError
+from ..errors import FeedError
 
 INF = float("inf")
 
@@ -56,11 +56,6 @@ def _function():
         def backward(ctx, d_out):
             *tensors, o, lse = ctx.saved_tensors
             qin, k, v, *bufs = tensors
-            if qin.shape != ctx.shapes[0]:
-                raise DerivativeError(
-                    "attention: the backward of decode with grouped heads (one query row, "
-                    "the group's heads packed into the rows) is not derived yet; call it "
-                    "with enable_gqa=False on k and v repeated per query head")
             kern, group = ctx.backward(ctx.kernel)
             d_o = d_out.reshape(o.shape).to(o.dtype).contiguous()
             # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
