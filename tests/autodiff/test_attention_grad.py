@@ -160,7 +160,7 @@ def _attention(case: str, q, k, v, slopes, cache, n_rows: int):
                         q_offset="end" if n_rows == 1 else None)
 
 
-KD = 16   # the kernels' head dim (3 crashes the CPU interpreter, docs/autodiff.md)
+KD = 3    # the kernels' head dim: below any tile, so its masks are exercised
 
 
 @pytest.mark.parametrize("case,n", [("plain", 8), ("gqa", 8), ("softcap", 8),

@@ -20,13 +20,32 @@ from ..errors import FeedError
 INF = float("inf")
 
 
+class BackwardKernels:
+    """The compiled backward: one operator for ``d_q`` (rows of queries, a loop over the
+    keys) and one for ``d_k, d_v`` (rows of keys, a loop over the queries), as
+    FlashAttention-2 splits it; each is whatever plan ``nf.compile`` picks. (Compiled
+    together, the planner puts the three in one staged pass whose rows mix the query and
+    key axes; that kernel writes out of bounds for head dims below its tile.)"""
+
+    def __init__(self, dq, dkv) -> None:
+        self.dq, self.dkv = dq, dkv
+
+    def __call__(self, *tensors):
+        [dq] = self.dq(*tensors)
+        dk, dv = self.dkv(*tensors)
+        return dq, dk, dv
+
+
 def build_backward(kernel, store):
-    """``(backward kernel, group)`` for a forward attention kernel (outputs ``[o, lse]``):
+    """``(backward kernels, group)`` for a forward attention kernel (outputs ``[o, lse]``):
     the derived programs compiled (any plan the compiler picks)."""
     from ..runtime.pipeline import compile as nf_compile
     bw = attention_backward(list(kernel.outputs), list(kernel.inputs))
     outs, group = bw.kernel_outputs()
-    return nf_compile(outs, list(bw.inputs), name="attention_backward", cache=store), group
+    ins = list(bw.inputs)
+    return BackwardKernels(nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store),
+                           nf_compile(outs[1:], ins, name="attention_backward_dkdv",
+                                      cache=store)), group
 
 
 def check_buffers(bufs: dict) -> None:
