@@ -208,6 +208,26 @@ def test_a_buffer_that_requires_grad_is_refused():
                      cache=AttentionCache(store=False))
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_attention_gradients_half_precision_against_float64(dtype, tol):
+    """Half-precision inputs: the backward reads them widened to float32 (products summed
+    in float32), writes gradients in the inputs' dtype."""
+    hq, hkv, sm, mm, _ = CASES["gqa"]
+    q, k, v, slopes = _inputs("gqa", dtype=torch.float32, seed=9, n=8, m=8, d=16)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    got = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = nf.attention(*got, score_mod=softcap, mask_mod=mm, scale=0.7, enable_gqa=True,
+                     cache=AttentionCache(store=False))
+    d_o = torch.randn_like(o)
+    o.backward(d_o)
+    want = [t.double().requires_grad_() for t in (q, k, v)]
+    reference(*want, hq, hkv, softcap, mm, None, 0.7).backward(d_o.double())
+    for name, g, w in zip("qkv", got, want):
+        assert g.grad.dtype == dtype
+        torch.testing.assert_close(g.grad.double(), w.grad, rtol=tol, atol=tol,
+                                   msg=lambda m, name=name: f"d_{name}: {m}")
+
+
 def test_attention_backward_of_a_fully_masked_row_is_zero():
     cache = AttentionCache(store=False)
     q, k, v, _ = _inputs("causal", dtype=torch.float32, seed=7, n=4, m=4, d=KD)

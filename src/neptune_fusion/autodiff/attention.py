@@ -67,8 +67,8 @@ def attention_backward(outputs: Sequence[Compute], inputs: Sequence[Placeholder]
     o_fwd, lse_fwd = outputs
     q, k, v, *bufs = inputs
     (o,), lse, s, p = use_saved_lse([o_fwd, lse_fwd], drop=[lse_fwd])
-    saved_o = Placeholder("o", o.shape, o.dtype, fresh_uid())
-    d_o = Placeholder("d_o", o.shape, o.dtype, fresh_uid())
+    saved_o = Placeholder("o", o_fwd.shape, o_fwd.dtype, fresh_uid())
+    d_o = Placeholder("d_o", o_fwd.shape, o_fwd.dtype, fresh_uid())
     grads = gradients([o], [d_o], [q, k, v], links=[lse_link(lse, s, p)],
                       extra_rules=(saved_output_rule({o: saved_o}),))
     for name, g in zip("qkv", grads):

@@ -37,7 +37,7 @@ from ..ir.nodes import (
     Where,
     fresh_uid,
 )
-from ..ir.traverse import substitute
+from ..ir.traverse import rewrite, substitute
 from ..ir.verify import verify
 from . import rules
 from .invert import invert
@@ -127,6 +127,11 @@ def _sum_rest(body: Expr, keep: frozenset, taken: set[str]) -> Expr:
         taken.add(name)
         fresh[v] = IndexVar(name, v.extent, "reduce", fresh_uid())
     body = substitute(body, fresh)
+    if fresh and body.dtype.is_float and body.dtype.bits < 32:
+        # half-precision loads widened: the sum accumulates in float32 (and stays a sum of
+        # a product, the contraction tl.dot takes)
+        body = rewrite(body, lambda e: Cast(e, float32) if isinstance(e, Load)
+                       and e.dtype.is_float and e.dtype.bits < 32 else None)
     return build.reduce("sum", body, tuple(fresh.values())) if fresh else body
 
 

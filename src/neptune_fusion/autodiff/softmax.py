@@ -195,12 +195,17 @@ def lse_link(lse: Placeholder, s: Compute, p: Compute) -> Link:
 
 
 def _strip(e: Expr) -> Expr:
-    return e.x if isinstance(e, Cast) else e
+    """``e`` without float-to-float casts on top."""
+    while isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        e = e.x
+    return e
 
 
 def _match(pat: Expr, t: Expr, env: dict) -> bool:
     """Bind ``pat``'s pattern variables (the keys of ``env`` bound to None) to make it
-    ``t``; reduce axes bind to reduce axes; products match in either order."""
+    ``t``; reduce axes bind to reduce axes; products match in either order; float-to-float
+    casts are looked through (they only round)."""
+    pat, t = _strip(pat), _strip(t)
     if isinstance(pat, IndexVar) and pat in env:
         if env[pat] is None:
             env[pat] = t
