@@ -42,6 +42,7 @@ from ..ir.verify import verify
 from . import rules
 from .invert import invert
 from .simplify import simplify
+from .split import split_sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,7 +211,7 @@ def _adjoint(t: Tensor, parts: list, dtype, extra_rules: tuple) -> Compute:
     for part in parts:
         e = part(xs) if callable(part) else _term(part[0], part[1], xs, extra_rules)
         total = e if total is None else total + e
-    body = build.cast(simplify(total, extra_rules), dtype)
+    body = build.cast(split_sums(simplify(total, extra_rules), "d_" + t.name), dtype)
     out = Compute("d_" + t.name, t.shape, xs, body, fresh_uid())
     verify(out)
     return out

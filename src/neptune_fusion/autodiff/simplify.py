@@ -40,7 +40,9 @@ def _const_right(e: Expr) -> Expr | None:
 
 
 def _factor(e: Expr) -> Expr | None:
-    # a * x + b * x = (a + b) * x;  a * x - b * x = (a - b) * x
+    # x + x = x * 2;  a * x + b * x = (a + b) * x;  a * x - b * x = (a - b) * x
+    if isinstance(e, Binary) and e.op == "add" and e.a is e.b and e.dtype.is_float:
+        return Binary("mul", e.a, Const(2.0, e.dtype))
     if isinstance(e, Binary) and e.op in ("add", "sub") and isinstance(e.a, Binary) \
             and isinstance(e.b, Binary) and e.a.op == "mul" and e.b.op == "mul" \
             and e.a.b is e.b.b:
