@@ -14,7 +14,7 @@ def blocks(path: Path, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", path.read_text(), flags=re.S | re.M)
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/language.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/language.md", "docs/serving.md"])
 def test_python_examples_run(doc):
     code = blocks(ROOT / doc, "python")
     assert code, f"{doc} has no python example"

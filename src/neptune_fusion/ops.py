@@ -234,18 +234,20 @@ def definition(name: str, dtype: str = "float16", head_dim: int | None = None,
     return attention_definition(spec)
 
 
-def run(name: str, q, k, v, *, cache: AttentionCache | None = None, schedule=None):
+def run(name: str, q, k, v, *, cache: AttentionCache | None = None, schedule=None,
+        kv_lens=None, block_table=None):
     """Operator ``name`` on (B, Hq, N, D) ``q`` and (B, Hkv, M, D) ``k``, ``v``.
 
     Decode operators take the query as the last position (``q_offset = M - N``). The
-    ALiBi slopes follow the heads of ``q``.
+    ALiBi slopes follow the heads of ``q``. ``kv_lens`` and ``block_table``: a ragged or
+    paged cache, as for :func:`neptune_fusion.frontend.attention.attention`.
     """
     op = operator(name)
     alibi = Alibi(q.shape[1]) if op.alibi else None
     return _attention(q, k, v, score_mod=score_mod_of(op.softcap, alibi),
                       mask_mod=op.mask_mod(), enable_gqa=q.shape[1] != k.shape[1],
                       q_offset="end" if op.phase == "DC" else 0, cache=cache,
-                      schedule=schedule)
+                      schedule=schedule, kv_lens=kv_lens, block_table=block_table)
 
 
 def _runner(name: str):
@@ -270,31 +272,36 @@ dc_softcap = _runner("DC-SoftCap")
 
 def attention(q, k, v, *, scale: float, causal: bool, q_start: int = 0,
               alibi_slopes=None, softcap: float | None = None, window: int | None = None,
-              cache: AttentionCache | None = None, schedule=None):
+              cache: AttentionCache | None = None, schedule=None, kv_lens=None,
+              block_table=None):
     """The benchmark harness's entry point (see :mod:`neptune_fusion.bench.providers.neptune`).
 
     ``q_start`` is the absolute position of query row 0 (``S - 1`` in decode);
     ``alibi_slopes`` a (Hq,) float32 tensor of per-head slopes (bias ``slope * (j - i)``).
-    ``cache`` and ``schedule`` as for :func:`neptune_fusion.frontend.attention.attention`.
+    ``cache``, ``schedule``, ``kv_lens`` and ``block_table`` as for
+    :func:`neptune_fusion.frontend.attention.attention` (with ``kv_lens`` the queries end
+    at each sequence's length and ``q_start`` is not used).
     """
     return _attention(q, k, v, **_keywords(q, k, scale, causal, q_start, alibi_slopes,
-                                           softcap, window, cache, schedule))
+                                           softcap, window, cache, schedule, kv_lens,
+                                           block_table))
 
 
 def prepare(q, k, v, *, scale: float, causal: bool, q_start: int = 0, alibi_slopes=None,
             softcap: float | None = None, window: int | None = None,
-            cache: AttentionCache | None = None, schedule=None):
+            cache: AttentionCache | None = None, schedule=None, kv_lens=None,
+            block_table=None):
     """:func:`attention`'s call prepared for the signature of ``q, k, v``
     (:func:`neptune_fusion.prepare_attention`): returns ``run(q, k, v)``."""
     from .frontend.prepared import prepare_attention
     kw = _keywords(q, k, scale, causal, q_start, alibi_slopes, softcap, window, cache,
-                   schedule)
+                   schedule, kv_lens, block_table)
     prepared, buffers = prepare_attention(q, k, v, **kw), kw["buffers"]
-    return lambda q, k, v: prepared(q, k, v, buffers)
+    return lambda q, k, v: prepared(q, k, v, buffers, kv_lens, block_table)
 
 
 def _keywords(q, k, scale, causal, q_start, alibi_slopes, softcap, window, cache,
-              schedule) -> dict:
+              schedule, kv_lens=None, block_table=None) -> dict:
     """nf.attention's keywords for the harness's arguments."""
     buffers = None
     alibi = None
@@ -307,5 +314,7 @@ def _keywords(q, k, scale, causal, q_start, alibi_slopes, softcap, window, cache
         buffers = {"slopes": slopes}
         alibi = AlibiSlopes()
     return dict(score_mod=score_mod_of(softcap, alibi), mask_mod=mask_mod_of(causal, window),
-                scale=scale, enable_gqa=q.shape[1] != k.shape[1], q_offset=q_start,
-                buffers=buffers, cache=cache, schedule=schedule)
+                scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                q_offset=None if kv_lens is not None else q_start,
+                buffers=buffers, cache=cache, schedule=schedule, kv_lens=kv_lens,
+                block_table=block_table)

@@ -46,6 +46,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_VERIFY", "0",
             "`1`: check invariants between passes (the IR verifier after canonicalise and "
             "normalise, `TileProgram.check()` after lowering). The test suite turns it on."),
+    Setting("NEPTUNE_FUSION_VALIDATE", "0",
+            "`1`: `nf.attention` checks the values of `kv_lens` and `block_table` on CUDA "
+            "tensors too (a length above the cache, a page outside the pool: a host sync "
+            "per call, not for CUDA-graph capture). CPU tensors are always checked."),
     Setting("NEPTUNE_FUSION_DIRECT_LAUNCH", "1",
             "`0`: always launch through Triton's dispatcher instead of calling the compiled "
             "kernel's launcher directly after the first call (for debugging)."),
@@ -102,6 +106,11 @@ def dump(stage: str, text: str | Callable[[], str]) -> None:
 def verify_enabled() -> bool:
     """``$NEPTUNE_FUSION_VERIFY``: check invariants between passes."""
     return _flag("NEPTUNE_FUSION_VERIFY")
+
+
+def validate_enabled() -> bool:
+    """``$NEPTUNE_FUSION_VALIDATE``: check KV-cache values on CUDA tensors too."""
+    return _flag("NEPTUNE_FUSION_VALIDATE")
 
 
 def direct_launch() -> bool:

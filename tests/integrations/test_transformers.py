@@ -132,7 +132,63 @@ def test_static_cache_decode_matches_eager():
         got = model.generate(ids, **kw)
     assert torch.equal(got.sequences, want.sequences)
     assert len(got.logits) == 4
+    # each layer's decode steps ran one prepared call (nf.prepare_attention), built once
+    prepared = [m.__dict__.get("_nf_prepared") for m in model.modules()
+                if "_nf_prepared" in m.__dict__]
+    assert len(prepared) == model.config.num_hidden_layers
+    assert all(len(t) == 1 and isinstance(next(iter(t.values())), nf.PreparedAttention)
+               for t in prepared)
     for a, b in zip(got.logits, want.logits):   # each step's logits, not just the argmax
+        assert _rel(a, b) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_compiled_model_has_no_graph_break(name):
+    """torch.compile of a whole model: prefill and a dynamic-cache decode step trace with
+    no graph break (fullgraph) and give eager attention's logits."""
+    model = _model(name)
+    ids = torch.randint(1, VOCAB, (1, 7), generator=torch.Generator().manual_seed(5))
+    tok = torch.tensor([[4]])
+    with torch.no_grad():
+        want = model(ids, use_cache=True)
+        want_next = model(tok, past_key_values=want.past_key_values).logits
+        model.set_attn_implementation(nft.NAME)
+        torch._dynamo.reset()
+        fwd = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+        got = fwd(input_ids=ids, use_cache=True)
+        got_next = fwd(input_ids=tok, past_key_values=got.past_key_values).logits
+    assert _rel(got.logits, want.logits) <= 1e-4
+    assert _rel(got_next, want_next) <= 1e-4
+
+
+def test_static_cache_compiles_to_one_graph_for_every_step():
+    """A static cache's offset stays on the device (kv_lens): prefill and decode steps
+    trace with no graph break, give eager attention's logits, and later steps compile
+    nothing new (one kernel, one graph for every length)."""
+    from transformers import StaticCache
+    model = _model("llama")
+    cfg = model.config
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(7))
+
+    def run(fwd):
+        cache = StaticCache(config=cfg, max_cache_len=12)
+        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(6))
+               .logits]
+        for t, tok in enumerate((3, 9, 4)):
+            out.append(fwd(input_ids=torch.tensor([[tok]]), past_key_values=cache,
+                           cache_position=torch.tensor([6 + t])).logits)
+        return out
+
+    with torch.no_grad():
+        want = run(model.forward)
+        model.set_attn_implementation(nft.NAME)
+        torch._dynamo.reset()
+        got = run(torch.compile(model.forward, fullgraph=True, backend="aot_eager",
+                                dynamic=False))
+        before = len(DEFAULT_CACHE)
+        run(model.forward)   # eager, same shapes: nothing new to compile
+        assert len(DEFAULT_CACHE) == before
+    for a, b in zip(got, want):
         assert _rel(a, b) <= 1e-4
 
 

@@ -316,3 +316,23 @@ def test_the_real_implementation_runs_eagerly_even_while_tracing(rng, monkeypatc
     got, = torch.ops.neptune_fusion.kernel([a, b], torch_ops.handle(torch_ops.KernelEntry,
                                                                     staged))
     assert torch.equal(got, staged.run((a, b))[0])
+
+
+def test_constant_keys_rebuild_equal_objects():
+    """What crosses into traced code as a constant key comes back equal (dataclasses,
+    slotted or with init=False fields) or identical (referable objects)."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Slotted:
+        a: int
+        b: tuple = ()
+        c: float = dataclasses.field(init=False, default=2.5)
+
+    cache = AttentionCache()
+    for obj in (ops.Causal(), ops.SlidingWindow(3), Slotted(1, (ops.SoftCap(2.0),)),
+                ops.Chain((ops.Causal(), ops.SoftCap(30.0))), nf.Schedule(block_m=16),
+                None, 3, "end", (1, "a")):
+        back = torch_ops.from_key(torch_ops.constant_key(obj))
+        assert back == obj and type(back) is type(obj)
+    assert torch_ops.from_key(torch_ops.constant_key(cache)) is cache

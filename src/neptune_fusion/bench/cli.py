@@ -23,13 +23,14 @@ from .providers import PROVIDER_NAMES
 
 DTYPES = ("bfloat16", "float16")
 CHAIN_DTYPES = ("float32", "bfloat16")
-SUITES = ("attention", "chains")
+SUITES = ("attention", "chains", "serving")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
 DESCRIPTION = ("Benchmark neptune-fusion attention against SDPA, FlexAttention, a "
                "baseline Triton FA2 kernel and torch.compile (--suite attention, the "
                "default), or reduction chains against torch eager and torch.compile "
-               "(--suite chains); each output gated by a float64 reference.")
+               "(--suite chains), or batched decode over ragged and paged KV caches "
+               "(--suite serving); each output gated by a float64 reference.")
 NO_GPU = ("No CUDA GPU is visible: performance is only measured on a GPU.\n"
           "Run with --cpu-smoke to check the harness end to end on CPU "
           "(tiny shapes, Triton interpreter, no speed claims).")
@@ -52,15 +53,19 @@ def _seqs(text: str) -> tuple[int, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The benchmark's options, added to ``p``; returns ``p``."""
     p.add_argument("--suite", choices=SUITES, default="attention",
-                   help="attention operators (default) or reduction chains")
+                   help="attention operators (default), reduction chains, or serving "
+                        "decode over ragged and paged KV caches")
     p.add_argument("--ops", type=_csv, default=None,
                    help=f"comma-separated operators (default all: {','.join(OPERATORS)}) "
-                        "or, with --suite chains, chains (default all)")
+                        "or, with --suite chains, chains (default all), or, with --suite "
+                        "serving, scenarios: B1,B8,B64, 32/8,32/32, ragged,paged16,paged64 "
+                        "(default all)")
     p.add_argument("--seqs", type=_seqs, default=None,
                    help="comma-separated key lengths (default 1024,4096,16384; smoke: 64)")
     p.add_argument("--dtype", choices=sorted({*DTYPES, *CHAIN_DTYPES}), default=None,
                    help="input dtype (attention: bfloat16 or float16, default float16; "
-                        "chains: float32 or bfloat16, default both in one run)")
+                        "chains: float32 or bfloat16, default both in one run; serving: "
+                        "float16 or bfloat16, default both)")
     p.add_argument("--providers", type=_csv, default=None,
                    help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
     p.add_argument("--out", type=Path, default=None,
@@ -113,6 +118,8 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
 
     if args.suite == "chains":
         return run_chains(args, console, device, print_usage)
+    if args.suite == "serving":
+        return run_serving(args, console, device, print_usage)
     if args.dtype not in (None, *DTYPES):
         print_usage()
         console.print(f"[bold red]error:[/] the attention suite takes --dtype "
@@ -175,19 +182,59 @@ def run_chains(args: argparse.Namespace, console, device,
         except ValueError as exc:
             error = str(exc)
     if error:
-        print_usage()
-        console.print(f"[bold red]error:[/] {error}")
-        return 2
+        return _usage_error(console, print_usage, error)
     from .chain_session import ChainSession
     dtypes = (args.dtype,) if args.dtype else CHAIN_DTYPES
     session = ChainSession(chains=chains, dtypes=tuple(getattr(torch, d) for d in dtypes),
                            providers=providers, device=device, smoke=args.cpu_smoke,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+    return _run_session(args, console, session, device, "chains")
+
+
+def _usage_error(console, print_usage: Callable[[], None], error: str) -> int:
+    print_usage()
+    console.print(f"[bold red]error:[/] {error}")
+    return 2
+
+
+def _run_session(args: argparse.Namespace, console, session, device, topic: str) -> int:
+    """Run a suite's session into ``--out`` (default: a dated folder named by ``topic``)."""
+    import torch
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
-    out_dir = args.out or default_out_dir(now, device_name, "chains")
+    out_dir = args.out or default_out_dir(now, device_name, topic)
     session.run(console, _progress(console), out_dir, now)
     return 0
+
+
+def run_serving(args: argparse.Namespace, console, device,
+                print_usage: Callable[[], None]) -> int:
+    """``--suite serving``: batched decode over ragged and paged KV caches (docs/serving.md)."""
+    import torch
+
+    from .serving import points
+    from .serving_session import PROVIDERS, ServingSession
+    error = ""
+    providers = tuple(args.providers or PROVIDERS)
+    if args.dtype is not None and args.dtype not in DTYPES:
+        error = f"the serving suite takes --dtype {' or '.join(DTYPES)}, not {args.dtype}"
+    elif args.seqs is not None:
+        error = "--seqs is for the attention suite; serving lengths are drawn per sequence"
+    elif set(providers) - set(PROVIDERS):
+        error = (f"unknown serving provider(s) {', '.join(sorted(set(providers) - set(PROVIDERS)))}"
+                 f"; choose from {', '.join(PROVIDERS)}")
+    else:
+        try:
+            pts = points(args.cpu_smoke, args.ops)
+        except ValueError as exc:
+            error = str(exc)
+    if error:
+        return _usage_error(console, print_usage, error)
+    dtypes = (args.dtype,) if args.dtype else ("float16", "bfloat16")
+    session = ServingSession(points=pts, dtypes=tuple(getattr(torch, d) for d in dtypes),
+                             providers=providers, device=device, smoke=args.cpu_smoke,
+                             rep_ms=args.rep_ms)
+    return _run_session(args, console, session, device, "serving")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

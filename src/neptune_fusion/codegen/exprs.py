@@ -24,7 +24,7 @@ from ..ir.traverse import walk
 from .emitter import Block
 from .patterns import canonical, match_contraction
 from .program import TileProgram
-from .tiles import TileOps, Val
+from .tiles import TileOps, Val, masked_load
 from .triton_ops import (
     ADD,
     ATOM,
@@ -166,7 +166,7 @@ class Lowerer(TileOps):
              always: bool = False) -> Val:
         if isinstance(e, Const) or val.code.isidentifier():
             return val
-        heavy = isinstance(e, (Load, Reduce)) or val.code.startswith("tl.dot(")
+        heavy = isinstance(e, (Load, Reduce)) or val.code.startswith(("tl.dot(", "tl.load("))
         hint = force or self.hints.get(e)
         if always or hint or heavy or self.uses.get(e, 0) > 1 or len(val.code) > 72:
             name = block.bind(hint or self.default_hint(e, val), val.code)
@@ -174,6 +174,8 @@ class Lowerer(TileOps):
         return val
 
     def default_hint(self, e: Expr, val: Val) -> str:
+        ld = masked_load(e)   # where(c, x[...], 0): named after x, as a load
+        e = e if ld is None else ld
         if isinstance(e, Load):
             arg = self.args[e.tensor]
             return arg.name + ("T" if val.axes != canonical(val.axes) else "")
@@ -208,6 +210,12 @@ class Lowerer(TileOps):
         if isinstance(e, Binary):
             return self.binary(e, axes)
         if isinstance(e, Where):
+            ld = masked_load(e)
+            # a masked load, unless the block reads the load unmasked too (then the tile
+            # loaded once and a select: softmax's max and sum over one tile of x)
+            if ld is not None and self.tile_roles(e.cond) <= self.tile_roles(ld) \
+                    and self.uses.get(ld, 1) <= 1:
+                return self.load(ld, axes, e.cond)
             c, a, b = (self.value(x, axes) for x in (e.cond, e.a, e.b))
             a, b = (self.f32(x) if e.dtype.is_float else x for x in (a, b))
             code = f"tl.where({self.expand(c, axes)}, {self.expand(a, axes)}, " \

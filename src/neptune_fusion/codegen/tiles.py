@@ -14,7 +14,7 @@ from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
-from ..ir.traverse import factors, product
+from ..ir.traverse import factors, product, walk
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -30,6 +30,9 @@ def index_range(e: Expr) -> tuple[int, int] | None:
         return (0, e.extent - 1) if isinstance(e.extent, int) and e.extent > 0 else None
     if isinstance(e, Cast):
         return index_range(e.x)
+    if isinstance(e, Binary) and e.op == "mod" and isinstance(e.b, Const) \
+            and isinstance(e.b.value, int) and e.b.value > 0 and isinstance(e.a, IndexVar):
+        return 0, e.b.value - 1   # a bare variable is >= 0: x % c lies in [0, c)
     if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "floordiv"):
         a, b = index_range(e.a), index_range(e.b)
         if a is None or b is None:
@@ -43,6 +46,30 @@ def index_range(e: Expr) -> tuple[int, int] | None:
             return min(ends), max(ends)
         if b[0] == b[1] and b[0] > 0:
             return a[0] // b[0], a[1] // b[0]
+    return None
+
+
+def gatherable(idx: Expr) -> bool:
+    """Whether a tile-spanning index may be gathered per element: built from bare
+    variables, ``//`` and ``%`` by positive constants, casts and loads (an index read from
+    another tensor). ``x[i + 1]`` is not: a shifted tile would need its own bounds."""
+    if isinstance(idx, (IndexVar, Load, Const)):
+        return True
+    if isinstance(idx, Cast):
+        return gatherable(idx.x)
+    return (isinstance(idx, Binary) and idx.op in ("floordiv", "mod")
+            and isinstance(idx.b, Const) and isinstance(idx.b.value, int)
+            and idx.b.value > 0 and gatherable(idx.a))
+
+
+def masked_load(e: Expr) -> Load | None:
+    """The load of ``where(c, x[...], 0.0)`` (a float load, or a float cast of one) whose
+    condition does not read that load: read as a masked ``tl.load`` keeping the storage
+    dtype; None for anything else (``where(|x| < inf, x, 0)`` needs ``x`` loaded first)."""
+    if isinstance(e, Where) and is_const(e.b, 0.0) and e.dtype.is_float:
+        ld = loaded(e.a)
+        if ld is not None and not any(x is ld for x in walk(e.cond)):
+            return ld
     return None
 
 
@@ -108,11 +135,30 @@ class TileOps:
                     ext = extent_expr(ax.extent)
                     cond = Binary("lt", idx, ext)
                     mask = cond if mask is None else Binary("and", mask, cond)
-            else:
-                if self.tile_roles(idx):
+            elif self.tile_roles(idx):
+                if not gatherable(idx):
                     raise CodegenError(
                         f"index {idx} of {tensor.name!r} mixes tile axes in arithmetic; "
-                        "index tiles with bare variables")
+                        "index tiles with bare variables (or gather: a load, // or % by "
+                        "a constant)")
+                # a gathered index (paged KV: ``k[table[b, j // 16], h, j % 16, c]``):
+                # a per-element offset; outside the dimension it is masked (reads 0),
+                # never dereferenced -- a bad page id cannot fault
+                term = fold(Cast(idx, int64))
+                term = term if d == last else Binary("mul", term, arg.stride(d))
+                (var if self.is_variant(term) else inv).append(term)
+                for x in sorted(idx.free_vars, key=lambda x: x.uid):
+                    xa = self.roles.get(x)    # a tile past its axis' end (boundary tiles)
+                    if xa is not None and xa.role != "grid" and self.needs_mask(xa):
+                        cond = Binary("lt", x, extent_expr(xa.extent))
+                        mask = cond if mask is None else Binary("and", mask, cond)
+                rng = index_range(idx)
+                ext = tensor.shape[d]
+                if rng is None or not isinstance(ext, int) or rng[0] < 0 or rng[1] >= ext:
+                    cond = Binary("and", Binary("ge", idx, Const(0, idx.dtype)),
+                                  Binary("lt", idx, extent_expr(ext)))
+                    mask = cond if mask is None else Binary("and", mask, cond)
+            else:
                 # 64-bit: batch * stride overflows int32 on large tensors
                 term = fold(Cast(idx, int64))
                 scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
@@ -153,8 +199,12 @@ class TileOps:
         rest = [t for t in terms if t is not tiles[0]]
         return tiles[0], sum_of(rest)
 
-    def load(self, e: Load, axes) -> Val:
+    def load(self, e: Load, axes, where: Expr | None = None) -> Val:
+        """``e`` as a ``tl.load``; ``where``: a condition under which it reads 0 instead
+        (``where(c, x[...], 0)`` is a masked load: not dereferenced where ``c`` fails)."""
         base, offset, mask = self.address(e.tensor, e.indices)
+        if where is not None:
+            mask = where if mask is None else Binary("and", mask, where)
         off = self.value(offset, axes)
         code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
         if mask is not None:
@@ -211,6 +261,8 @@ class TileOps:
         if isinstance(e, Where) and is_const(e.b, 0.0) and \
                 any(self.zero_outside(f, e.cond) for f in factors(e.a)):
             e = e.a
+        if masked_load(e) is not None:   # where(c, x, 0): a masked load, dtype kept
+            return self.lower(e, order)
         ld = loaded(e)
         return self.lower(ld, order) if ld is not None else self.value(e, order)
 

@@ -31,6 +31,7 @@ from ..ir.nodes import Compute, Placeholder
 from ..runtime import torch_ops
 from ..runtime.inputs import check_no_grad, remember
 from ..schedule.schedule import Schedule
+from . import kv
 from . import lang as nf
 from .mods import ModTrace, Probes, apply, guard, probes, trace
 
@@ -67,6 +68,14 @@ class AttentionSpec:
     # a second output ``lse`` (float32, (B, heads, rows)): the row's log-sum-exp
     # ``m + log(l)`` (-inf for a row with no key), for merging shards (docs/distributed.md)
     lse: bool = False
+    # a ragged cache: an int32 ``kv_lens`` (B,) input; queries of sequence b sit at
+    # ``kv_lens[b] - N ...``, keys at or past ``kv_lens[b]`` are masked and not loaded
+    kv_lens: bool = False
+    # a paged cache (page_size > 0): k, v are page pools (P, Hkv, page_size, D) and an
+    # int32 ``block_table`` (B, max_pages) input maps key j to page table[b, j // size];
+    # the key axis is static, max_pages * page_size (frontend/kv.py)
+    page_size: int = 0
+    max_pages: int = 0
 
 
 def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Placeholder]]:
@@ -86,8 +95,17 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     # (heads, rows) of q and o: (Hq, N), or packed decode (Hkv, group)
     heads, rows = (hkv, group) if spec.packed else (hq, N)
     q = nf.placeholder((B, heads, rows, d), spec.dtype, name="q")
-    k = nf.placeholder((B, hkv, M, d), spec.dtype, name="k")
-    v = nf.placeholder((B, hkv, M, dv), spec.dtype, name="v")
+    ps = spec.page_size
+    if ps:
+        P = nf.size("P")
+        M = spec.max_pages * ps
+        k = nf.placeholder((P, hkv, ps, d), spec.dtype, name="k")
+        v = nf.placeholder((P, hkv, ps, dv), spec.dtype, name="v")
+        table = nf.placeholder((B, spec.max_pages), "int32", name="block_table")
+    else:
+        k = nf.placeholder((B, hkv, M, d), spec.dtype, name="k")
+        v = nf.placeholder((B, hkv, M, dv), spec.dtype, name="v")
+    lens = nf.placeholder((B,), "int32", name="kv_lens") if spec.kv_lens else None
     bufs = {n: nf.placeholder(shape, dt, name=n) for n, shape, dt in spec.buffers}
     p = probes(spec.dtype, hq, spec.buffers)
     score_mod, mask_mod = trace(spec.score_mod, "score", p), trace(spec.mask_mod, "mask", p)
@@ -100,17 +118,28 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     def kv_head(h):
         return h // group if group > 1 and not spec.packed else h
 
+    def kv_at(t, b, h, jj, x):
+        """Key/value ``jj`` of sequence ``b``: a page of the pool (an indirect load) or a
+        row of the contiguous cache; past ``kv_lens[b]``, 0 (a masked load: never read)."""
+        got = t[table[b, jj // ps], kv_head(h), jj % ps, x] if ps else \
+            t[b, kv_head(h), jj, x]
+        return nf.where(jj < lens[b], got, 0.0) if lens is not None else got
+
     def score(b, h, i, jj):
-        dot = nf.sum(q[b, h, i, c] * k[b, kv_head(h), jj, c], c)
+        dot = nf.sum(q[b, h, i, c] * kv_at(k, b, h, jj, c), c)
         s, bb, hh = dot * spec.scale, b, h
+        # a ragged cache: the queries end at the sequence's own length
+        at = offset if lens is None else lens[b] - (1 if spec.packed else N)
         if spec.packed:  # row i is query head h * group + i, the one query at ``offset``
-            h, pos = h * group + i, offset
+            h, pos = h * group + i, at
         else:
-            pos = i + offset if not (isinstance(offset, int) and offset == 0) else i
+            pos = i + at if not (isinstance(at, int) and at == 0) else i
         if score_mod is not None:
             s = apply(score_mod, s, b, h, pos, jj, bufs)
         if mask_mod is not None:
             s = nf.where(apply(mask_mod, None, b, h, pos, jj, bufs), s, -INF)
+        if lens is not None:
+            s = nf.where(jj < lens[b], s, -INF)
         if not {bb, hh, i, jj} <= fold(s).free_vars:
             # a score that does not depend on the query or key (scale 0, a constant or
             # key-only score_mod: uniform attention) gets ``+ 0 * q.k``: the plan then
@@ -129,13 +158,14 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     # key (all masked, or M = 0) has l = 0 (NaN in the reference, exp(-inf - -inf)) and
     # gives 0, as SDPA and FlexAttention do
     o = nf.compute((B, heads, rows, dv), lambda b, h, i, e: nf.where(
-        l[b, h, i] > 0, nf.sum(p[b, h, i, j] * v[b, kv_head(h), j, e], j) / l[b, h, i], 0.0),
+        l[b, h, i] > 0, nf.sum(p[b, h, i, j] * kv_at(v, b, h, j, e), j) / l[b, h, i], 0.0),
         name="o", dtype=spec.dtype)
+    extra = ([lens] if lens is not None else []) + ([table] if ps else [])
     if spec.lse:
         lse = nf.compute((B, heads, rows), lambda b, h, i: mx[b, h, i] + nf.log(l[b, h, i]),
                          name="lse", dtype="float32")
-        return [o, lse], [q, k, v] + list(bufs.values())
-    return [o], [q, k, v] + list(bufs.values())
+        return [o, lse], [q, k, v] + list(bufs.values()) + extra
+    return [o], [q, k, v] + list(bufs.values()) + extra
 
 
 class AttentionCache:
@@ -293,13 +323,15 @@ class _CallSetup:
     kernel: object
     packed: bool
     group: int
+    page_size: int = 0     # a paged cache's page size (0: contiguous)
 
 
 _MAX_CALLS = 1024   # call setups kept per AttentionCache
 
 
 def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
-              cache: AttentionCache, score_mod, mask_mod) -> tuple | None:
+              cache: AttentionCache, score_mod, mask_mod, kv_lens=None,
+              block_table=None) -> tuple | None:
     """Everything :func:`attention`'s checks and derived objects depend on, or None.
 
     The mods enter as their traces (what they compute now, see :mod:`.mods`), never as
@@ -317,6 +349,14 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
         return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
         return None
+    # a ragged or paged cache: the tensors' signature (never their values) joins the key
+    cache_sig: tuple = ()
+    for t in (kv_lens, block_table):
+        if t is not None and type(t) is not torch.Tensor:
+            return None
+        cache_sig += (None,) if t is None else (t.shape, t.dtype, t.device)
+    if block_table is not None:
+        cache_sig += (k.shape[2],)   # the page size
     if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)) \
             or not isinstance(schedule, (str, Schedule, type(None))):
         return None
@@ -331,7 +371,7 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
     mods = cache._traces(_torch_dtypes()[q.dtype], q.shape[1], buffers, score_mod, mask_mod)
     return (q.shape, ks[0], ks[1], ks[3], vs[0], vs[1], vs[3], q.dtype, k.dtype, v.dtype,
             q.device, k.device, v.device, mods, scale, bool(enable_gqa), mode,
-            schedule, buffers, tuple(t.device for t in bufs.values()))
+            schedule, buffers, tuple(t.device for t in bufs.values()), cache_sig)
 
 
 def _buffers(bufs: dict) -> tuple[tuple[str, tuple[int, ...], str], ...]:
@@ -344,7 +384,7 @@ DEFAULT_CACHE = AttentionCache()
 """The cache :func:`attention` uses when it is given none (the only module-level state)."""
 
 
-def _check(q, k, v, enable_gqa: bool) -> None:
+def _check(q, k, v, enable_gqa: bool, paged: bool = False) -> None:
     import torch
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -360,7 +400,7 @@ def _check(q, k, v, enable_gqa: bool) -> None:
     if not (q.device == k.device == v.device):
         raise FeedError(f"attention: q, k, v must be on one device, got {q.device}, "
                         f"{k.device}, {v.device}")
-    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+    if not paged and not (q.shape[0] == k.shape[0] == v.shape[0]):
         raise FeedError(f"attention: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, "
                         f"v {v.shape[0]}")
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
@@ -394,13 +434,17 @@ def _check_buffers(buffers) -> dict:
         raise FeedError(f"attention: buffers must map names to tensors (a dict), got "
                         f"{type(buffers).__name__}")
     for name, t in buffers.items():
-        if not isinstance(name, str) or not name.isidentifier() or name in ("q", "k", "v"):
+        if not isinstance(name, str) or not name.isidentifier() or name in _RESERVED:
             raise FeedError(f"attention: buffer name {name!r} must be an identifier other "
-                            "than q, k, v (the mods get the buffers as keyword arguments)")
+                            f"than {', '.join(_RESERVED)} (the mods get the buffers as "
+                            "keyword arguments)")
         if not isinstance(t, torch.Tensor):
             raise FeedError(f"attention: buffer {name!r} must be a torch tensor, got "
                             f"{type(t).__name__}")
     return dict(buffers)
+
+
+_RESERVED = ("q", "k", "v", "kv_lens", "block_table")   # the definition's own inputs
 
 
 def _offset_mode(q_offset, n: int, m: int) -> int | str:
@@ -418,7 +462,7 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
               mask_mod: Callable | None = None, scale: float | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
               buffers: Mapping | None = None, cache: AttentionCache | None = None,
-              schedule=None, return_lse: bool = False):
+              schedule=None, return_lse: bool = False, kv_lens=None, block_table=None):
     """Attention of (B, Hq, N, D) ``q`` over (B, Hkv, M, D) ``k`` and (B, Hkv, M, Dv) ``v``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
@@ -432,8 +476,16 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     op (see docs/torch.md). ``return_lse=True`` (eager only) returns ``(o, lse)``: ``lse``
     is each row's log-sum-exp of its scores, float32 (B, Hq, N), ``-inf`` for a row with
     no key; the same kernel writes both (docs/distributed.md: a partial state to merge).
+
+    A ragged or paged KV cache (docs/serving.md): ``kv_lens`` (int32, ``(B,)``) is each
+    sequence's key length, its queries the last ones (positions ``kv_lens[b] - N ...``);
+    ``block_table`` (int32, ``(B, max_pages)``) makes ``k`` and ``v`` page pools
+    ``(num_pages, Hkv, page_size, D)``. Both are read by the kernels on the device: new
+    lengths or pages compile nothing and sync nothing.
     """
-    if not return_lse and _wants_grad(q, k, v) and not torch_ops.compiling():
+    # differentiable: eager, no ragged or paged cache (those keep refusing grad)
+    if not return_lse and kv_lens is None and block_table is None \
+            and _wants_grad(q, k, v) and not torch_ops.compiling():
         return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                                buffers, cache, schedule)
     if return_lse:
@@ -441,12 +493,12 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
             raise FeedError("attention: return_lse=True is not traced by torch.compile or "
                             "torch.export yet; call it eagerly")
         return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
-                      cache, schedule, lse=True)
+                      cache, schedule, kv_lens, block_table, lse=True)
     if torch_ops.compiling():
         return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
-                       cache, schedule)
+                       cache, schedule, kv_lens, block_table)
     return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-                  schedule)
+                  schedule, kv_lens, block_table)
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -472,10 +524,10 @@ def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, b
 
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-           schedule, lse: bool = False):
+           schedule, kv_lens=None, block_table=None, lse: bool = False):
     """:func:`attention` run now (eagerly; also the op's real implementation)."""
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                              buffers, cache, schedule, lse)
+                              buffers, cache, schedule, kv_lens, block_table, lse)
     out = setup.kernel(*tensors)
     if lse:  # [o, lse]; packed decode: (B, Hkv, group) rows are the query heads
         o, row_lse = out
@@ -487,9 +539,10 @@ def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, c
 
 
 def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-             schedule, lse: bool = False):
+             schedule, kv_lens=None, block_table=None, lse: bool = False):
     """A call's checked setup (spec, schedule, kernel; cached per call key) and the
-    tensors its kernel takes: ``(setup, [q, k, v, *buffers])``, the query reshaped for
+    tensors its kernel takes: ``(setup, [q, k, v, *buffers, kv_lens?, block_table?])``,
+    the query reshaped for
     packed decode and any input whose last dimension is strided made contiguous."""
     if buffers is not None and not isinstance(buffers, Mapping):
         _check(q, k, v, enable_gqa)   # bad buffers: report bad q, k, v first, as before
@@ -497,29 +550,35 @@ def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
     check_no_grad((q, k, v, *bufs.values()), ("q", "k", "v", *bufs))
     cache = cache if cache is not None else DEFAULT_CACHE
     key = _call_key(q, k, v, scale, enable_gqa, q_offset, bufs, schedule, cache, score_mod,
-                    mask_mod)
+                    mask_mod, kv_lens, block_table)
     if lse and key is not None:
         key = key + ("lse",)
     setup = cache._call_setup(key)
     if setup is None:  # first call of this key: full checks, then remember what they gave
         setup = _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs,
-                          cache, schedule, lse)
+                            cache, schedule, kv_lens, block_table, lse)
         cache._remember(key, setup)
+    kvs = [t for t in (kv_lens, block_table) if t is not None]
+    if kvs and kv.wants_values_checked(q.device):
+        kv.check_values(k, kv_lens, block_table, setup.page_size)
     qin = q.reshape(q.shape[0], k.shape[1], setup.group, q.shape[3]) if setup.packed else q
     return setup, [t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
-                   for t in [qin, k, v] + list(bufs.values())]
+                   for t in [qin, k, v] + list(bufs.values()) + kvs]
 
 
 def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-            schedule):
+            schedule, kv_lens=None, block_table=None):
     """:func:`attention` as the ``neptune_fusion::attention`` op (code Dynamo traces): the
-    arguments that are not tensors enter the op's table, the buffers go as a list."""
+    arguments that are not tensors enter the op's table, the buffers go as a list (then
+    ``kv_lens`` and ``block_table``, when given)."""
     import torch
     names = None if buffers is None else tuple(buffers)
     bufs = [] if names is None else [buffers[n] for n in names]
+    has = (kv_lens is not None, block_table is not None)
+    bufs += [t for t in (kv_lens, block_table) if t is not None]
     key = torch_ops.constant_key
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), scale, enable_gqa, q_offset,
-                         names, key(cache), key(schedule))
+                         names, key(cache), key(schedule), has)
     return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
 
 
@@ -528,24 +587,31 @@ class _OpEntry:
     ``run`` is the eager :func:`attention`, ``fake`` its output from the shapes."""
 
     def __init__(self, score_mod, mask_mod, scale, enable_gqa, q_offset, names, cache,
-                 schedule) -> None:
+                 schedule, has=(False, False)) -> None:
         self.kw = dict(score_mod=score_mod, mask_mod=mask_mod, scale=scale,
                        enable_gqa=enable_gqa, q_offset=q_offset, cache=cache,
                        schedule=schedule)
         self.names = names
+        self.has = has   # whether kv_lens, block_table follow the buffers
 
     def _buffers(self, tensors):
         return None if self.names is None else dict(zip(self.names, tensors[3:]))
+
+    def _kv(self, tensors) -> list:
+        rest = list(tensors[3 + len(self.names or ()):])
+        return [rest.pop(0) if h else None for h in self.has]
 
     def run(self, tensors) -> list:
         kw = self.kw
         return [_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
                        kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
-                       kw["schedule"])]
+                       kw["schedule"], *self._kv(tensors))]
 
     def fake(self, tensors) -> list:
         q, k, v = tensors[:3]
-        _check(q, k, v, self.kw["enable_gqa"])
+        lens, table = self._kv(tensors)
+        _check(q, k, v, self.kw["enable_gqa"], paged=table is not None)
+        kv.check_kv(q, k, v, lens, table)
         _check_buffers(self._buffers(tensors))
         _scale(self.kw["scale"], q.shape[3])
         _offset_mode(self.kw["q_offset"], q.shape[2], k.shape[2])
@@ -553,10 +619,19 @@ class _OpEntry:
 
 
 def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,
-               cache: AttentionCache, schedule, lse: bool = False) -> _CallSetup:
+                cache: AttentionCache, schedule, kv_lens=None, block_table=None,
+                lse: bool = False) -> _CallSetup:
     """Check a call and derive its spec, schedule and kernel (see :func:`attention`)."""
-    _check(q, k, v, enable_gqa)
+    _check(q, k, v, enable_gqa, paged=block_table is not None)
+    page = kv.check_kv(q, k, v, kv_lens, block_table)
+    if kv_lens is not None and q_offset not in (None, "end"):
+        raise FeedError(f"attention: q_offset={q_offset!r} with kv_lens: the queries of "
+                        "sequence b sit at kv_lens[b] - N ... kv_lens[b] - 1 (pass "
+                        "q_offset=None)")
     n, m, d = q.shape[2], k.shape[2], q.shape[3]
+    pages = block_table.shape[1] if page else 0
+    if page:
+        m = pages * page   # the cache length
     group = q.shape[1] // k.shape[1]
     # decode GQA: the group's query heads become the rows of one program; the mods see
     # the query head as ``h * group + row`` (a per-head buffer such as ALiBi's slopes is
@@ -568,9 +643,10 @@ def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs:
         dtype=dtype, q_heads=q.shape[1], kv_heads=k.shape[1], head_dim=d,
         v_head_dim=v.shape[3], scale=_scale(scale, d), score_mod=score_mod,
         mask_mod=mask_mod, q_offset=_offset_mode(q_offset, n, m), buffers=buffers,
-        packed=packed, lse=lse)
+        packed=packed, kv_lens=kv_lens is not None, page_size=page, max_pages=pages,
+        lse=lse)
     sched = "auto" if schedule is None else schedule
     if not (sched == "auto" or isinstance(sched, Schedule)):
         raise FeedError(f"attention: schedule must be 'auto', None or a Schedule, got "
                         f"{schedule!r}")
-    return _CallSetup(cache.kernel(spec, sched), packed, group)
+    return _CallSetup(cache.kernel(spec, sched), packed, group, page)

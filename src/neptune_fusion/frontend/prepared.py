@@ -24,26 +24,35 @@ from ..runtime.prepared import PreparedLaunch
 
 
 class PreparedAttention:
-    """``prepared(q, k, v, buffers=None)``: attention on inputs of the prepared signature
-    (see the module docstring); ``buffers`` as given to :func:`prepare_attention`."""
+    """``prepared(q, k, v, buffers=None, kv_lens=None, block_table=None)``: attention on
+    inputs of the prepared signature (see the module docstring); ``buffers``, ``kv_lens``
+    and ``block_table`` as given to :func:`prepare_attention` (with new values: a serving
+    loop writes new lengths and pages into the same tensors, or passes others of the same
+    signature)."""
 
-    __slots__ = ("_launch", "_out", "_names", "_general")
+    __slots__ = ("_launch", "_out", "_names", "_kv", "_general")
 
     def __init__(self, launch: PreparedLaunch, out, names: tuple[str, ...],
-                 general: Callable) -> None:
+                 kv: tuple[bool, bool], general: Callable) -> None:
         self._launch, self._out, self._names, self._general = launch, out, names, general
+        self._kv = kv
 
-    def __call__(self, q, k, v, buffers: Mapping | None = None):
+    def __call__(self, q, k, v, buffers: Mapping | None = None, kv_lens=None,
+                 block_table=None):
         if torch_ops.compiling():   # traced: the op, as nf.attention is
-            return self._general(q, k, v, buffers)
+            return self._general(q, k, v, buffers, kv_lens, block_table)
+        if (kv_lens is not None, block_table is not None) != self._kv \
+                or (self._names and buffers is None):   # the general path says what is off
+            return self._general(q, k, v, buffers, kv_lens, block_table)
+        tensors = [q, k, v]
         if self._names:
-            if buffers is None:
-                return self._general(q, k, v, buffers)   # reports the missing buffers
-            tensors = (q, k, v, *(buffers[n] for n in self._names))
-        else:
-            tensors = (q, k, v)
+            tensors += [buffers[n] for n in self._names]
+        if kv_lens is not None:
+            tensors.append(kv_lens)
+        if block_table is not None:
+            tensors.append(block_table)
         if self._launch(tensors) is None:
-            return self._general(q, k, v, buffers)
+            return self._general(q, k, v, buffers, kv_lens, block_table)
         return self._out
 
     @property
@@ -54,7 +63,7 @@ class PreparedAttention:
 
 def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
                       enable_gqa: bool = False, q_offset=None, buffers=None, cache=None,
-                      schedule=None) -> PreparedAttention:
+                      schedule=None, kv_lens=None, block_table=None) -> PreparedAttention:
     """Bind :func:`~.attention.attention` with these keywords to the signature of ``q``,
     ``k``, ``v`` (and ``buffers``): checks, tunes and allocates now; returns a
     :class:`PreparedAttention` whose calls only compare the signature and launch. CUDA
@@ -64,10 +73,12 @@ def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
     kw = dict(score_mod=score_mod, mask_mod=mask_mod, scale=scale, enable_gqa=enable_gqa,
               q_offset=q_offset, cache=cache, schedule=schedule)
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                              buffers, cache, schedule)
+                              buffers, cache, schedule, kv_lens, block_table)
     names = tuple(buffers) if buffers else ()
-    given = [q, k, v, *(buffers[n] for n in names)]
-    for name, g, t in zip(("q", "k", "v", *names), given, tensors):
+    kvs = [(n, t) for n, t in (("kv_lens", kv_lens), ("block_table", block_table))
+           if t is not None]
+    given = [q, k, v, *(buffers[n] for n in names), *(t for _, t in kvs)]
+    for name, g, t in zip(("q", "k", "v", *names, *(n for n, _ in kvs)), given, tensors):
         if g.data_ptr() != t.data_ptr():
             raise FeedError(f"prepare_attention: {name} {tuple(g.stride())} is not laid out "
                             "as the kernel reads it (its last dimension must be contiguous, "
@@ -80,6 +91,8 @@ def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
     if setup.packed:
         out = out.reshape(q.shape[0], q.shape[1], 1, v.shape[3])
 
-    def general(q, k, v, buffers):
-        return attention(q, k, v, buffers=buffers, **kw)
-    return PreparedAttention(launch, out, names, general)
+    def general(q, k, v, buffers, kv_lens, block_table):
+        return attention(q, k, v, buffers=buffers, kv_lens=kv_lens, block_table=block_table,
+                         **kw)
+    return PreparedAttention(launch, out, names, (kv_lens is not None,
+                                                  block_table is not None), general)

@@ -17,10 +17,12 @@
 Positions. Query row ``i`` is at absolute position ``q_offset + i`` and key ``j`` at
 ``kv_offset + j``. When the queries are the last keys (no cache, a dynamic cache, a
 dynamic sliding-window cache) the call uses ``q_offset="end"``: one kernel for every
-length. A static cache's keys past the last query are empty slots: under a causal mask
-they are dropped (a view of K and V; the mask reads the cache's offset once per
-forward, a host sync), so the
-queries are again the last keys.
+length. A static cache hands over all its slots and the queries' offset as a device
+tensor: the call passes ``kv_lens = q_offset + S`` (per batch row, on the device), so the
+kernel's key loop stops at the filled slots and nothing syncs with the host -- one kernel
+and one CUDA graph for every decode step. (A static cache whose key offset is not 0, or
+an offset given as an int, takes the host path: the empty slots past the last query are
+dropped, a view of K and V.)
 
 Sinks (gpt-oss). A sink is one more logit per head with a zero value row: softmax over
 ``[scores, sink]``. It is added as a key at index 0 whose score is ``s_aux[h]`` (the
@@ -52,14 +54,15 @@ class MaskStructure:
     ``causal``: keys after the query are masked; ``window``: also keys ``window`` or more
     positions before it (transformers' ``kv > q - window``); ``padding``: a (B, kv_length)
     bool tensor (True: attend) or None when nothing is padded; ``q_offset``/``kv_offset``:
-    absolute positions of query row 0 and key 0 (ints).
+    absolute positions of query row 0 and key 0 (ints; ``q_offset`` may be a 0-d device
+    tensor: a static cache's, read by the kernel through ``kv_lens``).
     """
 
     causal: bool
     window: int | None
     q_length: int
     kv_length: int
-    q_offset: int = 0
+    q_offset: object = 0
     kv_offset: int = 0
     padding: object = None
 
@@ -111,6 +114,12 @@ def _recognise(fn) -> tuple[bool, int | None]:
     return causal, window
 
 
+# Under torch.compile, Dynamo calls it at trace time and keeps the result as a constant
+# (torch.compiler.assume_constant_result): it reads functions' names and closures, which
+# Dynamo does not trace; a mask function is a constant of the model's code.
+_recognise._dynamo_marked_constant = True
+
+
 def mask_structure(batch_size: int = 1, q_length: int | None = None, kv_length: int = 0,
                    q_offset=0, kv_offset=0, mask_function=None, attention_mask=None,
                    cache_position=None, **_ignored) -> MaskStructure:
@@ -135,12 +144,25 @@ def mask_structure(batch_size: int = 1, q_length: int | None = None, kv_length: 
                 f"neptune_fusion mask: attention_mask of shape {tuple(attention_mask.shape)}; "
                 "only a 2-d (batch, keys) padding mask is supported")
         padding = _slice_padding(attention_mask.bool(), kv_length, kv_offset)
-        if bool(padding.all()):
+        if not _tracing() and bool(padding.all()):   # traced: no host sync, keep it
             padding = None
-    # a static cache's offsets are 0-d tensors that the cache updates in place as the layers
-    # run: read them now, once per forward (a host sync)
-    return MaskStructure(causal, window, int(q_length), int(kv_length), int(q_offset),
+    # a static cache's query offset is a 0-d tensor the cache advances in place when a
+    # layer writes its keys (before its attention runs): keep a copy of its value now, on
+    # the device (attention_forward passes it as kv_lens), when the key offset is 0
+    device_offset = _is_tensor(q_offset) and not _is_tensor(kv_offset) and kv_offset == 0
+    return MaskStructure(causal, window, int(q_length), int(kv_length),
+                         q_offset.clone() if device_offset else int(q_offset),
                          int(kv_offset), padding)
+
+
+def _is_tensor(x) -> bool:
+    import torch
+    return isinstance(x, torch.Tensor)
+
+
+def _tracing() -> bool:
+    import torch
+    return torch.compiler.is_compiling()
 
 
 def _slice_padding(mask, kv_length: int, kv_offset):
@@ -192,7 +214,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     ``key``/``value`` -> ``((B, S, Hq, D), None)``. See the module docstring."""
     import torch
 
-    from ..frontend.attention import attention
 
     if dropout:
         raise UnsupportedAttention(f"neptune_fusion attention: dropout={dropout} (training) "
@@ -231,7 +252,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     bufs = {}
     padding = st.padding
     qo, ko = st.q_offset, st.kv_offset
-    if qo + n != ko + m:
+    kv_lens = None
+    if _is_tensor(qo) and not st.causal:
+        qo = int(qo)   # a static cache without a causal mask: the host path says no
+    if _is_tensor(qo):
+        # a static cache, offsets on the device: the filled slots end after the queries
+        kv_lens = (qo.reshape(()).to(torch.int32) + n).expand(query.shape[0]).contiguous()
+    elif qo + n != ko + m:
         # a static cache: the keys past the last query are empty slots. A causal mask hides
         # them, so drop them (a view) and the queries are the last keys again. (Keeping them
         # with the offset in a buffer would share one kernel across decode steps, but a
@@ -264,13 +291,52 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         zv = value.new_zeros(value.shape[0], value.shape[1], 1, value.shape[3])
         key, value = torch.cat([zk, key], dim=2), torch.cat([zv, value], dim=2)
     cap = float(softcap) if softcap is not None else None
-    out = attention(
-        query, key, value, scale=float(scaling), enable_gqa=query.shape[1] != key.shape[1],
-        mask_mod=_mask_mod(st.causal, window, shift, "padding" in bufs)
-        if (st.causal or shift or "padding" in bufs) else None,
-        score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
-        q_offset="end", buffers=bufs or None)
+    what = (st.causal, window, shift, "padding" in bufs, cap, sinks, float(scaling),
+            query.shape[1] != key.shape[1])
+    if kv_lens is not None:
+        kv_lens = kv_lens + shift
+    out = _attend(module, what, query, key, value, bufs or None, kv_lens)
     return out.transpose(1, 2).contiguous(), None
+
+
+_PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not prepared
+_PREPARED_PER_LAYER = 8      # prepared calls a layer keeps (oldest dropped first)
+
+
+def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
+    """``nf.attention`` for a layer: ``what`` = (causal, window, shift, padding, softcap,
+    sinks, scale, gqa). A static-cache decode step (``kv_lens`` given: every step has the
+    same shapes) runs a call prepared once per layer and input signature
+    (:func:`neptune_fusion.prepare_attention`: a signature compare and the kernels' own
+    launchers, no per-call checks or allocation); everything else, and anything traced,
+    the general call."""
+    from ..frontend.attention import attention
+    from ..runtime.prepared import cheap_signature
+    causal, window, shift, padded, cap, sinks, scale, gqa = what
+    kw = dict(scale=scale, enable_gqa=gqa,
+              mask_mod=_mask_mod(causal, window, shift, padded)
+              if (causal or shift or padded) else None,
+              score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
+              q_offset="end" if kv_lens is None else None)
+    if kv_lens is None or query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+    tensors = (query, key, value, *(bufs or {}).values(), kv_lens)
+    table = module.__dict__.setdefault("_nf_prepared", {})
+    sig = (what, tuple(bufs or ()), cheap_signature(tensors))
+    prepared = table.get(sig)
+    if prepared is None:
+        from ..frontend.prepared import prepare_attention
+        try:
+            prepared = prepare_attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+                                         **kw)
+        except FeedError:   # not preparable (a strided view): the general call, every time
+            prepared = False
+        if len(table) >= _PREPARED_PER_LAYER:
+            table.pop(next(iter(table)))
+        table[sig] = prepared
+    if prepared is False:
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+    return prepared(query, key, value, bufs, kv_lens)
 
 
 def register() -> None:

@@ -85,7 +85,12 @@ def from_key(k):
     if isinstance(k, tuple) and len(k) == 2 and k[0] == _REF:
         return _REFS[k[1]]
     if isinstance(k, tuple) and len(k) == 3 and k[0] == _DATACLASS:
-        return k[1](**{n: from_key(v) for n, v in k[2]})
+        # rebuilt field by field (frozen or slotted, init=False fields too): the values
+        # were the object's, so no __init__/__post_init__ is needed to make them
+        obj = object.__new__(k[1])
+        for n, v in k[2]:
+            object.__setattr__(obj, n, from_key(v))
+        return obj
     if isinstance(k, tuple):
         return tuple(from_key(e) for e in k)
     return k

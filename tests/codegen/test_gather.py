@@ -1,0 +1,50 @@
+"""Gathered loads: an index read from another tensor (``x[idx[i], j]``, the paged KV
+cache's ``k[table[b, j // 16], ...]``) is lowered per element, masked to its dimension."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import neptune_fusion as nf
+from neptune_fusion.errors import CodegenError
+from neptune_fusion.runtime.pipeline import compile as nf_compile
+
+
+def _rows():
+    N, M, V = nf.sizes("N M V")
+    x = nf.placeholder((V, M), name="x")
+    idx = nf.placeholder((N,), "int32", name="idx")
+    j = nf.reduce_axis(M, "j")
+    return nf.compute((N,), lambda i: nf.max(x[idx[i], j], j), name="rowmax"), [x, idx]
+
+
+def test_a_row_gathered_by_an_index_tensor(rng):
+    out, ins = _rows()
+    kernel = nf_compile(out, ins, block_m=4, block_n=16)
+    xs = torch.tensor(rng.standard_normal((7, 37)), dtype=torch.float32)
+    ids = torch.tensor(rng.integers(0, 7, 11), dtype=torch.int32)
+    want = nf.evaluate(out, {"x": xs, "idx": ids})
+    np.testing.assert_allclose(kernel(xs, ids).double().numpy(), want, rtol=1e-6)
+    # the gathered row index is masked to the dimension: 0 <= idx < V
+    assert "(idx >= 0) & (idx < V)" in kernel.source.replace("idx_2", "idx")
+
+
+def test_an_id_outside_the_tensor_reads_zeros_not_memory():
+    """The reference reads NaN out of range (a contract violation); the kernel's mask
+    makes it read 0 instead of faulting: a row of zeros has max 0."""
+    out, ins = _rows()
+    kernel = nf_compile(out, ins, block_m=4, block_n=16)
+    xs = torch.rand(3, 20) + 1.0
+    got = kernel(xs, torch.tensor([1, 3, -1, 1000], dtype=torch.int32))
+    assert got[0] == xs[1].max() and got[1:3].tolist() == [0.0, 0.0] and got[3] == 0.0
+
+
+def test_a_shifted_tile_index_is_still_refused():
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    out = nf.compute((N,), lambda i: nf.max(x[2 * i, j], j), name="o")
+    with pytest.raises(CodegenError, match=r"mixes tile axes .* \(or gather"):
+        nf_compile(out, block_m=4, block_n=16)(torch.zeros(8, 16))
