@@ -13,6 +13,7 @@ from .api import evaluate, plan
 from .errors import (
     AxisError,
     CodegenError,
+    DerivativeError,
     DTypeError,
     ExprError,
     FeedError,
@@ -64,7 +65,7 @@ _LAZY = {
     "Schedule": "schedule", "DiskCache": "runtime.disk_cache", "AutoKernel": "runtime.auto",
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",
     "StagedKernel": "runtime.staged", "prepare_attention": "frontend.prepared",
-    "PreparedAttention": "frontend.prepared",
+    "PreparedAttention": "frontend.prepared", "gradients": "autodiff.reverse",
 }
 
 
@@ -82,7 +83,7 @@ __all__ = [
     "__version__", "evaluate", "verify", "show", "plan",
     "FusionPlan", "FusedGroup", "Member", "Unfused",
     "compile", "Kernel", "AutoKernel", "StagedKernel", "DiskCache", "attention", "AttentionCache",
-    "prepare_attention", "PreparedAttention",
+    "prepare_attention", "PreparedAttention", "gradients",
     "Schedule", "ops",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
@@ -93,5 +94,5 @@ __all__ = [
     "Expr", "Tensor", "Placeholder", "Compute", "IndexVar", "Size",
     "NeptuneError", "DTypeError", "ExprError", "ShapeError", "IndexBoundsError",
     "AxisError", "FeedError", "SizeBindingError", "VerificationError", "FusionError",
-    "ScheduleError", "CodegenError", "UnschedulableError",
+    "ScheduleError", "CodegenError", "UnschedulableError", "DerivativeError",
 ]

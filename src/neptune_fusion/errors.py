@@ -59,6 +59,11 @@ class UnschedulableError(ScheduleError, CodegenError):
     fused loop, split-k for a running-sum producer). Both a schedule and a codegen error."""
 
 
+class DerivativeError(NeptuneError):
+    """A gradient that cannot be derived (an index with no gather-form adjoint, an output
+    the backward does not support); raised when the backward is built, naming why."""
+
+
 class DistributedError(NeptuneError, ValueError):
     """Ranks of a process group that disagree (shapes, dtypes, overlapping shards), or a
     bad argument of :mod:`neptune_fusion.distributed`; every rank raises it alike."""

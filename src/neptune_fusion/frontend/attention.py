@@ -191,6 +191,7 @@ class AttentionCache:
         # identical (interned) expression, the kernels' key (see :mod:`.mods`)
         self._probes: dict[tuple, Probes] = {}
         self._guarded: dict[tuple, ModTrace] = {}   # traces by the mods' guards
+        self._backward: dict = {}   # forward kernel -> (backward kernel, group)
         self._lock = threading.Lock()
         self.hits = 0      # kernel lookups answered from the cache (a call setup is one)
         self.misses = 0    # kernels compiled
@@ -224,6 +225,7 @@ class AttentionCache:
             self._calls.clear()
             self._guarded.clear()
             self._probes.clear()
+            self._backward.clear()
             self.hits = self.misses = 0
             self._call_hits = self._call_misses = 0
 
@@ -271,6 +273,19 @@ class AttentionCache:
             # bounded: e.g. a decode loop's growing key length
             remember(self._calls, key, setup, _MAX_CALLS)
             self._call_misses += 1
+
+    def backward(self, kernel):
+        """``(backward kernel, group)`` of a forward ``kernel``: derived and compiled on
+        first use (:mod:`.attention_grad`; a :class:`DerivativeError` names what cannot
+        be derived)."""
+        from .attention_grad import build_backward
+        with self._lock:
+            got = self._backward.get(kernel)
+        if got is None:
+            got = build_backward(kernel, self.store)
+            with self._lock:
+                got = self._backward.setdefault(kernel, got)
+        return got
 
     def kernel(self, spec: AttentionSpec, schedule):
         """The kernel of ``spec`` under ``schedule``, compiled on first use."""
@@ -468,6 +483,11 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     ``(num_pages, Hkv, page_size, D)``. Both are read by the kernels on the device: new
     lengths or pages compile nothing and sync nothing.
     """
+    # differentiable: eager, no ragged or paged cache (those keep refusing grad)
+    if not return_lse and kv_lens is None and block_table is None \
+            and _wants_grad(q, k, v) and not torch_ops.compiling():
+        return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
+                               buffers, cache, schedule)
     if return_lse:
         if torch_ops.compiling():
             raise FeedError("attention: return_lse=True is not traced by torch.compile or "
@@ -479,6 +499,28 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
                        cache, schedule, kv_lens, block_table)
     return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
                   schedule, kv_lens, block_table)
+
+
+def _wants_grad(q, k, v) -> bool:
+    import torch
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+
+
+def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
+                    cache, schedule):
+    """:func:`attention` with a ``grad_fn`` (docs/autodiff.md): the forward kernel with
+    the row log-sum-exp, the backward derived from its definition."""
+    from . import attention_grad
+    cache = cache if cache is not None else DEFAULT_CACHE
+
+    def run(q, k, v, bufs):
+        setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa,
+                                  q_offset, bufs, cache, schedule, lse=True)
+        o, lse = setup.kernel(*tensors)
+        return o, lse, setup.kernel, tensors
+    bufs = _check_buffers(buffers)
+    return attention_grad.apply(run, cache.backward, q, k, v, bufs)
 
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,

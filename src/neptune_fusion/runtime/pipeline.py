@@ -192,7 +192,7 @@ class Builder:
 
 def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
             name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
-            require_single_pass: bool = False, **options):
+            require_single_pass: bool = False, differentiable: bool = False, **options):
     """Compile plain ``outputs`` into one fused operator.
 
     ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
@@ -220,7 +220,16 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
 
     ``options`` replace schedule fields (``block_m=64``); a tile or launch field with
     ``"auto"`` means an explicit schedule (the defaults plus ``options``).
+
+    ``differentiable=True`` wraps the kernel for ``torch.autograd``: its backward is
+    derived from the definition and compiled on first use (docs/autodiff.md); without
+    it, inputs that require grad are refused.
     """
+    if differentiable:
+        from .differentiable import DifferentiableKernel
+        kern = compile(outputs, inputs, schedule=schedule, name=name, cache=cache, log=log,
+                       top_k=top_k, require_single_pass=require_single_pass, **options)
+        return DifferentiableKernel(kern, compile, cache)
     outs, single = as_outputs(outputs)
     needed = placeholders(outs)
     inputs = list(needed if inputs is None else inputs)

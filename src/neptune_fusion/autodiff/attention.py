@@ -1,0 +1,77 @@
+"""Attention's backward programs, derived from its forward definition.
+
+The forward (``frontend/attention.py``, any score_mod / mask_mod, GQA) is a plain
+program ``s, m, p, l, o`` plus the row log-sum-exp ``lse`` its kernel already writes.
+Here: :func:`~.softmax.use_saved_lse` recomputes ``p = exp(s - lse)`` instead of the
+max and sum, reverse mode (:func:`~.reverse.gradients`) differentiates ``o`` with the
+cotangent ``d_o``, and the simplifier with the saved output ``o`` turns the log-sum-exp's
+cotangent into ``delta = rowsum(d_o * o)``. The result, for every mod::
+
+    d_p[b, h, i, j] = sum(d_o[b, h, i, e] * v[b, h // G, j, e], e)
+    d_s[b, h, i, j] = (d_p[b, h, i, j] - delta[b, h, i]) * p[b, h, i, j]
+    d_q[b, h, i, c] = sum(<d_s through the score_mod> * k[b, h // G, j, c] * scale, j)
+    d_k[b, hk, j, c] = sum(<d_s through the score_mod> * q[b, hk * G + g, i, c] * scale,
+                           (g, i))
+    d_v[b, hk, j, e] = sum(p[b, hk * G + g, i, j] * d_o[b, hk * G + g, i, e], (g, i))
+
+The score_mod's derivative is whatever reverse mode gives for its expression (soft-cap:
+``1 - tanh^2``; ALiBi: 1; a mask: 0 where masked). The buffers get no gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import DerivativeError
+from ..ir.nodes import Cast, Compute, Load, Placeholder, Reduce, fresh_uid
+from .reverse import gradients
+from .softmax import lse_link, saved_output_rule, use_saved_lse
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionBackward:
+    """The gradient programs ``d_q, d_k, d_v`` over ``inputs`` (``q, k, v, o, d_o, lse``
+    and the buffers); ``s``, ``p``: the recomputed scores and probabilities."""
+
+    grads: tuple[Compute, Compute, Compute]
+    inputs: tuple[Placeholder, ...]
+    s: Compute
+    p: Compute
+
+    def kernel_outputs(self) -> tuple[list[Compute], int]:
+        """``(outputs, group)``: what a kernel computes -- ``d_q`` and, under GQA, the
+        per-query-head ``d_k_h, d_v_h`` (their group sum, ``d_k[b, hk] = sum_g
+        d_k_h[b, hk * G + g]``, is left to the caller: an index mixing a head and a
+        reduce axis is not lowered yet) -- and the group size ``G``."""
+        out, group = [self.grads[0]], 1
+        for g in self.grads[1:]:
+            body = g.body.x if isinstance(g.body, Cast) else g.body
+            if isinstance(body, Reduce) and len(body.axes) == 1 \
+                    and isinstance(body.body, Load) and isinstance(body.body.tensor, Compute):
+                out.append(body.body.tensor)
+                group = body.axes[0].extent
+            else:
+                out.append(g)
+        return out, group
+
+
+def attention_backward(outputs: Sequence[Compute], inputs: Sequence[Placeholder]
+                       ) -> AttentionBackward:
+    """The backward of the attention forward ``outputs`` (``[o, lse]``) over ``inputs``
+    (``[q, k, v, *buffers]``, as :func:`~..frontend.attention.attention_definition`
+    returns them)."""
+    if len(outputs) != 2 or len(inputs) < 3:
+        raise DerivativeError("attention's backward needs the forward's outputs [o, lse] "
+                              "and inputs [q, k, v, *buffers]")
+    o_fwd, lse_fwd = outputs
+    q, k, v, *bufs = inputs
+    (o,), lse, s, p = use_saved_lse([o_fwd, lse_fwd], drop=[lse_fwd])
+    saved_o = Placeholder("o", o_fwd.shape, o_fwd.dtype, fresh_uid())
+    d_o = Placeholder("d_o", o_fwd.shape, o_fwd.dtype, fresh_uid())
+    grads = gradients([o], [d_o], [q, k, v], links=[lse_link(lse, s, p)],
+                      extra_rules=(saved_output_rule({o: saved_o}),))
+    for name, g in zip("qkv", grads):
+        if g is None:
+            raise DerivativeError(f"attention's output does not depend on {name}")
+    return AttentionBackward(tuple(grads), (q, k, v, saved_o, d_o, lse, *bufs), s, p)

@@ -1,0 +1,98 @@
+"""``nf.attention`` under autograd: a :class:`torch.autograd.Function` whose backward runs
+kernels compiled from the derived backward programs (:mod:`..autodiff.attention`).
+
+The forward runs the forward kernel with ``return_lse``; saved for the backward are
+``q, k, v``, the output ``o`` and the row log-sum-exp ``lse`` (float32, B x H x N):
+O(B * H * N) beyond the inputs and output, never an N x M tensor. The backward kernel is
+derived from the forward kernel's own definition and compiled with ``nf.compile`` once
+per forward kernel (kept by the :class:`~.attention.AttentionCache`). The buffers (ALiBi
+slopes, ...) get no gradient; one that requires grad is refused up front.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from ..autodiff.attention import attention_backward
+from ..errors import FeedError
+
+INF = float("inf")
+
+
+class BackwardKernels:
+    """The compiled backward: one operator for ``d_q`` (rows of queries, a loop over the
+    keys) and one for ``d_k, d_v`` (rows of keys, a loop over the queries), as
+    FlashAttention-2 splits it; each is whatever plan ``nf.compile`` picks. (Compiled
+    together, the planner puts the three in one staged pass whose rows mix the query and
+    key axes; that kernel writes out of bounds for head dims below its tile.)"""
+
+    def __init__(self, dq, dkv) -> None:
+        self.dq, self.dkv = dq, dkv
+
+    def __call__(self, *tensors):
+        [dq] = self.dq(*tensors)
+        dk, dv = self.dkv(*tensors)
+        return dq, dk, dv
+
+
+def build_backward(kernel, store):
+    """``(backward kernels, group)`` for a forward attention kernel (outputs ``[o, lse]``):
+    the derived programs compiled (any plan the compiler picks)."""
+    from ..runtime.pipeline import compile as nf_compile
+    bw = attention_backward(list(kernel.outputs), list(kernel.inputs))
+    outs, group = bw.kernel_outputs()
+    ins = list(bw.inputs)
+    return BackwardKernels(nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store),
+                           nf_compile(outs[1:], ins, name="attention_backward_dkdv",
+                                      cache=store)), group
+
+
+def check_buffers(bufs: dict) -> None:
+    for name, t in bufs.items():
+        if getattr(t, "requires_grad", False):
+            raise FeedError(f"attention: buffer {name!r} requires grad, but buffers get no "
+                            f"gradient (only q, k and v do); pass {name}.detach()")
+
+
+@functools.cache
+def _function():
+    """The Function class, made once on first use (torch is imported lazily)."""
+    import torch
+
+    class AttentionFunction(torch.autograd.Function):
+        """``o = attention(q, k, v)``; backward: the derived programs' kernels."""
+
+        @staticmethod
+        def forward(ctx, run: Callable, backward: Callable, names, q, k, v, *bufs):
+            o, lse, kernel, tensors = run(q, k, v, dict(zip(names, bufs)))
+            ctx.save_for_backward(*tensors, o, lse)
+            ctx.kernel, ctx.backward, ctx.shapes = kernel, backward, (q.shape, k.shape,
+                                                                     v.shape)
+            return o.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+
+        @staticmethod
+        def backward(ctx, d_out):
+            *tensors, o, lse = ctx.saved_tensors
+            qin, k, v, *bufs = tensors
+            kern, group = ctx.backward(ctx.kernel)
+            d_o = d_out.reshape(o.shape).to(o.dtype).contiguous()
+            # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
+            lse = lse.masked_fill(lse == -INF, INF)
+            dq, dk, dv = kern(qin, k, v, o, d_o, lse, *bufs)
+            qs, ks, vs = ctx.shapes
+            if group > 1:   # GQA: the group's query heads' gradients into the shared head
+                dk = dk.reshape(ks[0], ks[1], group, *ks[2:]).sum(2)
+                dv = dv.reshape(vs[0], vs[1], group, *vs[2:]).sum(2)
+            return (None, None, None, dq.reshape(qs), dk.reshape(ks), dv.reshape(vs),
+                    *([None] * len(bufs)))
+
+    return AttentionFunction
+
+
+def apply(run: Callable, backward: Callable, q, k, v, bufs: dict):
+    """``o`` with a ``grad_fn``. ``run(q, k, v, bufs) -> (o, lse, kernel, tensors)`` is the
+    forward (``tensors``: the forward kernel's inputs); ``backward(kernel)`` gives
+    ``(backward kernel, group)``."""
+    check_buffers(bufs)
+    return _function().apply(run, backward, tuple(bufs), q, k, v, *bufs.values())
