@@ -434,11 +434,12 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     inner = _inner_axes(exprs, loop, taken)
     col_axis = _col_axis(col, accs, outs, schedule, taken)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
+    grid_axes, row_axis, col_axis, loop_axis, inner = _named_apart(
+        tuple(Axis(v, "grid") for v in grid), Axis(row, "row", "BLOCK_M", schedule.block_m),
+        col_axis, Axis(loop, "loop", "BLOCK_N", schedule.block_n), inner)
     return check_tiles(TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
-        grid=tuple(Axis(v, "grid") for v in grid),
-        row=Axis(row, "row", "BLOCK_M", schedule.block_m),
-        col=col_axis, loop=Axis(loop, "loop", "BLOCK_N", schedule.block_n),
+        grid=grid_axes, row=row_axis, col=col_axis, loop=loop_axis,
         inner=inner, accumulators=accs,
         bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
         segments=segments, schedule=schedule,
@@ -447,6 +448,33 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
 
 
 EPILOGUE_CHUNK = 2048  # columns per epilogue step when the column carries no state
+
+
+def _named_apart(grid: tuple, row: Axis, col: Axis | None, loop: Axis, inner: tuple):
+    """The axes with distinct identifiers: a later axis whose variable shares its name
+    with an earlier, different variable (a derived program's ``c`` as a row and as a
+    contraction) is named ``c_2``, ... (the source names offsets ``offs_<name>``).
+
+    Before: row ``c`` (d_k's head dim), inner ``c`` (q . k)  ->  ``offs_c`` twice.
+    After:  row ``c``, inner ``c_2``."""
+    seen: dict[str, IndexVar] = {}
+
+    def apart(a: Axis | None) -> Axis | None:
+        if a is None:
+            return None
+        name, k = a.var.name, 2
+        if seen.get(name, a.var) is a.var:
+            seen[name] = a.var
+            return a
+        while f"{a.var.name}_{k}" in seen:
+            k += 1
+        name = f"{a.var.name}_{k}"
+        seen[name] = a.var
+        return replace(a, ident=name)
+    grid = tuple(apart(a) for a in grid)
+    row, loop = apart(row), apart(loop)
+    col = apart(col)
+    return grid, row, col, loop, tuple(apart(a) for a in inner)
 
 
 def _col_axis(col: IndexVar | None, accs, outs, schedule: Schedule,

@@ -73,10 +73,14 @@ class Axis:
     # the output-column axis tiled across programs (``Schedule.block_col``): each program
     # covers one tile of ``block_size`` columns, ``pid_col`` of the row x column grid
     programs: bool = False
+    # the identifier stem in the source when the variable's own name is taken by another
+    # axis of the kernel (two distinct index variables may share a name: a derived
+    # program's); None: the variable's name
+    ident: str | None = None
 
     @property
     def name(self) -> str:
-        return self.var.name
+        return self.ident or self.var.name
 
     @property
     def extent(self):

@@ -24,8 +24,8 @@ class BackwardKernels:
     """The compiled backward: one operator for ``d_q`` (rows of queries, a loop over the
     keys) and one for ``d_k, d_v`` (rows of keys, a loop over the queries), as
     FlashAttention-2 splits it; each is whatever plan ``nf.compile`` picks. (Compiled
-    together, the planner puts the three in one staged pass whose rows mix the query and
-    key axes; that kernel writes out of bounds for head dims below its tile.)"""
+    together, the planner puts the three in one staged pass whose key programs each copy
+    d_q again.)"""
 
     def __init__(self, dq, dkv) -> None:
         self.dq, self.dkv = dq, dkv
