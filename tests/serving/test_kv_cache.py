@@ -303,3 +303,31 @@ def test_buffers_alibi_slopes_and_attention_sinks():
         s = s.masked_fill(~((j <= pos) & ((j < 2) | (pos - j < 4))), -math.inf)
         want[b] = torch.softmax(s, -1) @ v[b, :, :m].double()
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_prepared_call_serves_every_step():
+    """nf.prepare_attention with kv_lens and block_table: the lengths and pages change
+    between calls (written into the same tensors, as a serving loop does) and every call
+    takes the prepared launches -- the same output tensor -- and is right for its step."""
+    cache = AttentionCache(store=False)
+    q, kp, vp, kl, table, keys, vals = _paged([5, 20], 4, 2, 1, 2, torch.float32, 11)
+    prepared = nf.prepare_attention(q, kp, vp, kv_lens=kl, block_table=table,
+                                    enable_gqa=True, mask_mod=ops.Causal(), cache=cache,
+                                    schedule=SPLIT)
+    for seed, lens in ((12, [17, 3]), (13, [32, 0])):
+        q2, kp2, vp2, kl2, table2, keys, vals = _paged(lens, 4, 2, 1, 2, torch.float32,
+                                                       seed)
+        q.copy_(q2)
+        kp.copy_(kp2)
+        vp.copy_(vp2)
+        kl.copy_(kl2)
+        table.copy_(table2)
+        out = prepared(q, kp, vp, kv_lens=kl, block_table=table)
+        assert out is prepared.output
+        want = _reference(q, keys, vals, lens, _Causal())
+        torch.testing.assert_close(out.double(), want, **_tol(torch.float32))
+
+
+class _Causal:
+    """The reference's view of a causal operator (no soft-cap, no ALiBi)."""
+    softcap, alibi, causal = None, False, True
