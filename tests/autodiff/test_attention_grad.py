@@ -250,3 +250,25 @@ def test_return_lse_with_grad_is_still_refused():
     with pytest.raises(nf.FeedError, match="requires grad"):
         nf.attention(q.requires_grad_(), k, v, return_lse=True,
                      cache=AttentionCache(store=False))
+
+
+@pytest.mark.parametrize("case", ["gqa", "alibi"])
+def test_a_compiled_training_step_through_the_op(case):
+    """torch.compile(fullgraph=True) of a loss over nf.attention, then backward: the
+    neptune_fusion::attention op's registered autograd runs the backward op (the forward
+    again with its lse, then the derived kernels); gradients against float64."""
+    hq, hkv, sm, mm, _ = CASES[case]
+    cache = AttentionCache(store=False)
+    q, k, v, slopes = _inputs(case, dtype=torch.float32, seed=9, n=8, m=8, d=KD)
+    got = [t.clone().requires_grad_() for t in (q, k, v)]
+    d_o = torch.randn(q.shape[0], hq, 8, KD, generator=torch.Generator().manual_seed(3))
+
+    def loss(q, k, v):
+        return (_attention(case, q, k, v, slopes, cache, 8) * d_o).sum()
+    torch._dynamo.reset()
+    torch.compile(loss, fullgraph=True, backend="aot_eager")(*got).backward()
+    want = [t.double().requires_grad_() for t in (q, k, v)]
+    (reference(*want, hq, hkv, sm, mm, slopes.double(), 0.7) * d_o.double()).sum().backward()
+    for name, g, w in zip("qkv", got, want):
+        torch.testing.assert_close(g.grad.double(), w.grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"d_{name}: {m}")

@@ -607,6 +607,22 @@ class _OpEntry:
                        kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
                        kw["schedule"], *self._kv(tensors))]
 
+    def backward(self, tensors, grad) -> list:
+        """``[dq, dk, dv]`` of the op's output for the cotangent ``grad``: the forward
+        again with its log-sum-exp, then the derived backward kernels (the
+        ``neptune_fusion::attention_backward`` op's real implementation)."""
+        import torch
+        kw = self.kw
+        if any(self.has):
+            raise FeedError("attention: no gradient with kv_lens or block_table (a serving "
+                            "cache); see docs/autodiff.md")
+        q, k, v = (t.detach().requires_grad_() for t in tensors[:3])
+        with torch.enable_grad():
+            o = _differentiable(q, k, v, kw["score_mod"], kw["mask_mod"], kw["scale"],
+                                kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
+                                kw["cache"], kw["schedule"])
+            return list(torch.autograd.grad(o, (q, k, v), grad))
+
     def fake(self, tensors) -> list:
         q, k, v = tensors[:3]
         lens, table = self._kv(tensors)

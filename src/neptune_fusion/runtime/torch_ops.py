@@ -200,4 +200,29 @@ def define_ops() -> None:
         def _(q, k, v, buffers, handle):
             return entry(handle).fake([q, k, v, *buffers])[0]
 
-        _DEFINED.extend([kernel_op, attention_op])
+        # the backward as an op too, so a compiled training step traces it (fake: the
+        # gradients' shapes) and runs the derived backward kernels (docs/autodiff.md)
+        @torch.library.custom_op(
+            "neptune_fusion::attention_backward", mutates_args=(),
+            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, Tensor grad, "
+                   "int handle) -> Tensor[]")
+        def attention_backward_op(q, k, v, buffers, grad, handle):
+            return entry(handle).backward([q, k, v, *buffers], grad)
+
+        @attention_backward_op.register_fake
+        def _(q, k, v, buffers, grad, handle):
+            return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+
+        def setup_context(ctx, inputs, output):
+            q, k, v, buffers, handle = inputs
+            ctx.save_for_backward(q, k, v, *buffers)
+            ctx.handle, ctx.buffers = handle, len(buffers)
+
+        def backward(ctx, grad):
+            q, k, v, *buffers = ctx.saved_tensors
+            dq, dk, dv = torch.ops.neptune_fusion.attention_backward(q, k, v, buffers,
+                                                                     grad, ctx.handle)
+            return dq, dk, dv, [None] * ctx.buffers, None
+
+        attention_op.register_autograd(backward, setup_context=setup_context)
+        _DEFINED.extend([kernel_op, attention_op, attention_backward_op])
