@@ -312,31 +312,37 @@ def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
     the general call."""
     from ..frontend.attention import attention
     from ..runtime.prepared import cheap_signature
-    causal, window, shift, padded, cap, sinks, scale, gqa = what
-    kw = dict(scale=scale, enable_gqa=gqa,
-              mask_mod=_mask_mod(causal, window, shift, padded)
-              if (causal or shift or padded) else None,
-              score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
-              q_offset="end" if kv_lens is None else None)
     if kv_lens is None or query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
-        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+                         **_keywords(what, kv_lens))
     tensors = (query, key, value, *(bufs or {}).values(), kv_lens)
     table = module.__dict__.setdefault("_nf_prepared", {})
     sig = (what, tuple(bufs or ()), cheap_signature(tensors))
     prepared = table.get(sig)
-    if prepared is None:
+    if prepared is None:   # the mods and keywords are built only here, once per signature
         from ..frontend.prepared import prepare_attention
         try:
             prepared = prepare_attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
-                                         **kw)
+                                         **_keywords(what, kv_lens))
         except FeedError:   # not preparable (a strided view): the general call, every time
             prepared = False
         if len(table) >= _PREPARED_PER_LAYER:
             table.pop(next(iter(table)))
         table[sig] = prepared
     if prepared is False:
-        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, **kw)
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+                         **_keywords(what, kv_lens))
     return prepared(query, key, value, bufs, kv_lens)
+
+
+def _keywords(what: tuple, kv_lens) -> dict:
+    """``nf.attention``'s keywords for a layer's ``what`` (see :func:`_attend`)."""
+    causal, window, shift, padded, cap, sinks, scale, gqa = what
+    return dict(scale=scale, enable_gqa=gqa,
+                mask_mod=_mask_mod(causal, window, shift, padded)
+                if (causal or shift or padded) else None,
+                score_mod=_score_mod(cap, sinks) if (cap is not None or sinks) else None,
+                q_offset="end" if kv_lens is None else None)
 
 
 def register() -> None:
