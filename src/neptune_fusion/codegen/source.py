@@ -35,7 +35,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
-from .triton_ops import ATOM, PROD_HELPERS, literal, tl_dtype
+from .triton_ops import ATOM, PROD_HELPERS, literal, tl_dtype, wrap
 
 
 @dataclass(frozen=True)
@@ -186,8 +186,11 @@ def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> 
         if prog.schedule.count_visits:   # a phase's one tile, as its loop would count it
             block.emit(f"tl.atomic_add(visits_ptr + (pid_row * tl.num_programs(1) + "
                        f"{'pid_grid' if prog.grid else '0'}) * 2 + {0 if guard else 1}, 1)")
+        # a value over fewer axes than its state (a count of the row's elements, the
+        # same for every row) is broadcast: both branches of `if D <= BLOCK_N` must give
+        # the state one shape (Triton's compiler checks it; the interpreter does not)
         block.emit(f"{', '.join(s.name for s, _ in body)} = "
-                   f"{', '.join(v.code for v in news)}")
+                   f"{', '.join(_as_state(prog, s, v) for (s, _), v in zip(body, news))}")
         into.extend(block)
     post = Block(into.names, into.level, parent=into)
     if outputs is prog.outputs:
@@ -382,6 +385,14 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
                       f"{'pid_grid' if prog.grid else '0'}) * 2 + {slot}, 1)")
         targets = ", ".join(s.name for s, _ in seg.body)
         body.emit(f"{targets} = {', '.join(v.code for v in news)}")
+
+
+def _as_state(prog: TileProgram, s, v: Val) -> str:
+    """``v``'s code, broadcast to state ``s``'s tile when it spans fewer of its axes."""
+    if set(s.roles) <= set(v.axes):
+        return v.code
+    shape = ", ".join(_block_of(prog, r) for r in s.roles)
+    return f"tl.full([{shape}], 0.0, tl.float32) + {wrap(v.code, v.prec, ATOM)}"
 
 
 def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:

@@ -73,6 +73,7 @@ class AutoKernel:
         # only when a shape class is not in the cache
         self._prog0 = None
         self._splittable: bool | None = None
+        self._library_ok: bool | None = None
         self._lock = threading.RLock()
         self.last_choice: Choice | None = None
 
@@ -180,6 +181,20 @@ class AutoKernel:
                 self._splittable = False
         return self._splittable
 
+    def _library(self, problem, device) -> list:
+        """The estimate of ``strategy="library"`` (a list of one) when the output is a
+        product the vendor library can run (fusion/library.py), else ``[]``."""
+        from dataclasses import replace
+
+        from ..fusion.library import library_form
+        from ..schedule.cost import library_estimate
+        if self._library_ok is None:
+            self._library_ok = library_form(list(self.outputs)) is not None
+        if not self._library_ok:
+            return []
+        s = replace(self.base, strategy="library", splits=1, block_col=0)
+        return [library_estimate(problem, s, device)]
+
     def _key(self, sizes: dict, device) -> dict:
         import torch
         import triton
@@ -214,13 +229,18 @@ class AutoKernel:
             problem = problem_of(self._program(), self.inputs, tensors, sizes,
                                  self._can_split())
             ranked = rank(problem, candidates(problem, device, self.base), device)
-            if not ranked:
+            library = self._library(problem, device)
+            if not ranked and not library:
                 raise CodegenError(f"{self.name}: no schedule of the search space fits "
                                    f"{device.name} for this shape")
             if tdev.type == "cuda":
-                choice = self._measure(ranked, tensors, sizes, key)
+                # the library form is another vehicle, not another tile: always measured,
+                # next to half as many fused tiles (each fused GEMM compiles for seconds)
+                fused = ranked[: max(1, self.top_k // 2)] if library else \
+                    ranked[: self.top_k]
+                choice = self._measure(fused + library, tensors, sizes, key)
             else:
-                choice = self._first_buildable(ranked, key)
+                choice = self._first_buildable(ranked + library, key)
             if self._store is not None:
                 self._store.put(key, {"schedule": choice.schedule.to_dict(),
                                       "source": choice.source,
@@ -278,11 +298,11 @@ class AutoKernel:
                 "schedule on the GPU (timing, synchronising), which cannot happen while a "
                 "CUDA graph is being captured; call it once before the capture (a warm-up "
                 "call), or pass an explicit schedule")
-        top = ranked[: self.top_k]
+        top = ranked
         t0 = time.perf_counter()
         with _progress(f"tuning {self.name}", len(top)) as step:
             trials = measure(self._kernel, top, tensors, inputs=self.inputs,
-                             outputs=self.outputs, sizes=sizes, top_k=self.top_k,
+                             outputs=self.outputs, sizes=sizes, top_k=len(top),
                              on_step=step)
         win = best(trials)
         if log_enabled(self._log):
@@ -322,9 +342,14 @@ class _progress:
 
     def __enter__(self):
         if sys.stdout.isatty() and sys.stderr.isatty():
+            from rich.errors import LiveError
             from rich.progress import Progress
-            self.bar = Progress(transient=True)
-            self.bar.start()
+            bar = Progress(transient=True)
+            try:   # a tuning nested in another's (a library schedule's operands): one bar
+                bar.start()
+            except LiveError:
+                return lambda trial: None
+            self.bar = bar
             task = self.bar.add_task(self.what, total=self.total)
             return lambda trial: self.bar.advance(task)
         return lambda trial: None

@@ -40,6 +40,7 @@ from ..schedule.schedule import Schedule, make_schedule
 from .spec import KernelSpec, ext_of, specs_of
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
+SPEED_RULES = ("exp2", "partition", "fast_tanh", "fp32_precision")
 _TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
 
 
@@ -92,6 +93,7 @@ class Builder:
         self.inputs = tuple(inputs)
         self.name = name
         self.single = single
+        self.store = store         # the schedule store (a library schedule's operands)
         self._specs_store = None
         if store is not None:
             from ..runtime.disk_cache import DiskCache
@@ -165,6 +167,8 @@ class Builder:
         """The :class:`Kernel` of ``schedule`` (checked), from stored specs if present."""
         from .kernel import Kernel
         schedule.check()
+        if schedule.strategy == "library":
+            return self._library(schedule)
         specs = self._stored(schedule)
         cached = specs is not None
         if specs is None:
@@ -176,6 +180,23 @@ class Builder:
             self.from_cache += 1
         return Kernel(self.outputs, self.inputs, specs, schedule, self.single,
                       lambda: self.lowered(schedule), from_cache=cached)
+
+    def _library(self, schedule: Schedule):
+        """The :class:`~.library.LibraryKernel` of ``schedule`` (strategy "library"):
+        its computed operands compiled with the schedule's speed rules, auto tiles."""
+        from ..fusion.library import library_form
+        from .library import LibraryKernel
+        form = library_form(list(self.outputs))
+        if form is None:
+            raise UnschedulableError(
+                f"{self.name}: strategy='library' needs an output that is a product of two "
+                "tensors over one axis (sum_c a[.., i, c] * b[.., c, o], one dtype); this "
+                "program's is not (fusion/library.py says what qualifies)")
+        rules = {k: getattr(schedule, k) for k in SPEED_RULES}
+
+        def operand(c, inputs, name):
+            return compile(c, inputs, name=name, cache=self.store or False, **rules)
+        return LibraryKernel(form, self.inputs, schedule, self.single, self.name, operand)
 
     def _stored(self, schedule: Schedule) -> tuple[KernelSpec, ...] | None:
         if self._specs_store is None:
@@ -259,6 +280,8 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     else:
         store = cache or None
     builder = Builder(outs, inputs, kname, single, store, fuse_all=require_single_pass)
+    if not auto and sched.strategy == "library":   # any plan: the product is cuBLAS's
+        return builder.build(sched)
     try:
         if require_single_pass:
             builder.check_single_pass()
@@ -269,6 +292,11 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
         if require_single_pass:
             raise UnschedulableError(f"{err}; require_single_pass=True refuses the "
                                      "multi-pass plan") from None
+        if auto and _has_library_form(outs):
+            # several passes whatever happens, and the last is a product: the operands
+            # come from our kernels and the product from the library (runtime/library.py)
+            from dataclasses import replace
+            return builder.build(replace(sched, strategy="library"))
         return _staged(builder, auto, sched, store, top_k, log)
     return _one(builder, auto, sched, store, top_k, log)
 
@@ -300,6 +328,11 @@ def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log)
         kernels.append(_one(b, auto, sched, store, top_k, log))
     return StagedKernel(whole.outputs, whole.inputs, staging, tuple(kernels), whole.single,
                         whole.name, lambda: whole.plan)
+
+
+def _has_library_form(outs) -> bool:
+    from ..fusion.library import library_form
+    return library_form(list(outs)) is not None
 
 
 def _identifier(name: str) -> str:

@@ -126,7 +126,8 @@ def entry(h: int):
 
 
 class KernelEntry:
-    """A compiled operator (``Kernel``, ``AutoKernel``, ``StagedKernel``) as an op entry:
+    """A compiled operator (``Kernel``, ``AutoKernel``, ``StagedKernel``,
+    ``LibraryKernel``) as an op entry:
     ``run`` is its eager call, ``fake`` allocates its outputs from the input shapes."""
 
     def __init__(self, kernel) -> None:
@@ -137,7 +138,7 @@ class KernelEntry:
         a trace were running)."""
         from .inputs import signature
         k, tensors = self.kernel, tuple(tensors)
-        if hasattr(k, "staging"):                     # StagedKernel
+        if hasattr(k, "run"):                         # StagedKernel, LibraryKernel
             return list(k.run(tensors))
         sig = signature(tensors)
         if hasattr(k, "specs"):                       # Kernel

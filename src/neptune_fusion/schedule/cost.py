@@ -306,3 +306,30 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     if r.regs > _reg_cap(s, device):
         t *= _SPILL
     return Estimate(s, t, r)
+
+
+# ------------------------------------------------ a contraction in the vendor library
+LIBRARY_EFFICIENCY = 0.95   # cuBLAS's share of the measured matmul ceiling at large tiles
+
+
+def library_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
+    """``strategy="library"``: the computed left operand written by one row pass (read
+    the rows, write the operand), then ``torch.matmul`` reading it and the right operand
+    once, at the library's share of the tensor-core rate (float32: TF32 at half the
+    16-bit rate, IEEE at the FMA rate), two launches. On a device that runs programs one
+    after another (the interpreter) it is priced last: there it is only the fallback."""
+    r = Resources(0, 0, 1)
+    if device.program_s:
+        return Estimate(s, float("inf") if not problem.contraction else 1e9, r)
+    rows, loop, col = max(problem.rows, 1), max(problem.loop, 1), max(problem.col, 1)
+    left = problem.programs * rows * loop * problem.itemsize
+    right = problem.programs * loop * col * problem.itemsize
+    out = problem.programs * rows * col * problem.itemsize
+    flops = 2.0 * problem.programs * rows * loop * col
+    if not problem.fp32:
+        rate = device.mma_flops
+    else:
+        rate = device.mma_flops / 2 if s.fp32_precision == "tf32" else device.fp32_flops
+    t = (3 * left + right + out) / device.bandwidth + \
+        flops / (rate * LIBRARY_EFFICIENCY) + 2 * device.launch_s
+    return Estimate(s, t, r)

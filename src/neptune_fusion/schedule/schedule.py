@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from ..errors import ScheduleError
 
 FP32_PRECISIONS = ("ieee", "tf32")
-STRATEGIES = ("rolling", "split")
+STRATEGIES = ("rolling", "split", "library")
 MAX_BLOCK = 1 << 20   # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL)
 # with block_col: row tiles that walk the column tiles together (the grid's L2 grouping)
 COL_GROUP = 8
@@ -44,7 +44,10 @@ class Schedule:
       ``"tf32"`` faster on tensor cores);
     * ``strategy``: ``"rolling"`` (one program walks the whole fused axis) or ``"split"``
       (split-k: ``splits`` programs each walk one chunk of it and write their partial state
-      to a float32 workspace; a second kernel merges the partials with the derived repairs);
+      to a float32 workspace; a second kernel merges the partials with the derived repairs)
+      or ``"library"`` (a contraction output run as ``torch.matmul``, its computed
+      operands materialised by our own kernels first: :mod:`..runtime.library`; the tile
+      fields do not apply);
     * ``block_col``: 0 (default) covers the output-column axis in one tile per program
       (attention's head dim); a power of two tiles it across programs instead, so the grid
       is row tiles x column tiles as a GEMM's (a norm followed by a matmul; each program
@@ -99,7 +102,7 @@ class Schedule:
         if bc and self.strategy != "rolling":
             raise ScheduleError(f"schedule: block_col={bc} (column tiles across programs) "
                                 "needs strategy='rolling'")
-        if self.strategy == "rolling" and self.splits != 1:
+        if self.strategy != "split" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
         for name in ("exp2", "partition", "fast_tanh", "count_visits"):
             if not isinstance(getattr(self, name), bool):
