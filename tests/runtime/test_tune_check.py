@@ -197,3 +197,48 @@ def test_the_tuners_check_accepts_a_kernel_and_catches_a_wrong_element(static):
     small = reference_sample([y], [x], feeds, seed=7, budget=3000)  # only a few elements
     assert small.skipped is None and small.grids[0][0].size < 29
     assert "reference check" in check_sample(got, small, ["float32"])
+
+
+def test_first_launches_pool_and_errors():
+    """Candidates' first launches in threads: each result lands under its schedule, a
+    build or launch failure is returned (not raised) for that candidate alone, and a
+    kernel without generated specs (a library schedule) is left to the caller."""
+    import threading
+
+    from neptune_fusion.runtime.tune import first_launches
+    from neptune_fusion.schedule.schedule import Schedule
+    seen = set()
+
+    class Fake:
+        specs = ("spec",)
+
+        def __init__(self, s):
+            self.s = s
+
+        def launch(self, *t):
+            seen.add(threading.get_ident())
+            if self.s.block_m == 32:
+                raise RuntimeError("out of resource: shared memory")
+            return type("R", (), {"outputs": [t[0] * self.s.block_m]})()
+
+    class Library:
+        def launch(self, *t):
+            raise AssertionError("not launched here")
+
+    scheds = [Schedule(block_m=m) for m in (16, 32, 64, 128)] + \
+        [Schedule(strategy="library")]
+
+    def build(s):
+        if s.block_m == 128 and s.strategy != "library":
+            raise nf.CodegenError("no kernel")
+        return Library() if s.strategy == "library" else Fake(s)
+    x = torch.ones(3)
+    got = first_launches(build, scheds, [x])
+    assert set(got) == set(scheds[:4])
+    kern, outs, secs = got[scheds[0]]
+    assert kern.s == scheds[0] and torch.equal(outs[0], x * 16) and secs >= 0
+    assert torch.equal(got[scheds[2]][1][0], x * 64)
+    assert isinstance(got[scheds[1]], RuntimeError)
+    assert isinstance(got[scheds[3]], nf.CodegenError)
+    assert threading.get_ident() not in seen           # pooled: launched in threads
+    assert first_launches(build, scheds[:1] + scheds[2:3], [x], threads=False) == {}
