@@ -15,7 +15,11 @@ Per program (one row block of one instance, or one split of it):
   the warps' threads; above 255 the compiler spills, which costs a large factor;
 * time: memory (every row block streams the loop axis; the decode floor) and tensor-core
   work, each at the share of the device the occupied programs get, divided by wave
-  efficiency, plus a per-iteration overhead, plus launches (and split-k's combine).
+  efficiency, plus a per-iteration overhead, plus launches (and split-k's combine);
+* a loop whose length is device data (``Problem.lengths``: a ragged or paged KV cache) is
+  priced at the worst case of its shape class: every instance at the capacity (the total
+  bytes' upper bound) plus the critical path of one instance at the capacity while the
+  others may be short, and each program's start (:func:`ragged_terms`).
 
 A row reduction (no ``tl.dot``: ``problem.contraction`` false) is priced by
 :func:`row_estimate`: its bytes read and written once -- plus, unless one tile covers the
