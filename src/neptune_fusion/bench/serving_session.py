@@ -33,8 +33,8 @@ from .timing import graph_timer, synchronize, wall_timer
 
 PROVIDERS = ("neptune", "neptune-split4", "flex", "sdpa-cudnn")
 # an explicit split-k schedule beside the auto-scheduler's choice: with mixed lengths the
-# longest sequence's programs set a rolling kernel's time, and the auto-scheduler offers
-# split-k only when the programs cannot fill the GPU (B = 64 fills it)
+# longest sequence's programs set a rolling kernel's time; the auto-scheduler prices that
+# (docs/scheduling.md, "Ragged decode"), and this column checks its choice
 SPLIT4 = dict(block_m=16, block_n=64, num_warps=4, num_stages=3, strategy="split", splits=4)
 
 

@@ -20,7 +20,7 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     row and loop tiles feed no ``tl.dot`` is a row reduction (``contraction`` false): the
     bytes of its inputs and outputs are what it reads and writes once, plus what it reads
     again when no tile covers the row (``reread_bytes``: a later phase, an epilogue that
-    loads).
+    loads). ``lengths``: :func:`data_lengths` (a ragged KV cache's batch).
     """
     from ..codegen.lower import dot_roles
     from ..codegen.visits import visited_fraction
@@ -58,4 +58,23 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
         tensor_bytes=sum(t.numel() * t.element_size() for t in tensors) + out_bytes,
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
                      for bm, bn in tile_shapes(rows)) if visits and contraction else (),
-        reread_bytes=0 if contraction else rereads * along)
+        reread_bytes=0 if contraction else rereads * along,
+        lengths=data_lengths(prog, sizes))
+
+
+def data_lengths(prog: TileProgram, sizes: dict) -> int:
+    """How many instances read their own loop bound from device data: the product of
+    the grid axes that a tensor load in a loop bound is indexed by (``kv_lens[b]``: B);
+    0 when no bound reads a tensor per instance (static lengths, or one value for all)."""
+    from ..ir.nodes import IndexVar, Load
+    from ..ir.traverse import walk
+    grid = {a.var: a for a in prog.grid}
+    axes = {}
+    for _, e in prog.bounds:
+        for x in walk(e):
+            if isinstance(x, Load):
+                for i in x.indices:
+                    for v in walk(i):
+                        if isinstance(v, IndexVar) and v in grid:
+                            axes[v] = grid[v]
+    return math.prod(extent_value(a.extent, sizes) for a in axes.values()) if axes else 0

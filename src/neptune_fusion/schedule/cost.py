@@ -15,7 +15,11 @@ Per program (one row block of one instance, or one split of it):
   the warps' threads; above 255 the compiler spills, which costs a large factor;
 * time: memory (every row block streams the loop axis; the decode floor) and tensor-core
   work, each at the share of the device the occupied programs get, divided by wave
-  efficiency, plus a per-iteration overhead, plus launches (and split-k's combine).
+  efficiency, plus a per-iteration overhead, plus launches (and split-k's combine);
+* a loop whose length is device data (``Problem.lengths``: a ragged or paged KV cache) is
+  priced at the worst case of its shape class: every instance at the capacity (the total
+  bytes' upper bound) plus the critical path of one instance at the capacity while the
+  others may be short, and each program's start (:func:`ragged_terms`).
 
 A row reduction (no ``tl.dot``: ``problem.contraction`` false) is priced by
 :func:`row_estimate`: its bytes read and written once -- plus, unless one tile covers the
@@ -39,6 +43,11 @@ from .space import Device, Problem, persistent
 
 _ITER_S = 4e-8        # fixed cost of one loop iteration of one program (issue, barriers)
 _SPILL = 3.0          # slowdown of a kernel whose registers spill
+# a ragged loop's per-program start, per program per multiprocessor: fitted to the
+# recorded split-count sweep of dense decode (DC-GQA at 16K keys on the H200, 128 / 264 /
+# 528 programs: 0.0274 / 0.0336 / 0.0463 ms, about 6 us per extra program per SM); only
+# the ragged terms use it (the dense model ranks those splits as fitted, model_fit.md)
+_START_S = 6e-6
 
 
 @dataclass(frozen=True)
@@ -141,9 +150,31 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     if splits > 1:              # the combine kernel: read every split's state, write out
         ws = splits * problem.programs * problem.rows * (problem.col + 2) * 4
         t += device.launch_s + ws / device.bandwidth
+    if problem.lengths:         # lengths are device data: the worst case of the class
+        t += ragged_terms(problem, per_prog_bytes, progs, device)
     if r.regs > 255:
         t *= _SPILL
     return Estimate(s, t, r)
+
+
+def ragged_terms(problem: Problem, per_prog_bytes: float, progs: int,
+                 device: Device) -> float:
+    """What a loop whose length is device data (:attr:`Problem.lengths`: ``kv_lens``)
+    adds to the estimate of every instance at the capacity (the total bytes' upper bound,
+    priced above), for the worst case its shape class allows (docs/scheduling.md,
+    "Ragged decode"):
+
+    * the critical path: one instance at the full capacity while the others may be short.
+      Its program streams its chunk of the capacity (``per_prog_bytes``: split-k divides
+      it by the split count) at one multiprocessor's share of the bandwidth, and may start
+      last (greedy list scheduling: makespan <= total / machines + the longest job).
+      Scaled by ``1 - 1/lengths``: with one instance every program sees the same length
+      and the capacity-wide estimate is already the worst case;
+    * each program's start (q tile, the pipeline's first loads, the partial state's
+      store), :data:`_START_S` per program per multiprocessor -- what keeps the split
+      count from growing without bound."""
+    tail = (1.0 - 1.0 / problem.lengths) * per_prog_bytes * device.sms / device.bandwidth
+    return tail + -(-progs // device.sms) * _START_S
 
 
 def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
@@ -152,12 +183,16 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     A row reduction's fastest persistent schedule goes first when it is within
     :data:`PERSISTENT_SLACK` of the fastest: what it saves (the loop, the carried state's
     repairs, the load latency of each tile) is below what the model resolves, and the
-    fastest looped schedule stays second, so a GPU measures both kinds. Column-tiled
+    fastest looped schedule stays second, so a GPU measures both kinds. A ragged loop
+    (:attr:`Problem.lengths`) ranks the fastest schedule of each split count first
+    (:func:`_splits_first`). Column-tiled
     (GEMM-like) schedules are ranked one per tile shape first (:func:`_shapes_first`)."""
     ests = [estimate(problem, s, device) for s in schedules]
     ranked = sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
     if ranked and ranked[0].schedule.block_col:
         return _shapes_first(ranked)
+    if problem.lengths and problem.contraction:
+        return _splits_first(ranked)
     if problem.contraction or not ranked:
         return ranked
     best = ranked[0].seconds
@@ -167,6 +202,19 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     return [pers] + [e for e in ranked if e is not pers]
 
 
+
+
+def _splits_first(ranked: list[Estimate]) -> list[Estimate]:
+    """The fastest estimate of each split count first (in order), then the rest: for a
+    ragged loop the split count is what the lengths at hand decide (the model prices the
+    worst case), so the few a GPU measures should differ in it."""
+    seen: set = set()
+    first, rest = [], []
+    for e in ranked:
+        k = e.schedule.splits if e.schedule.strategy == "split" else 1
+        (rest if k in seen else first).append(e)
+        seen.add(k)
+    return first + rest
 
 
 # ------------------------------------------------ column tiles across programs (GEMM-like)

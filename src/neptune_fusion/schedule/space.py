@@ -18,6 +18,9 @@ functions of them and testable without a GPU.
   per program from 1 up, the loop tile up to the whole row (a *persistent* reduction: one
   read, the loop runs once) within a register budget, 1-16 warps, and split-k across
   programs when rows are few and long.
+* A problem whose loop length is read from device data per instance (``kv_lens``: a
+  ragged or paged KV cache, :attr:`Problem.lengths`) gets split-k candidates next to
+  rolling whenever its capacity is long (:func:`wants_ragged_split`), whatever the batch.
 """
 
 from __future__ import annotations
@@ -88,7 +91,10 @@ class Problem:
     ``streamed`` is the bytes of the inputs indexed along the loop axis (k and v; 0: every
     program reads its own). ``splittable``: split-k is legal for the plan. ``visits``: per
     tile shape, the share of loop tiles the loop partition visits (causal masks, sliding
-    windows).
+    windows). ``lengths``: how many instances read their own loop length from device data
+    (``kv_lens[b]``: B); 0 when the loop bound is static. Then ``loop`` is the capacity,
+    an upper bound: any instance may stream all of it or none, and the lengths change
+    between calls without a new choice (docs/scheduling.md, "Ragged decode").
     """
 
     rows: int
@@ -109,6 +115,8 @@ class Problem:
     # bytes a row reduction reads again after its first loop -- a later phase, an
     # epilogue that loads (softmax's x) -- unless one tile covers the row (persistent)
     reread_bytes: int = 0
+    # instances whose loop bound is read from device data (kv_lens: B); 0: a static bound
+    lengths: int = 0
 
     def visited(self, block_m: int, block_n: int) -> float:
         """The share of loop tiles a schedule's programs visit (masks skip the rest);
@@ -135,6 +143,10 @@ ROLLING_N = (32, 64, 128)
 SPLIT_N = (64, 128, 256)
 WARPS = (4, 8)
 STAGES = (2, 3, 4)
+# a ragged loop (Problem.lengths) this long or longer (the capacity, in keys) gets split-k
+# candidates whatever the batch, with at least these split counts
+RAGGED_SPLIT_MIN = 4096
+RAGGED_SPLITS = (2, 4, 8)
 
 
 def tile_shapes(rows: int) -> tuple[tuple[int, int], ...]:
@@ -155,6 +167,15 @@ def wants_split(problem: Problem, device: Device) -> bool:
     blocks = -(-problem.rows // least) * problem.programs
     long = problem.loop > 64 if problem.contraction else problem.loop >= SPLIT_MIN_LOOP
     return problem.splittable and blocks < device.sms and long
+
+
+def wants_ragged_split(problem: Problem) -> bool:
+    """Split-k candidates next to rolling for a loop whose length is device data
+    (:attr:`Problem.lengths`) and whose capacity is at least :data:`RAGGED_SPLIT_MIN`: the
+    longest sequence's programs set a rolling kernel's time (a critical path the cost
+    model prices, :func:`~.cost.estimate`), however many programs the batch has."""
+    return problem.splittable and problem.contraction and problem.lengths > 0 \
+        and problem.loop >= RAGGED_SPLIT_MIN
 
 
 def split_counts(problem: Problem, device: Device, block_n: int,
@@ -179,23 +200,29 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
     {64, 128}, column tiles of {64, 128, 256} across programs (``block_col``), a loop step
     of {32, 64, 128}. Split-k (see :func:`wants_split`): BLOCK_M the rows rounded up to a
     power of two >= 16, BLOCK_N in {64, 128, 256}, 4 or 8 warps, 2-4 stages, and the split
-    counts of :func:`split_counts`.
+    counts of :func:`split_counts`. A ragged problem (:func:`wants_ragged_split`) gets
+    those split candidates, with at least the counts of :data:`RAGGED_SPLITS`, next to
+    the rolling ones.
     """
     base = base if base is not None else Schedule()
     base = replace(base, strategy="rolling", splits=1)
     if not problem.contraction:
         return row_candidates(problem, device, base)
     out: list[Schedule] = []
-    if wants_split(problem, device):
+    split, ragged = wants_split(problem, device), wants_ragged_split(problem)
+    if split or ragged:
         bm = next_pow2(problem.rows, 16)
         for bn in SPLIT_N:
-            for k in split_counts(problem, device, bn):
+            tiles = -(-problem.loop // bn)
+            extra = {min(k, tiles) for k in RAGGED_SPLITS} if ragged else set()
+            for k in sorted(set(split_counts(problem, device, bn)) | extra):
                 for w in WARPS:
                     for st in STAGES:
                         out.append(replace(base, block_m=bm, block_n=bn, num_warps=w,
                                            num_stages=st, strategy="split" if k > 1
                                            else "rolling", splits=k))
-        return sorted(set(out), key=_order)
+        if split:   # (ragged or not) the rolling kernel cannot fill the GPU anyway
+            return sorted(set(out), key=_order)
     rows_p2 = next_pow2(problem.rows, 16)
     ms = tuple(m for m in ROLLING_M if m <= rows_p2) or (rows_p2,)
     for bm in ms:
