@@ -336,3 +336,41 @@ def test_constant_keys_rebuild_equal_objects():
         back = torch_ops.from_key(torch_ops.constant_key(obj))
         assert back == obj and type(back) is type(obj)
     assert torch_ops.from_key(torch_ops.constant_key(cache)) is cache
+
+
+def test_compiled_decode_steps_run_a_bound_launch(rng):
+    """Decode inside a compiled graph: the op binds its launch once per input signature
+    (no call key or checks per step) and returns a copy; each step's output matches the
+    eager call and float64 as the key cache fills (a new length is a new signature), and
+    a kv_lens cache whose lengths change in place reuses one binding."""
+    from neptune_fusion.frontend.attention import _OpEntry
+    fn = torch.compile(_attend, fullgraph=True, backend="aot_eager")
+    outs = []
+    for m in (17, 18, 18):
+        q, k, v = _qkv(rng, n=1, m=m)
+        got = fn(q, k, v)
+        assert torch.equal(got, _attend(q, k, v))
+        assert rel(got, _ref(q, k, v)) < 1e-5
+        outs.append(got)
+    assert outs[1].data_ptr() != outs[2].data_ptr()   # a copy per call, never aliased
+    bound = [e for e in torch_ops._ENTRIES if isinstance(e, _OpEntry) and e._prepared]
+    assert bound and all(p is not False for e in bound for p in e._prepared.values())
+
+    def ragged(q, k, v, lens):
+        return nf.attention(q, k, v, enable_gqa=True, kv_lens=lens)
+    cfn = torch.compile(ragged, fullgraph=True, backend="aot_eager")
+    q, k, v = _qkv(rng, n=1, m=40)
+    lens = torch.tensor([40, 23], dtype=torch.int32)
+    before = sum(len(e._prepared) for e in torch_ops._ENTRIES if isinstance(e, _OpEntry))
+    for n in (23, 31, 1):
+        lens[1] = n
+        got = cfn(q, k, v, lens)
+        want = torch.cat([_attend_plain(q[b:b + 1], k[b:b + 1, :, :int(lens[b])],
+                                        v[b:b + 1, :, :int(lens[b])]) for b in range(2)])
+        assert rel(got, want) < 1e-5
+    after = sum(len(e._prepared) for e in torch_ops._ENTRIES if isinstance(e, _OpEntry))
+    assert after == before + 1
+
+
+def _attend_plain(q, k, v):
+    return reference(q, k, v, offset=k.shape[2] - q.shape[2])

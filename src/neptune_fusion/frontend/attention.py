@@ -582,6 +582,11 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
 
 
+OP_PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not bound
+OP_PREPARED_SIGNATURES = 64    # bound launches kept per call site (then all dropped)
+_OP_LOCK = threading.Lock()
+
+
 class _OpEntry:
     """The op entry of one call site's non-tensor arguments (see runtime/torch_ops.py):
     ``run`` is the eager :func:`attention`, ``fake`` its output from the shapes."""
@@ -593,6 +598,7 @@ class _OpEntry:
                        schedule=schedule)
         self.names = names
         self.has = has   # whether kv_lens, block_table follow the buffers
+        self._prepared: dict = {}   # input signature -> bound decode launch (or False)
 
     def _buffers(self, tensors):
         return None if self.names is None else dict(zip(self.names, tensors[3:]))
@@ -603,9 +609,54 @@ class _OpEntry:
 
     def run(self, tensors) -> list:
         kw = self.kw
+        if tensors[0].shape[2] <= OP_PREPARED_MAX_QUERIES:
+            got = self._prepared_run(tensors)
+            if got is not None:
+                return [got]
         return [_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
                        kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
                        kw["schedule"], *self._kv(tensors))]
+
+    def _prepared_run(self, tensors):
+        """A decode step inside a compiled graph: the call bound once per input signature
+        (as ``nf.prepare_attention`` binds it: no call key, checks or setup per call),
+        its output copied out (an op returns a tensor of its own). None where a bound
+        launch does not apply (the general path then runs and says what is wrong)."""
+        from ..runtime.prepared import PreparedLaunch, cheap_signature
+        sig = cheap_signature(tensors)
+        got = self._prepared.get(sig)
+        if got is None:
+            kw = self.kw
+            q = tensors[0]
+            try:
+                setup, ktens = _resolve(*tensors[:3], kw["score_mod"], kw["mask_mod"],
+                                        kw["scale"], kw["enable_gqa"], kw["q_offset"],
+                                        self._buffers(tensors), kw["cache"], kw["schedule"],
+                                        *self._kv(tensors))
+                if any(g.data_ptr() != t.data_ptr() for g, t in zip(tensors, ktens)):
+                    raise FeedError("strided input")
+                kern = setup.kernel
+                kern = kern.kernel_for(*ktens) if hasattr(kern, "kernel_for") else kern
+                launch = PreparedLaunch(kern, ktens, list(tensors))
+                got = (launch, setup.packed, q.shape, tensors[2].shape[3], setup.page_size)
+            except FeedError:
+                got = False
+            with _OP_LOCK:
+                if len(self._prepared) >= OP_PREPARED_SIGNATURES:
+                    self._prepared.clear()
+                self._prepared[sig] = got
+        if got is False:
+            return None
+        launch, packed, qshape, d, page_size = got
+        lens, table = self._kv(tensors)
+        if (lens is not None or table is not None) and kv.wants_values_checked(
+                tensors[0].device):   # as the general path checks them, every call
+            kv.check_values(tensors[1], lens, table, page_size)
+        outs = launch(list(tensors))
+        if outs is None:
+            return None
+        out = outs[0].reshape(qshape[0], qshape[1], 1, d) if packed else outs[0]
+        return out.clone()
 
     def backward(self, tensors, grad) -> list:
         """``[dq, dk, dv]`` of the op's output for the cotangent ``grad``: the forward
