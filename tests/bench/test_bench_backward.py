@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 
 from neptune_fusion.bench import backward_session, main
 from neptune_fusion.bench import reference as reference_module
@@ -196,6 +197,10 @@ def test_comparisons_targets_and_gpu_report(monkeypatch):
     assert "| PF-Causal | 32 | 1.000 | 2.000 | 1.200 (CUDNN_ATTENTION) | 2.00 | 1.20 |" in text
     assert "targets met: >= 1.0x FlexAttention 1/1" in text
     json.dumps(doc, allow_nan=False)
+    console = Console(record=True, width=160)
+    backward_session._print(console, doc)
+    shown = console.export_text()
+    assert "forward + backward (GPU time, ms" in shown and "2.00" in shown
 
 
 def test_cudnn_target_only_for_plain_causal_on_cudnn():
