@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import DerivativeError
-from ..ir.nodes import Cast, Compute, Load, Placeholder, Reduce, fresh_uid
+from ..ir.graph import tensors_in_order
+from ..ir.nodes import Cast, Compute, Expr, Load, Placeholder, Reduce, Tensor, fresh_uid
+from ..ir.traverse import rewrite, walk
 from .reverse import gradients
 from .softmax import lse_link, saved_output_rule, use_saved_lse
 
@@ -54,6 +56,52 @@ class AttentionBackward:
             else:
                 out.append(g)
         return out, group
+
+    def with_saved_delta(self, outputs: Sequence[Compute]) -> SavedDelta | None:
+        """FlashAttention-2's preprocessing pass: ``delta[r] = sum_e(d_o[r, e] o[r, e])``
+        as its own program, and ``outputs`` rewritten to read it as a placeholder
+        ``delta`` instead of ``o`` -- else the d_k, d_v kernel (a loop over query tiles per
+        key block) recomputes each query tile's delta, loading its ``o`` and ``d_o``
+        again, in every key block. None when there is no such compute (exactly one, a
+        sum reading ``d_o`` and ``o`` only) or something else reads ``o``."""
+        q, k, v, saved_o, d_o, lse, *bufs = self.inputs
+        order = tensors_in_order(list(outputs))
+        found = [t for t in order if isinstance(t, Compute) and isinstance(t.body, Reduce)
+                 and t.body.op == "sum" and _reads(t.body) == {saved_o, d_o}]
+        if len(found) != 1:
+            return None
+        delta = found[0]
+        ph = Placeholder("delta", delta.shape, delta.dtype, fresh_uid())
+        new: dict[Tensor, Tensor] = {delta: ph}
+
+        def put(e: Expr) -> Expr | None:
+            if isinstance(e, Load) and e.tensor in new:
+                return Load(new[e.tensor], e.indices)
+            return None
+        for t in order:
+            if isinstance(t, Compute) and t is not delta:
+                body = rewrite(t.body, put)
+                new[t] = t if body is t.body else Compute(t.name, t.shape, t.axes, body,
+                                                          fresh_uid())
+        outs = [new[o] for o in outputs]
+        if any(isinstance(t, Compute) and saved_o in _reads(t.body)
+               for t in tensors_in_order(outs)):
+            return None
+        return SavedDelta(delta, outs, (q, k, v, d_o, lse, ph, *bufs))
+
+
+@dataclass(frozen=True, eq=False)
+class SavedDelta:
+    """The gradient ``outputs`` reading ``delta`` (a program over ``o, d_o``) as an input:
+    ``inputs`` is ``q, k, v, d_o, lse, delta`` and the buffers."""
+
+    delta: Compute
+    outputs: list[Compute]
+    inputs: tuple[Placeholder, ...]
+
+
+def _reads(e: Expr) -> set[Tensor]:
+    return {n.tensor for n in walk(e) if isinstance(n, Load)}
 
 
 def attention_backward(outputs: Sequence[Compute], inputs: Sequence[Placeholder]

@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default benchmarks/results/<date>-<gpu>)")
+    p.add_argument("--backward", action="store_true",
+                   help="attention suite: time forward + backward (out.backward(dout)) of "
+                        "neptune-fusion, FlexAttention and SDPA, gradients gated against "
+                        "float64 autograd (default ops PF-Causal,PF-GQA,PF-SoftCap,"
+                        "PF-Window; seqs 4096,16384; providers flex,sdpa,neptune)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes on CPU under the Triton interpreter; no speed claims")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
@@ -116,6 +121,11 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
 
+    if args.backward:
+        if args.suite != "attention":
+            return _usage_error(console, print_usage,
+                                "--backward is a flag of the attention suite")
+        return run_backward(args, console, device, print_usage)
     if args.suite == "chains":
         return run_chains(args, console, device, print_usage)
     if args.suite == "serving":
@@ -205,6 +215,39 @@ def _run_session(args: argparse.Namespace, console, session, device, topic: str)
     out_dir = args.out or default_out_dir(now, device_name, topic)
     session.run(console, _progress(console), out_dir, now)
     return 0
+
+
+def run_backward(args: argparse.Namespace, console, device,
+                 print_usage: Callable[[], None]) -> int:
+    """``--backward``: forward + backward of the attention operators (docs/benchmarks.md)."""
+    import torch
+
+    from .backward import DEFAULT_SEQS as BACKWARD_SEQS
+    from .backward import PROVIDERS as BACKWARD_PROVIDERS
+    from .backward import SMOKE_SEQS as BACKWARD_SMOKE_SEQS
+    from .backward import select_operators as select_backward_operators
+    error = ""
+    providers = tuple(args.providers or BACKWARD_PROVIDERS)
+    unknown = sorted(set(providers) - set(BACKWARD_PROVIDERS))
+    if args.dtype not in (None, *DTYPES):
+        error = (f"--backward takes --dtype {' or '.join(DTYPES)}, not {args.dtype}")
+    elif unknown:
+        error = (f"unknown --backward provider(s) {', '.join(unknown)}; choose from "
+                 f"{', '.join(BACKWARD_PROVIDERS)}")
+    else:
+        try:
+            ops = select_backward_operators(args.ops)
+        except ValueError as exc:
+            error = str(exc)
+    if error:
+        return _usage_error(console, print_usage, error)
+    from .backward_session import BackwardSession
+    seqs = args.seqs or (BACKWARD_SMOKE_SEQS if args.cpu_smoke else BACKWARD_SEQS)
+    session = BackwardSession(ops=ops, seqs=seqs, providers=providers,
+                              dtype=getattr(torch, args.dtype or "float16"), device=device,
+                              smoke=args.cpu_smoke, warmup_ms=args.warmup_ms,
+                              rep_ms=args.rep_ms)
+    return _run_session(args, console, session, device, "backward")
 
 
 def run_serving(args: argparse.Namespace, console, device,

@@ -72,18 +72,34 @@ def reference_attention(op: OpSpec, q: torch.Tensor, k: torch.Tensor,
     heads = list(range(q_heads)) if heads is None else list(heads)
     out = torch.empty((batch, len(heads), q_len, head_dim), dtype=torch.float64,
                       device=q.device)
-    block = max(1, MAX_BLOCK_ELEMENTS // max(1, batch * seq))
+    block = row_block(batch, seq)
     for slot, h in enumerate(heads):
         kh = k[:, h // op.group].to(torch.float64)
         vh = v[:, h // op.group].to(torch.float64)
         for r0 in range(0, q_len, block):
             r1 = min(q_len, r0 + block)
-            s = (q[:, h, r0:r1].to(torch.float64) @ kh.transpose(-1, -2)) * op.scale
-            if op.softcap is not None:
-                s = op.softcap * torch.tanh(s / op.softcap)
-            bias = additive_bias(op, seq, dtype=torch.float64, device=q.device,
-                                 heads=slice(h, h + 1), rows=(r0, r1))
-            if bias is not None:
-                s = s + bias
-            out[:, slot, r0:r1] = torch.softmax(s, dim=-1) @ vh
+            out[:, slot, r0:r1] = block_attention(op, q[:, h, r0:r1].to(torch.float64), kh,
+                                                  vh, h, (r0, r1))
     return out
+
+
+def row_block(batch: int, seq: int) -> int:
+    """Query rows per block, so that a (batch, rows, seq) float64 score block stays within
+    :data:`MAX_BLOCK_ELEMENTS`."""
+    return max(1, MAX_BLOCK_ELEMENTS // max(1, batch * seq))
+
+
+def block_attention(op: OpSpec, qb: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor,
+                    h: int, rows: tuple[int, int]) -> torch.Tensor:
+    """Attention of query head ``h``'s rows ``[r0, r1)`` (``qb``: (B, r, D)) over one kv
+    head's ``kh``, ``vh`` ((B, S, D)), in their dtype (float64 for the references); plain
+    torch ops, so autograd differentiates it (the backward suite's reference)."""
+    seq = kh.shape[-2]
+    s = (qb @ kh.transpose(-1, -2)) * op.scale
+    if op.softcap is not None:
+        s = op.softcap * torch.tanh(s / op.softcap)
+    bias = additive_bias(op, seq, dtype=qb.dtype, device=qb.device, heads=slice(h, h + 1),
+                         rows=rows)
+    if bias is not None:
+        s = s + bias
+    return torch.softmax(s, dim=-1) @ vh

@@ -21,16 +21,24 @@ INF = float("inf")
 
 
 class BackwardKernels:
-    """The compiled backward: one operator for ``d_q`` (rows of queries, a loop over the
-    keys) and one for ``d_k, d_v`` (rows of keys, a loop over the queries), as
-    FlashAttention-2 splits it; each is whatever plan ``nf.compile`` picks. (Compiled
-    together, the planner puts the three in one staged pass whose key programs each copy
-    d_q again.)"""
+    """The compiled backward, as FlashAttention-2 splits it: ``delta = rowsum(d_o * o)``
+    once (its own operator), then one operator for ``d_q`` (rows of queries, a loop over
+    the keys) and one for ``d_k, d_v`` (rows of keys, a loop over the queries), both
+    reading ``delta``; each is whatever plan ``nf.compile`` picks. Called with
+    ``q, k, v, o, d_o, lse, *buffers``. (Compiled together, the planner puts the three in
+    one staged pass whose key programs each copy d_q again.) ``delta`` None: the
+    gradient programs compute it themselves (from ``o``; the d_k, d_v one per query tile
+    in every key block)."""
 
-    def __init__(self, dq, dkv) -> None:
-        self.dq, self.dkv = dq, dkv
+    def __init__(self, dq, dkv, delta=None) -> None:
+        self.dq, self.dkv, self.delta = dq, dkv, delta
 
-    def __call__(self, *tensors):
+    def __call__(self, q, k, v, o, d_o, lse, *bufs):
+        if self.delta is None:
+            tensors = (q, k, v, o, d_o, lse, *bufs)
+        else:
+            [delta] = self.delta(o, d_o)
+            tensors = (q, k, v, d_o, lse, delta, *bufs)
         [dq] = self.dq(*tensors)
         dk, dv = self.dkv(*tensors)
         return dq, dk, dv
@@ -42,10 +50,15 @@ def build_backward(kernel, store):
     from ..runtime.pipeline import compile as nf_compile
     bw = attention_backward(list(kernel.outputs), list(kernel.inputs))
     outs, group = bw.kernel_outputs()
-    ins = list(bw.inputs)
+    ins, delta = list(bw.inputs), None
+    saved = bw.with_saved_delta(outs)
+    if saved is not None:
+        outs, ins = saved.outputs, list(saved.inputs)
+        delta = nf_compile([saved.delta], [bw.inputs[3], bw.inputs[4]],
+                           name="attention_backward_delta", cache=store)
     return BackwardKernels(nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store),
                            nf_compile(outs[1:], ins, name="attention_backward_dkdv",
-                                      cache=store)), group
+                                      cache=store), delta), group
 
 
 def check_buffers(bufs: dict) -> None:

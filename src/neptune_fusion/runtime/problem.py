@@ -29,21 +29,22 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     from ..schedule.space import Problem, tile_shapes
     loop_ext = prog.loop.extent
     streamed = 0
-    sizes_of_streamed = []
+    sizes_of_streamed = []   # (bytes, element size) of each streamed input
     along = 0     # bytes of the inputs with a dimension of the loop axis's extent
     for p, t in zip(inputs, tensors):
         if any(d is loop_ext or (isinstance(d, int) and d == loop_ext) for d in p.shape):
             along += t.numel() * t.element_size()
         if any(d is loop_ext for d in p.shape):
             streamed += t.numel() * t.element_size()
-            sizes_of_streamed.append(t.element_size())
+            sizes_of_streamed.append((t.numel() * t.element_size(), t.element_size()))
     # what the kernel reads again after the first loop unless one tile covers the row
     loads_after = any(isinstance(x, Load) for o in prog.outputs for x in walk(o.body))
     rereads = prog.phases - 1 + int(loads_after)
-    # the element size of what the loop streams (k, v): a small float32 side buffer such
-    # as ALiBi slopes must not make fp16 attention look like fp32 to the model
-    itemsize = max(sizes_of_streamed or [t.element_size() for t in tensors
-                                         if t.is_floating_point()] or [2])
+    # the element size of what the loop streams most of (k, v): a small float32 side
+    # buffer such as ALiBi slopes, or a float32 row vector streamed beside fp16 tiles (the
+    # backward's log-sum-exp), must not make fp16 attention look like fp32 to the model
+    itemsize = max(sizes_of_streamed)[1] if sizes_of_streamed else max(
+        [t.element_size() for t in tensors if t.is_floating_point()] or [2])
     rows = extent_value(prog.row.extent, sizes)
     contraction = bool(dot_roles(prog) & {"row", "loop"})
     out_bytes = sum(math.prod(extent_value(d, sizes) for d in o.arg.tensor.shape)
@@ -51,7 +52,9 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     return Problem(
         rows=rows, loop=extent_value(loop_ext, sizes),
         programs=math.prod(extent_value(a.extent, sizes) for a in prog.grid),
-        inner=math.prod(extent_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
+        # several inner axes are several dots (the backward: q.k over c, d_o.v over e),
+        # each streaming its own tile: their widths add up
+        inner=sum(extent_value(a.extent, sizes) for a in prog.inner) if prog.inner else 1,
         col=extent_value(prog.col.extent, sizes) if prog.col is not None else 1,
         itemsize=itemsize, streamed=streamed if isinstance(loop_ext, Size) else 0,
         splittable=splittable, fp32=itemsize >= 4, contraction=contraction,

@@ -1,0 +1,75 @@
+"""The compiled backward of attention as the H200 would get it (docs/autodiff.md, "The
+generated kernels"): ``delta`` once, kernels that do not recompute it per tile, and a
+cost-model problem whose schedules fit the device.
+
+The kernels are built for CPU stand-ins (nothing runs); the schedule is ranked with the
+cost model's description of the H200, as the auto-scheduler does on that GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+from neptune_fusion.frontend.attention_grad import BackwardKernels, build_backward
+from neptune_fusion.ops import Causal, SoftCap
+from neptune_fusion.runtime.staged import StagedKernel
+from neptune_fusion.schedule import space
+from neptune_fusion.schedule.cost import rank
+from neptune_fusion.schedule.space import candidates
+
+S = 4096
+
+
+class _Forward:
+    """What :func:`build_backward` reads of a forward kernel: its definition."""
+
+    def __init__(self, head_dim: int, hq: int = 16, hkv: int = 16, score_mod=None) -> None:
+        spec = AttentionSpec(dtype="float16", q_heads=hq, kv_heads=hkv, head_dim=head_dim,
+                             v_head_dim=head_dim, scale=head_dim ** -0.5,
+                             score_mod=score_mod, mask_mod=Causal(), q_offset=0, lse=True)
+        self.outputs, self.inputs = attention_definition(spec)
+
+
+def _stand_ins(kernel) -> list[torch.Tensor]:
+    out = []
+    for p in kernel.inputs:
+        shape = [d if isinstance(d, int) else (1 if d.name == "B" else S) for d in p.shape]
+        row = torch.empty(shape[-1:], dtype=getattr(torch, p.dtype.name))
+        out.append(row.expand(shape))
+    return out
+
+
+def _h200_best(kernel):
+    problem, _, _ = kernel.space_for(*_stand_ins(kernel))
+    return problem, rank(problem, candidates(problem, space.H200, kernel.base), space.H200)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_delta_once_and_schedules_that_fit_an_h200(head_dim):
+    kernels, group = build_backward(_Forward(head_dim), False)
+    assert isinstance(kernels, BackwardKernels) and group == 1
+    assert [p.name for p in kernels.delta.inputs] == ["o", "d_o"]
+    for k in (kernels.dq, kernels.dkv):
+        # one fused loop each (no staged delta pass), reading delta, not o
+        assert not isinstance(k, StagedKernel)
+        assert [p.name for p in k.inputs] == ["q", "k", "v", "d_o", "lse", "delta"]
+        problem, ranked = _h200_best(k)
+        # the two score-side dots (q.k over c, d_o.v over e) stream a tile each: their
+        # widths add up (they were multiplied, 64 x 64: no schedule fitted shared memory)
+        assert problem.inner == 2 * head_dim and problem.col == head_dim
+        # fp16 tiles; the float32 lse and delta streamed beside them do not make it fp32
+        assert problem.itemsize == 2 and not problem.fp32
+        assert ranked and ranked[0].schedule.block_m >= 64
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        assert "o_ptr" not in src.replace("d_o_ptr", "")
+        # no reduction in the loop bodies but the dots: delta is loaded, not recomputed
+        assert "tl.sum(" not in src
+
+
+def test_gqa_and_softcap_backward_keep_delta_apart():
+    kernels, group = build_backward(_Forward(64, hq=8, hkv=2, score_mod=SoftCap(50.0)), False)
+    assert group == 4 and kernels.delta is not None
+    _, ranked = _h200_best(kernels.dkv)
+    assert ranked
