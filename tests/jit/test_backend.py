@@ -208,3 +208,38 @@ def test_log_and_registration(monkeypatch, capsys):
     assert "fused chain" in capsys.readouterr().err
     with pytest.raises(nf.NeptuneError, match="rest='bogus'"):
         nf.jit(lambda x: x, rest="bogus")
+
+
+def test_dynamic_shapes_fall_back_with_the_reason():
+    backend = nf.jit.Backend(rest="eager")
+    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend, dynamic=True)
+    x = _x()
+    with torch.no_grad():
+        assert torch.allclose(f(x), torch.softmax(x, -1))
+    assert not any(r.fused for r in backend.reports)
+    assert any("dynamic" in x.reason for r in backend.reports for x in r.left)
+
+
+def test_a_compiler_error_leaves_the_region_with_the_reason(monkeypatch):
+    from neptune_fusion.runtime import pipeline
+
+    def refuse(*a, **k):
+        raise nf.CodegenError("no schedule builds (test)")
+
+    monkeypatch.setattr(pipeline, "compile", refuse)
+    torch._dynamo.reset()
+    g, x = nf.jit(lambda x: torch.log_softmax(x, -1), rest="eager"), _x()
+    with torch.no_grad():
+        assert torch.allclose(g(x), torch.log_softmax(x, -1))
+        ex = g.explain(x)
+    assert not ex.fused
+    assert "the compiler refused it: CodegenError: no schedule builds" in str(ex)
+
+
+def test_docs_example_runs():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).parents[2] / "docs" / "jit.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        torch._dynamo.reset()
+        exec(compile(block, "jit.md", "exec"), {})

@@ -14,7 +14,6 @@ region in the graph with the reason in the report; the backend never raises for 
 from __future__ import annotations
 
 import sys
-from itertools import count
 
 import torch
 
@@ -35,6 +34,12 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
     chain that compiles becomes one kernel call; ``report`` gets each outcome."""
     from ..runtime.pipeline import compile as nf_compile
+    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+               and not all(isinstance(d, int) for d in getattr(n.meta.get("val"), "shape", ()))]
+    if dynamic:
+        report.left.append(Left((), f"symbolic (dynamic) shapes of {', '.join(dynamic)}: "
+                                "compile with dynamic=False (nf.jit's default)", rest))
+        return
     changed, seen = False, set()
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
@@ -80,8 +85,6 @@ class Backend:
     is ``Backend()``. ``reports`` collects a :class:`GraphReport` per compiled graph;
     ``log`` (default ``$NEPTUNE_FUSION_LOG``) prints each to stderr."""
 
-    _ids = count()
-
     def __init__(self, rest: str = "inductor", log: bool | None = None) -> None:
         if rest not in RESTS:
             from ..errors import NeptuneError
@@ -89,7 +92,6 @@ class Backend:
         self.rest = rest
         self.log = log
         self.reports: list[GraphReport] = []
-        self._id = next(self._ids)
 
     def __call__(self, gm, example_inputs):
         report = GraphReport(len(self.reports))
@@ -104,7 +106,7 @@ class Backend:
         swap_sdpa(gm)
 
         def forward(fx, inputs):
-            fuse(fx, inputs, report, self.rest, f"nf_jit{self._id}_g{report.index}")
+            fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
             self._log(report)
             return self._rest_forward(fx, inputs)
 

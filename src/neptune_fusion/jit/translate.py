@@ -40,10 +40,11 @@ def meta_of(node) -> tuple[tuple[int, ...], str]:
     val = node.meta.get("val") if hasattr(node, "meta") else None
     if val is None or not hasattr(val, "shape"):
         raise Refused(f"{node}: no tensor metadata")
-    try:
-        shape = tuple(int(n) for n in val.shape)
-    except TypeError:
-        raise Refused(f"{node}: symbolic (dynamic) shape {tuple(val.shape)}") from None
+    # no int() of a SymInt: that would guard on (specialise) the dynamic size
+    if not all(isinstance(n, int) for n in val.shape):
+        raise Refused(f"{node}: symbolic (dynamic) shape {tuple(val.shape)}; compile "
+                      "with dynamic=False (nf.jit's default)")
+    shape = tuple(val.shape)
     return shape, str(val.dtype).removeprefix("torch.")
 
 
