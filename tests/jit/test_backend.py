@@ -78,6 +78,7 @@ def _x(shape=X, mean=0.0):
 ], ids=["softmax", "log_softmax", "logsumexp", "var_mean", "std-axis0", "softmax-axis0"])
 def test_library_functions(fn):
     ex = _check(fn, (_x(),))
+    _check(fn, (_x(X[::-1]).t(),))   # a transposed input: copied to unit-stride rows
     assert "amax" in ex.fused[0].ops or "mean" in ex.fused[0].ops
 
 
@@ -243,3 +244,23 @@ def test_docs_example_runs():
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         torch._dynamo.reset()
         exec(compile(block, "jit.md", "exec"), {})
+
+
+def test_entry_point_lookup_in_a_fresh_process(tmp_path):
+    """With the entry point installed, torch finds the backend by name without an import
+    of ours first (and our import then does not register the name twice)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    dist = tmp_path / "nf_probe-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nf-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\nneptune_fusion = neptune_fusion.jit:neptune_fusion\n")
+    src = Path(nf.__file__).parents[1]
+    code = ("import torch._dynamo as d, neptune_fusion.jit as j; "
+            "assert d.lookup_backend('neptune_fusion') is j.neptune_fusion")
+    first = "import torch._dynamo as d; f = d.lookup_backend('neptune_fusion'); " + code
+    for prog in (first, code):
+        subprocess.run([sys.executable, "-c", prog], check=True, timeout=120,
+                       env={"PYTHONPATH": f"{tmp_path}:{src}", "PATH": "/usr/bin:/bin"})

@@ -28,9 +28,15 @@ __all__ = ["Backend", "Explanation", "Fused", "GraphReport", "Jit", "Left", "RES
 
 def register() -> None:
     """Register ``"neptune_fusion"`` with torch's backend registry (once)."""
+    from importlib.metadata import entry_points
+
     from torch._dynamo.backends import registry
-    if "neptune_fusion" not in registry._COMPILER_FNS:
+    if any(ep.name == "neptune_fusion" for ep in entry_points(group="torch_dynamo_backends")):
+        return   # torch loads it from the entry point, and refuses a name registered twice
+    try:
         registry.register_backend(neptune_fusion, name="neptune_fusion")
+    except AssertionError:   # "duplicate name": registered already (entry point, reload)
+        pass
 
 
 class Jit:
@@ -42,7 +48,7 @@ class Jit:
         self.fn = fn
         self.backend = Backend(rest, log)
         self.compiled = torch.compile(fn, backend=self.backend, dynamic=dynamic)
-        functools.update_wrapper(self, fn)
+        functools.update_wrapper(self, fn, updated=())   # name and doc, not __dict__
 
     def __call__(self, *args, **kwargs):
         return self.compiled(*args, **kwargs)

@@ -26,12 +26,20 @@ def replace_region(graph, region, inputs, casts, kernel) -> None:
             if n in casts:
                 n = graph.call_function(torch.ops.prims.convert_element_type.default,
                                         (n, getattr(torch, casts[n])))
+            elif _strided_rows(n):   # kernels read rows with unit stride
+                n = graph.call_function(torch.ops.aten.clone.default, (n,),
+                                        {"memory_format": torch.contiguous_format})
             args.append(n)
         call = graph.call_function(torch.ops.neptune_fusion.kernel.default, (args, h))
         gets = [graph.call_function(operator.getitem, (call, k))
                 for k in range(len(region.outputs))]
     for out, got in zip(region.outputs, gets):
         out.replace_all_uses_with(got)
+
+
+def _strided_rows(node) -> bool:
+    v = node.meta.get("val")
+    return v is not None and v.dim() > 0 and v.shape[-1] > 1 and v.stride(-1) != 1
 
 
 def finish(gm, example_inputs) -> None:
