@@ -93,7 +93,7 @@ def swap_sdpa(gm) -> None:
 def decompositions() -> dict:
     """The table handed to AOTAutograd."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten.logsumexp,
-                                aten._safe_softmax])
+                                aten._safe_softmax, aten.linalg_vector_norm])
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
     table[aten.std.correction] = _std

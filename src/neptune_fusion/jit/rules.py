@@ -90,6 +90,19 @@ def _pow(tr, node, out):
     return lambda idx: _at(tr, node.args[0], idx, out) ** node.args[1]
 
 
+def _clamp(tr, node, out):
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if node.target is aten.clamp_max.default:
+        lo, hi = None, node.args[1]
+
+    def load(idx):
+        x = _at(tr, node.args[0], idx, out)
+        x = x if lo is None else nf.maximum(x, lo)
+        return x if hi is None else nf.minimum(x, hi)
+    return load
+
+
 def _where(tr, node, out):
     return lambda idx: nf.where(*(_at(tr, a, idx, out) for a in node.args[:3]))
 
@@ -265,6 +278,8 @@ def _table() -> dict:
     for op in (aten.pow.Tensor_Scalar,):
         t[op] = Rule("elementwise", _pow)
     t[aten.where.self] = Rule("elementwise", _where)
+    for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        t[op] = Rule("elementwise", _clamp)
     for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
         t[op] = Rule("elementwise", _masked_fill)
     for op in (aten._to_copy.default, prims.convert_element_type.default,
