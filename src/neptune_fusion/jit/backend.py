@@ -14,6 +14,7 @@ region in the graph with the reason in the report; the backend never raises for 
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
@@ -52,6 +53,7 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         inputs = []
         for n in region.nodes:
             inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
+        start = time.perf_counter()
         try:
             if depends_on_itself(region):
                 raise Refused("an input of the region is computed from its own result "
@@ -74,7 +76,8 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         replace_region(gm.graph, region, inputs, casts, kernel)
         report.fused.append(Fused(f"{prefix}_{k}", tuple(region.ops),
                                   tuple(n.name for n in inputs),
-                                  tuple(n.name for n in region.outputs), plan, kernel))
+                                  tuple(n.name for n in region.outputs), plan, kernel,
+                                  time.perf_counter() - start))
         changed = True
     if changed:
         finish(gm, example_inputs)

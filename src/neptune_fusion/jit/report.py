@@ -15,10 +15,12 @@ class Fused:
     outputs: tuple[str, ...]
     plan: str
     kernel: object = field(repr=False, compare=False)
+    seconds: float = 0.0   # translation, nf.compile and the trial call
 
     def __str__(self) -> str:
         plan = "\n".join("    " + line for line in self.plan.splitlines())
         return (f"fused chain {self.name}: {', '.join(self.ops)}\n"
+                f"  compiled in {self.seconds:.2f} s (with one trial call)\n"
                 f"  inputs {', '.join(self.inputs)} -> outputs {', '.join(self.outputs)}\n"
                 f"  plan:\n{plan}")
 
