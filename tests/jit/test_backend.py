@@ -129,10 +129,17 @@ def test_sdpa_causal_and_bool_mask_input():
     _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
            (q, k, v))
     mask = torch.rand(7, 7) > 0.3
-    mask[:, 0] = True   # no empty row (a plain softmax gives NaN there, docs/jit.md)
+    mask[:, 0], mask[2] = True, False   # row 2 sees no key: 0, as SDPA gives
     ex = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
-                (q, k, v, mask))
+                (q, k, v, mask), ref64=_sdpa_math)
     assert "arg3_1" in ex.fused[0].inputs
+
+
+def _sdpa_math(q, k, v, m):
+    """SDPA's semantics in float64 (the math backend: empty rows give 0)."""
+    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~m, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
 
 
 def test_causal_masked_fill_fp16():

@@ -69,10 +69,14 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
         keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool,
                           device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
-    if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-            else s + attn_mask
-    return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    if attn_mask is None:
+        return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+        else s + attn_mask
+    out = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    # a row whose every key is masked gives 0, as SDPA does (the softmax alone: NaN)
+    empty = s.amax(dim=-1, keepdim=True) == float("-inf")
+    return out.masked_fill(empty, 0.0)
 
 
 def swap_sdpa(gm) -> None:
