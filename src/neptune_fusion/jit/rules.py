@@ -242,7 +242,8 @@ def _reduction(op: str, mean: bool = False):
     return fn
 
 
-def _contract(tr, a, b, batched: bool):
+def _contract(tr, a, b):
+    """``a @ b`` over the last axis of ``a`` (leading axes: batch)."""
     a, b = tr.arg(a), tr.arg(b)
     c = tr.reduce_axis(a.shape[-1], f"c{len(tr.vals)}")
 
@@ -253,13 +254,13 @@ def _contract(tr, a, b, batched: bool):
 
 
 def _mm(tr, node, out):
-    return _contract(tr, node.args[0], node.args[1], False)
+    return _contract(tr, node.args[0], node.args[1])
 
 
 def _addmm(tr, node, out):
     bias, a, b = node.args[:3]
     beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
-    mm = _contract(tr, a, b, False)
+    mm = _contract(tr, a, b)
 
     def load(idx):
         return _at(tr, bias, idx, out) * beta + mm(idx) * alpha
