@@ -71,8 +71,8 @@ _LAZY = {
 
 def __getattr__(name: str):
     import importlib
-    if name == "ops":
-        return importlib.import_module(".ops", __name__)
+    if name in ("ops", "jit"):   # jit: the torch.compile backend, callable (docs/jit.md)
+        return importlib.import_module(f".{name}", __name__)
     where = _LAZY.get(name)
     if where is not None:
         return getattr(importlib.import_module(f".{where}", __name__), name)
@@ -84,7 +84,7 @@ __all__ = [
     "FusionPlan", "FusedGroup", "Member", "Unfused",
     "compile", "Kernel", "AutoKernel", "StagedKernel", "DiskCache", "attention", "AttentionCache",
     "prepare_attention", "PreparedAttention", "gradients",
-    "Schedule", "ops",
+    "Schedule", "ops", "jit",
     "merge_partials", "Partial",
     "placeholder", "compute", "reduce_axis", "size", "sizes",
     "sum", "max", "min", "prod",

@@ -38,7 +38,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Read only when `NEPTUNE_FUSION_CACHE_DIR` is empty: the cache root's parent."),
     Setting("NEPTUNE_FUSION_LOG", "0",
             "`1`: print to stderr how each shape class got its schedule (cache hit, cost "
-            "model, measured candidates with their times). `nf.compile(log=...)` overrides."),
+            "model, measured candidates with their times), and what the torch.compile "
+            "backend fused in each graph ([jit.md](jit.md)). `nf.compile(log=...)` and "
+            "`nf.jit(log=...)` override."),
     Setting("NEPTUNE_FUSION_DUMP", "",
             "Comma-separated stage names (or `all`): print the IR after each named stage "
             "to stderr. Stages: `canon`, `normalize`, `graph`, `plan`, `lower`, `exp2`, "

@@ -1,0 +1,82 @@
+"""``torch.compile(fn, backend="neptune_fusion")`` and ``nf.jit(fn)``: plain PyTorch in,
+its reduction chains fused (docs/jit.md).
+
+The backend finds the connected parts of the ATen graph built of reductions, matmuls and
+elementwise ops that hold a *dependent* chain (a reduction reading another's final
+value: softmax, log-sum-exp, variance, a norm before a matmul, attention), translates
+each into the IR, compiles it with ``nf.compile`` and calls it as the
+``neptune_fusion::kernel`` op; the rest of the graph goes to Inductor (or runs eagerly
+with ``rest="eager"``). ``nf.jit(fn).explain(*args)`` says what was fused and why the
+rest was not.
+
+Importing this module registers the backend name with torch (the package's entry point
+``torch_dynamo_backends`` does it for an installed package without any import).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+
+from .backend import RESTS, Backend, neptune_fusion
+from .report import Explanation, Fused, GraphReport, Left
+
+__all__ = ["Backend", "Explanation", "Fused", "GraphReport", "Jit", "Left", "RESTS",
+           "jit", "neptune_fusion", "register"]
+
+
+def register() -> None:
+    """Register ``"neptune_fusion"`` with torch's backend registry (once)."""
+    from importlib.metadata import entry_points
+
+    from torch._dynamo.backends import registry
+    if any(ep.name == "neptune_fusion" for ep in entry_points(group="torch_dynamo_backends")):
+        return   # torch loads it from the entry point, and refuses a name registered twice
+    try:
+        registry.register_backend(neptune_fusion, name="neptune_fusion")
+    except AssertionError:   # "duplicate name": registered already (entry point, reload)
+        pass
+
+
+class Jit:
+    """``fn`` compiled by the backend (see :func:`jit`)."""
+
+    def __init__(self, fn, rest: str = "inductor", dynamic: bool = False,
+                 log: bool | None = None) -> None:
+        import torch
+        self.fn = fn
+        self.backend = Backend(rest, log)
+        self.compiled = torch.compile(fn, backend=self.backend, dynamic=dynamic)
+        functools.update_wrapper(self, fn, updated=())   # name and doc, not __dict__
+
+    def __call__(self, *args, **kwargs):
+        return self.compiled(*args, **kwargs)
+
+    def explain(self, *args, **kwargs) -> Explanation:
+        """Call ``fn`` on ``args`` (compiling it for them if not yet) and return what
+        the backend made of every graph so far: each fused chain with its plan, and each
+        part left out with the reason (``print`` it)."""
+        self(*args, **kwargs)
+        return Explanation(list(self.backend.reports))
+
+
+def jit(fn=None, *, rest: str = "inductor", dynamic: bool = False, log: bool | None = None):
+    """``torch.compile(fn, backend="neptune_fusion")`` with static shapes, returning a
+    callable with ``.explain(*args)``. ``rest``: ``"inductor"`` (default) or ``"eager"``
+    for what is not fused. Usable as ``@nf.jit`` or ``@nf.jit(rest="eager")``."""
+    if fn is None:
+        return functools.partial(jit, rest=rest, dynamic=dynamic, log=log)
+    return Jit(fn, rest=rest, dynamic=dynamic, log=log)
+
+
+class _CallableModule(types.ModuleType):
+    """``nf.jit`` is this package (importing ``neptune_fusion.jit`` binds the name to
+    it), so the package is callable: ``nf.jit(fn)`` is :func:`jit`."""
+
+    def __call__(self, fn=None, **kwargs):
+        return jit(fn, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+register()

@@ -1,0 +1,147 @@
+"""The torch.compile backend: capture, fuse the chains, hand the rest on.
+
+    Dynamo FX graph --AOTAutograd (decomp.py's table, inference)--> ATen graph
+      --partition.regions--> regions --translate--> nf program --has_chain?-->
+      nf.compile + one trial call --> the region replaced by neptune_fusion::kernel
+      --> the rewritten graph to Inductor (compile_fx_inner) or run eagerly
+
+A graph that needs a backward (grad enabled and an input requiring grad) goes to the rest
+whole, untouched: the traced kernel op has no backward yet. Any failure of a region --
+no rule, a refused translation, a compiler error, a failed trial call -- leaves that
+region in the graph with the reason in the report; the backend never raises for it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from .. import settings
+from .decomp import decompositions, swap_sdpa
+from .partition import boundaries, depends_on_itself, has_chain, regions
+from .report import Fused, GraphReport, Left
+from .rewrite import finish, replace_region, trial
+from .rules import RULES
+from .translate import translate_region
+from .views import Refused
+
+RESTS = ("inductor", "eager")
+_CHAIN_KINDS = {"reduction", "contraction"}
+
+
+def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> None:
+    """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
+    chain that compiles becomes one kernel call; ``report`` gets each outcome."""
+    from ..runtime.pipeline import compile as nf_compile
+    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
+               and not all(isinstance(d, int) for d in getattr(n.meta.get("val"), "shape", ()))]
+    if dynamic:
+        report.left.append(Left((), f"symbolic (dynamic) shapes of {', '.join(dynamic)}: "
+                                "compile with dynamic=False (nf.jit's default)", rest))
+        return
+    changed, seen = False, set()
+    for k, region in enumerate(regions(gm.graph)):
+        if not region.kinds() & _CHAIN_KINDS or not region.outputs:
+            continue
+        for node, why in boundaries(region):
+            if node.name not in seen:
+                seen.add(node.name)
+                report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
+        inside = set(region.nodes)
+        inputs = []
+        for n in region.nodes:
+            inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
+        start = time.perf_counter()
+        try:
+            if depends_on_itself(region):
+                raise Refused("an input of the region is computed from its own result "
+                              "through ops outside it")
+            outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs)
+            if not has_chain(outs):
+                raise Refused("no dependent reduction chain (a lone reduction or matmul "
+                              "is Inductor's job)")
+            kernel = nf_compile(outs, phs, name=f"{prefix}_{k}")
+            trial(kernel, inputs, casts)   # compile errors surface here, not in a graph run
+            plan = str(kernel.plan)
+        except Refused as err:
+            report.left.append(Left(tuple(region.ops), str(err), rest))
+            continue
+        except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
+            report.left.append(Left(tuple(region.ops),
+                                    f"the compiler refused it: {type(err).__name__}: {err}",
+                                    rest))
+            continue
+        replace_region(gm.graph, region, inputs, casts, kernel)
+        report.fused.append(Fused(f"{prefix}_{k}", tuple(region.ops),
+                                  tuple(n.name for n in inputs),
+                                  tuple(n.name for n in region.outputs), plan, kernel,
+                                  time.perf_counter() - start))
+        changed = True
+    if changed:
+        finish(gm, example_inputs)
+
+
+class Backend:
+    """``torch.compile(fn, backend=Backend(rest="eager"))``; ``backend="neptune_fusion"``
+    is ``Backend()``. ``reports`` collects a :class:`GraphReport` per compiled graph;
+    ``log`` (default ``$NEPTUNE_FUSION_LOG``) prints each to stderr."""
+
+    def __init__(self, rest: str = "inductor", log: bool | None = None) -> None:
+        if rest not in RESTS:
+            from ..errors import NeptuneError
+            raise NeptuneError(f"rest={rest!r}: choose one of {', '.join(RESTS)}")
+        self.rest = rest
+        self.log = log
+        self.reports: list[GraphReport] = []
+
+    def __call__(self, gm, example_inputs):
+        report = GraphReport(len(self.reports))
+        self.reports.append(report)
+        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
+                                           for t in example_inputs):
+            report.left.append(Left((), "needs a backward (an input requires grad): "
+                                    "training graphs are not fused yet", self.rest))
+            self._log(report)
+            return self._rest_whole(gm, example_inputs)
+        from torch._dynamo.backends.common import aot_autograd
+        swap_sdpa(gm)
+
+        def forward(fx, inputs):
+            fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
+            self._log(report)
+            return self._rest_forward(fx, inputs)
+
+        return aot_autograd(fw_compiler=forward, decompositions=self._decompositions())(
+            gm, example_inputs)
+
+    def _decompositions(self) -> dict:
+        """Ours, over Inductor's own when Inductor gets the rest (it refuses a graph that
+        still holds ops it decomposes itself)."""
+        if self.rest == "eager":
+            return decompositions()
+        from torch._inductor.decomposition import select_decomp_table
+        return {**select_decomp_table(), **decompositions()}
+
+    def _log(self, report: GraphReport) -> None:
+        if settings.log_enabled(self.log):
+            print(f"[neptune-fusion jit] {report}", file=sys.stderr)
+
+    def _rest_whole(self, gm, example_inputs):
+        if self.rest == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+        return compile_fx(gm, example_inputs)
+
+    def _rest_forward(self, gm, example_inputs):
+        if self.rest == "eager":
+            from torch._functorch.aot_autograd import make_boxed_func
+            return make_boxed_func(gm.forward)
+        from torch._inductor.compile_fx import compile_fx_inner
+        return compile_fx_inner(gm, example_inputs)
+
+
+def neptune_fusion(gm, example_inputs):
+    """The registered backend (``torch.compile(fn, backend="neptune_fusion")``)."""
+    return Backend()(gm, example_inputs)

@@ -1,0 +1,106 @@
+"""The decomposition table: which composite ops reach the rule table as primitives.
+
+Translating primitives (``amax``, ``sub``, ``exp``, ``sum``, ``div``, ``bmm``) rather than
+``aten._softmax`` as one node means any chain built of them is translated, whoever wrote
+it. torch's own decompositions give softmax, log-softmax and log-sum-exp in that form;
+variance, layer norm and ``scaled_dot_product_attention`` get small ones here, because
+torch's go through ``prims.var`` (one node for a two-reduction chain) or pick a fused
+attention kernel per device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import get_decompositions
+
+aten = torch.ops.aten
+
+
+def _dims(x, dim):
+    if dim is None:
+        return list(range(x.dim()))
+    return [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    dims = _dims(x, dim)
+    n = math.prod(x.shape[d] for d in dims)
+    mean = x.mean(dims, keepdim=True)
+    dev = x - mean
+    var = (dev * dev).sum(dims, keepdim=keepdim) / max(0, n - (1 if correction is None
+                                                              else correction))
+    return var, (mean if keepdim else mean.squeeze(dims))
+
+
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def _std(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _layer_norm(x, normalized_shape, weight, bias, eps):
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    var, mean = _var_mean(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x,
+                          dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean, rstd
+
+
+def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    if dropout_p:
+        return NotImplemented
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(g, dim=-3)
+        v = v.repeat_interleave(g, dim=-3)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool,
+                          device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is None:
+        return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+        else s + attn_mask
+    out = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    # a row whose every key is masked gives 0, as SDPA does (the softmax alone: NaN)
+    empty = s.amax(dim=-1, keepdim=True) == float("-inf")
+    return out.masked_fill(empty, 0.0)
+
+
+def swap_sdpa(gm) -> None:
+    """Replace ``scaled_dot_product_attention`` in a Dynamo graph by :func:`_sdpa` (its
+    math: matmul, mask, softmax, matmul), before AOTAutograd picks a fused attention
+    kernel per device that no decomposition opens. Calls with dropout stay."""
+    import torch.nn.functional as F
+    targets = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in targets and \
+                not node.kwargs.get("dropout_p") and not (len(node.args) > 4 and node.args[4]):
+            node.target, changed = _sdpa, True
+    if changed:
+        gm.recompile()
+
+
+def decompositions() -> dict:
+    """The table handed to AOTAutograd."""
+    table = get_decompositions([aten._softmax, aten._log_softmax, aten.logsumexp,
+                                aten._safe_softmax, aten.linalg_vector_norm])
+    table[aten.var.correction] = _var
+    table[aten.var_mean.correction] = _var_mean
+    table[aten.std.correction] = _std
+    table[aten.native_layer_norm.default] = _layer_norm
+    table[aten.scaled_dot_product_attention.default] = _sdpa
+    return table

@@ -1,0 +1,190 @@
+"""Finding the regions of an ATen graph worth translating.
+
+1. A node is *fusible* when the rule table has its op (and the rule's check passes) and
+   its shape is static.
+2. Fusible nodes that feed each other form connected regions, except across the output
+   of ``mm``/``addmm``: a 2-d matmul's result always leaves its region (a Linear layer's
+   output is the input of the next chain, never recomputed inside it; ``bmm`` -- batched
+   attention scores -- stays inside, so attention fuses whole).
+3. Each region's *outputs* are its nodes read outside it, except nodes computed only from
+   constants and views (masks built with ``arange``/``tril``, a transposed weight): those
+   stay in the graph as they are.
+
+Whether a region holds a dependent chain is decided on its translation
+(:func:`has_chain`), with the compiler's own reduction graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..analysis.chains import reduction_graph, same_extents
+from .rules import RULES
+from .translate import meta_of
+from .views import Refused
+
+aten = torch.ops.aten
+_LEAVES_REGION = (aten.mm.default, aten.addmm.default)
+
+
+@dataclass
+class Region:
+    """A connected set of fusible nodes (graph order), its inputs and its outputs."""
+
+    nodes: list
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[str]:
+        return [_op_name(n) for n in self.nodes]
+
+    def kinds(self) -> set[str]:
+        return {RULES[n.target].kind for n in self.nodes}
+
+
+def _op_name(node) -> str:
+    return getattr(node.target, "__name__", str(node.target)).split(".")[0]
+
+
+def why_not_fusible(node) -> str | None:
+    """None if ``node`` can be part of a region, else the reason."""
+    if node.op != "call_function":
+        return "not an op"
+    rule = RULES.get(node.target)
+    if rule is None:
+        return f"{_op_name(node)} has no translation rule"
+    if rule.check is not None:
+        why = rule.check(node)
+        if why:
+            return why
+    try:
+        meta_of(node)
+    except Refused as err:
+        return str(err)
+    return None
+
+
+def regions(graph) -> list[Region]:
+    """The regions of ``graph`` in graph order (see the module docstring)."""
+    nodes = [n for n in graph.nodes if why_not_fusible(n) is None]
+    fusible = set(nodes)
+    parent = {n: n for n in nodes}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in fusible and a.target not in _LEAVES_REGION:
+                parent[find(a)] = find(n)
+    groups: dict = {}
+    for n in nodes:
+        groups.setdefault(find(n), []).append(n)
+    return [_region(part) for members in groups.values() for part in _acyclic(members)]
+
+
+def _region(members) -> Region:
+    inside = set(members)
+    region = Region(members)
+    for n in members:
+        for a in n.all_input_nodes:
+            if a not in inside and a not in region.inputs:
+                region.inputs.append(a)
+    cheap = _cheap(members, inside)
+    region.outputs = [n for n in members if n not in cheap
+                      and any(u not in inside or n.target in _LEAVES_REGION
+                              for u in n.users)]
+    return region
+
+
+def _acyclic(members) -> list[list]:
+    """``members`` cut where an outside op reads the region and feeds it again (a gelu
+    between a norm and the matmul after it): the nodes downstream of such an input go to
+    a later part, so each part runs as one call."""
+    inside = set(members)
+    bad = [a for n in members for a in n.all_input_nodes
+           if a not in inside and _reaches(a, inside)]
+    if not bad:
+        return [members]
+    tainted, stack = set(), [u for a in bad for u in a.users if u in inside]
+    while stack:
+        n = stack.pop()
+        if n not in tainted:
+            tainted.add(n)
+            stack.extend(u for u in n.users if u in inside)
+    before = [n for n in members if n not in tainted]
+    after = [n for n in members if n in tainted]
+    return ([before] if before else []) + _acyclic(after)
+
+
+def _reaches(node, inside) -> bool:
+    """Whether ``node`` is computed from a node of ``inside``."""
+    seen, stack = set(), list(node.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in inside:
+            return True
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return False
+
+
+def _cheap(members, inside) -> set:
+    """Nodes computed from constants and views of inputs only (kept in the graph)."""
+    cheap: set = set()
+    for n in members:
+        kind = RULES[n.target].kind
+        ins = n.all_input_nodes
+        if kind in ("view", "source") and all(a in cheap or a not in inside for a in ins):
+            cheap.add(n)
+        elif kind == "elementwise" and ins and all(a in cheap for a in ins):
+            cheap.add(n)
+    return cheap
+
+
+def boundaries(region: Region) -> list:
+    """The ops next to ``region`` (producers of its inputs, users of its nodes) that no
+    rule takes, with the reason: where a chain was cut."""
+    inside, out = set(region.nodes), []
+    near = [a for n in region.nodes for a in n.all_input_nodes if a not in inside]
+    near += [u for n in region.nodes for u in n.users if u not in inside]
+    for n in near:
+        if n.op == "call_function" and n not in out:
+            why = why_not_fusible(n)
+            if why is not None:
+                out.append(n)
+    return [(n, why_not_fusible(n)) for n in out]
+
+
+def depends_on_itself(region: Region) -> bool:
+    """Whether an input of ``region`` is computed from one of its nodes (through ops
+    outside it): the region cannot run as one call then."""
+    inside, seen = set(region.nodes), set()
+    stack = list(region.inputs)
+    while stack:
+        n = stack.pop()
+        if n in inside:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return False
+
+
+def has_chain(outputs) -> bool:
+    """Whether some reduction of the program reads the final value of another over axes
+    of the same extents (softmax's sum reads its max): a dependent chain, the compiler's
+    case. A lone reduction, or reductions side by side, are Inductor's."""
+    for o in outputs:
+        g = reduction_graph([o.body], frozenset(o.axes))
+        if any(same_extents(p, c) for c in g.order for p in g.deps[c]):
+            return True
+    return False

@@ -1,0 +1,84 @@
+"""Replacing a translated region by one call of its compiled operator.
+
+The call is the ``neptune_fusion::kernel`` op (:mod:`neptune_fusion.runtime.torch_ops`)
+with the operator's handle, so the rest of the graph -- Inductor or eager -- runs it as
+an opaque op. Boolean inputs (masks) are passed as ``int32``, as kernels take no bool.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..runtime.torch_ops import KernelEntry, constant_key, handle
+
+
+def replace_region(graph, region, inputs, casts, kernel) -> None:
+    """Insert the call of ``kernel`` on ``inputs`` and make the region's outputs read its
+    results (the region's nodes are then dead, and removed by the caller)."""
+    h = handle(KernelEntry, constant_key(kernel))
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    last = max(region.nodes, key=order.__getitem__)
+    with graph.inserting_before(last.next):   # in creation order, after the region
+        args = []
+        for n in inputs:
+            if n in casts:
+                n = graph.call_function(torch.ops.prims.convert_element_type.default,
+                                        (n, getattr(torch, casts[n])))
+            elif _strided_rows(n):   # kernels read rows with unit stride
+                n = graph.call_function(torch.ops.aten.clone.default, (n,),
+                                        {"memory_format": torch.contiguous_format})
+            args.append(n)
+        call = graph.call_function(torch.ops.neptune_fusion.kernel.default, (args, h))
+        gets = [graph.call_function(operator.getitem, (call, k))
+                for k in range(len(region.outputs))]
+    for out, got in zip(region.outputs, gets):
+        out.replace_all_uses_with(got)
+
+
+def _strided_rows(node) -> bool:
+    v = node.meta.get("val")
+    return v is not None and v.dim() > 0 and v.shape[-1] > 1 and v.stride(-1) != 1
+
+
+def finish(gm, example_inputs) -> None:
+    """Drop dead nodes, restore a topological order, recompile, and give every node its
+    fake value again (Inductor reads ``node.meta["val"]``)."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.fx.passes.tools_common import legalize_graph
+
+    legalize_graph(gm)   # first: a call placed after its region may precede a reader
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    mode = detect_fake_mode(example_inputs)
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        FakeTensorProp(gm, mode).propagate(*example_inputs)
+    else:
+        FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+
+
+def trial(kernel, inputs, casts) -> None:
+    """One eager call of ``kernel`` on random tensors shaped like ``inputs``' fake values
+    (bool inputs cast as passed), outside the fake mode: it compiles (on a GPU: tunes)
+    the shape class now, so a failure leaves the region out instead of failing later."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from ..runtime.torch_ops import KernelEntry
+    with unset_fake_temporarily():
+        KernelEntry(kernel).run(_random_like(inputs, casts))
+
+
+def _random_like(inputs, casts) -> list:
+    out = []
+    for n in inputs:
+        v = n.meta["val"]
+        if v.dtype.is_floating_point:
+            t = torch.randn(tuple(v.shape), dtype=v.dtype, device=v.device)
+        else:
+            t = torch.randint(0, 2, tuple(v.shape), device=v.device).to(v.dtype)
+        out.append(t.to(getattr(torch, casts[n])) if n in casts else t)
+    return out

@@ -1,0 +1,322 @@
+"""The rule table: each ATen op the backend translates, and how.
+
+A rule is ``fn(translator, node, out_shape) -> load`` where ``load(idx)`` builds the IR
+expression of the node's element at ``idx`` from its arguments' loads. ``check(node)``
+(optional) says, without translating, why this use of the op is not taken (a reduction
+over several axes); the partitioner reads it. Ops absent from the table are boundaries:
+they and what lies beyond them stay with the rest of the compiler (Inductor).
+
+Kinds: ``elementwise``, ``view``, ``source`` (built from indices and constants: ``arange``,
+``ones``, ``tril`` of them), ``reduction`` and ``contraction``. Which ops reach this
+table is decided by the decomposition table (:mod:`.decomp`): softmax, log-softmax,
+log-sum-exp, variance and attention arrive as these primitives.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..frontend import lang as nf
+from ..ir import build
+from ..ir.nodes import Const
+from .views import Refused, broadcast, view_index
+
+aten, prims = torch.ops.aten, torch.ops.prims
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str            # elementwise | view | source | reduction | contraction
+    fn: Callable
+    check: Callable | None = None
+
+
+def _shape(tr, a):
+    return tr.arg(a).shape
+
+
+def _at(tr, a, idx, out):
+    """Argument ``a`` (a node or a Python scalar) at ``idx`` of the broadcast ``out``."""
+    v = tr.arg(a)
+    if not hasattr(v, "load"):
+        return v
+    return v.load(broadcast(idx, v.shape, out))
+
+
+# -- elementwise ----------------------------------------------------------------------
+
+_UNARY = {
+    aten.exp.default: nf.exp, aten.exp2.default: nf.exp2, aten.log.default: nf.log,
+    aten.log2.default: nf.log2, aten.sqrt.default: nf.sqrt, aten.rsqrt.default: nf.rsqrt,
+    aten.tanh.default: nf.tanh, aten.sigmoid.default: nf.sigmoid,
+    aten.abs.default: nf.abs, aten.neg.default: operator.neg,
+    aten.reciprocal.default: lambda x: 1.0 / x,
+    aten.relu.default: lambda x: nf.maximum(x, 0.0),
+    aten.bitwise_not.default: operator.invert, aten.logical_not.default: operator.invert,
+}
+_BINARY = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+    "gt": operator.gt, "ge": operator.ge, "maximum": nf.maximum, "minimum": nf.minimum,
+    "bitwise_and": operator.and_, "bitwise_or": operator.or_,
+    "logical_and": operator.and_, "logical_or": operator.or_,
+}
+
+
+def _unary(f):
+    def fn(tr, node, out):
+        return lambda idx: f(_at(tr, node.args[0], idx, out))
+    return fn
+
+
+def _binary(f):
+    def fn(tr, node, out):
+        alpha = node.kwargs.get("alpha", 1)
+        if node.kwargs.get("rounding_mode") is not None:
+            raise Refused(f"{node.name}: division with rounding_mode")
+
+        def load(idx):
+            a, b = (_at(tr, x, idx, out) for x in node.args[:2])
+            return f(a, b if alpha == 1 else b * alpha)
+        return load
+    return fn
+
+
+def _pow(tr, node, out):
+    return lambda idx: _at(tr, node.args[0], idx, out) ** node.args[1]
+
+
+def _clamp(tr, node, out):
+    lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
+    hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
+    if node.target is aten.clamp_max.default:
+        lo, hi = None, node.args[1]
+
+    def load(idx):
+        x = _at(tr, node.args[0], idx, out)
+        x = x if lo is None else nf.maximum(x, lo)
+        return x if hi is None else nf.minimum(x, hi)
+    return load
+
+
+def _where(tr, node, out):
+    return lambda idx: nf.where(*(_at(tr, a, idx, out) for a in node.args[:3]))
+
+
+def _masked_fill(tr, node, out):
+    x, mask, value = node.args[:3]
+    if hasattr(value, "op"):   # masked_fill.Tensor: a 0-d tensor
+        value = tr.arg(value).load(())
+    return lambda idx: nf.where(_at(tr, mask, idx, out), value, _at(tr, x, idx, out))
+
+
+def _same(tr, node, out):      # casts (the translator casts to the node's dtype), clones
+    return lambda idx: _at(tr, node.args[0], idx, out)
+
+
+# -- views ----------------------------------------------------------------------------
+
+def _view(tr, node, out):
+    src = _shape(tr, node.args[0])
+    x = tr.arg(node.args[0])
+    return lambda idx: x.load(view_index(tr.merges, idx, src, out))
+
+
+def _expand(tr, node, out):
+    x = tr.arg(node.args[0])
+    return lambda idx: x.load(broadcast(idx, x.shape, out))
+
+
+def _permute(tr, node, out):
+    x = tr.arg(node.args[0])
+    perm = [d % len(out) for d in node.args[1]]
+
+    def load(idx):
+        src = [None] * len(perm)
+        for k, p in enumerate(perm):
+            src[p] = idx[k]
+        return x.load(tuple(src))
+    return load
+
+
+def _transpose(tr, node, out):
+    x = tr.arg(node.args[0])
+    n = len(out)
+    a, b = (node.args[1] % n, node.args[2] % n) if n else (0, 0)
+
+    def load(idx):
+        src = list(idx)
+        src[a], src[b] = idx[b], idx[a]
+        return x.load(tuple(src))
+    return load
+
+
+def _select(tr, node, out):
+    x = tr.arg(node.args[0])
+    d = node.args[1] % len(x.shape)
+    at = node.args[2] % x.shape[d]
+    return lambda idx: x.load((*idx[:d], at, *idx[d:]))
+
+
+def _slice(tr, node, out):
+    x = tr.arg(node.args[0])
+    d = (node.args[1] if len(node.args) > 1 else 0) % len(x.shape)
+    start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
+    step = node.args[4] if len(node.args) > 4 else 1
+    start = min(max(start + x.shape[d] if start < 0 else start, 0), x.shape[d])
+
+    def load(idx):
+        src = list(idx)
+        src[d] = idx[d] * step + start if (start, step) != (0, 1) else idx[d]
+        return x.load(tuple(src))
+    return load
+
+
+def _t(tr, node, out):
+    x = tr.arg(node.args[0])
+    return lambda idx: x.load(tuple(reversed(idx)))
+
+
+# -- sources --------------------------------------------------------------------------
+
+def _fill(value_of):
+    def fn(tr, node, out):
+        return lambda idx: build.const(value_of(node), None)
+    return fn
+
+
+def _arange(tr, node, out):
+    a = [x for x in node.args]
+    start, step = (0, 1) if len(a) == 1 else (a[0], a[2] if len(a) > 2 else 1)
+    return lambda idx: idx[0] * step + start if (start, step) != (0, 1) else idx[0]
+
+
+def _tri(lower: bool):
+    def fn(tr, node, out):
+        x = tr.arg(node.args[0])
+        k = node.args[1] if len(node.args) > 1 else node.kwargs.get("diagonal", 0)
+
+        def load(idx):
+            i, j = idx[-2], idx[-1]
+            keep = (j - i <= k) if lower else (j - i >= k)
+            v = x.load(idx)
+            if isinstance(v, Const) and v.value is True:   # tril(ones(..., bool)): a mask
+                return keep
+            return keep & v if v.dtype.is_bool else nf.where(keep, v, 0)
+        return load
+    return fn
+
+
+# -- reductions and contractions ------------------------------------------------------
+
+def _one_dim(node):
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
+        return f"{node.name}: a reduction over several axes (or all of them)"
+    return None
+
+
+def _reduction(op: str, mean: bool = False):
+    def fn(tr, node, out):
+        x = tr.arg(node.args[0])
+        dims = node.args[1]
+        d = (dims[0] if isinstance(dims, (list, tuple)) else dims) % len(x.shape)
+        keep = len(out) == len(x.shape)
+        n = x.shape[d]
+        r = tr.reduce_axis(n, f"r_{node.name}")
+
+        def load(idx):
+            src = list(idx)
+            if keep:
+                src[d] = r
+            else:
+                src.insert(d, r)
+            e = nf.sum(x.load(tuple(src)), r) if op == "sum" else \
+                (nf.max if op == "max" else nf.min)(x.load(tuple(src)), r)
+            return e / n if mean else e
+        return load
+    return fn
+
+
+def _contract(tr, a, b):
+    """``a @ b`` over the last axis of ``a`` (leading axes: batch)."""
+    a, b = tr.arg(a), tr.arg(b)
+    c = tr.reduce_axis(a.shape[-1], f"c{len(tr.vals)}")
+
+    def load(idx):
+        lead = tuple(idx[:-2])
+        return nf.sum(a.load((*lead, idx[-2], c)) * b.load((*lead, c, idx[-1])), c)
+    return load
+
+
+def _mm(tr, node, out):
+    return _contract(tr, node.args[0], node.args[1])
+
+
+def _addmm(tr, node, out):
+    bias, a, b = node.args[:3]
+    beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+    mm = _contract(tr, a, b)
+
+    def load(idx):
+        return _at(tr, bias, idx, out) * beta + mm(idx) * alpha
+    return load
+
+
+def _table() -> dict:
+    t: dict = {}
+    for op, f in _UNARY.items():
+        t[op] = Rule("elementwise", _unary(f))
+    for name, f in _BINARY.items():
+        packet = getattr(aten, name)
+        for ov in ("Tensor", "Scalar", "default"):
+            if hasattr(packet, ov):
+                t[getattr(packet, ov)] = Rule("elementwise", _binary(f))
+    for op in (aten.pow.Tensor_Scalar,):
+        t[op] = Rule("elementwise", _pow)
+    t[aten.where.self] = Rule("elementwise", _where)
+    for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+        t[op] = Rule("elementwise", _clamp)
+    for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
+        t[op] = Rule("elementwise", _masked_fill)
+    for op in (aten._to_copy.default, prims.convert_element_type.default,
+               aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default):
+        t[op] = Rule("elementwise", _same)
+    for op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+               aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+               aten.squeeze.default):
+        t[op] = Rule("view", _view)
+    t[aten.expand.default] = Rule("view", _expand)
+    t[aten.permute.default] = Rule("view", _permute)
+    t[aten.transpose.int] = Rule("view", _transpose)
+    t[aten.t.default] = Rule("view", _t)
+    t[aten.select.int] = Rule("view", _select)
+    t[aten.slice.Tensor] = Rule("view", _slice)
+    t[aten.ones.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
+    t[aten.zeros.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
+    t[aten.full.default] = Rule("source", _fill(lambda n: n.args[1]))
+    t[aten.scalar_tensor.default] = Rule("source", _fill(lambda n: n.args[0]))
+    for op in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+        t[op] = Rule("source", _arange)
+    t[aten.tril.default] = Rule("elementwise", _tri(True))
+    t[aten.triu.default] = Rule("elementwise", _tri(False))
+    for op, kind in ((aten.amax.default, "max"), (aten.amin.default, "min"),
+                     (aten.sum.dim_IntList, "sum")):
+        t[op] = Rule("reduction", _reduction(kind), _one_dim)
+    t[aten.mean.dim] = Rule("reduction", _reduction("sum", mean=True), _one_dim)
+    t[aten.mm.default] = Rule("contraction", _mm)
+    t[aten.bmm.default] = Rule("contraction", _mm)
+    t[aten.addmm.default] = Rule("contraction", _addmm)
+    return t
+
+
+def _is_bool(node) -> bool:
+    return node.kwargs.get("dtype") == torch.bool
+
+
+RULES: dict = _table()
+"""ATen op overload -> :class:`Rule`."""

@@ -1,0 +1,130 @@
+"""One region of an ATen graph -> an nf program (outputs and placeholders).
+
+Every node of the region becomes a :class:`Val`: its shape and a function from an index
+tuple to the IR expression of that element. Elementwise ops and views compose these
+functions; a reduction or contraction builds an ``nf.sum``/``nf.max``/... over a fresh
+reduce axis at each index it is read at. Nothing is materialised but the region's
+outputs (one ``nf.compute`` each): the compiler inlines computes before it analyses the
+chain anyway, and an expression read through a view (``bmm``'s merged batch restored by
+a later ``view``) keeps its plain indices (:class:`~.views.Merges`).
+
+Sizes: every extent > 1 of an input becomes the symbolic size ``s<value>`` (equal values
+share one size, bound from the inputs at call time, as the graph's shapes are static);
+extents no input has stay ints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..frontend import lang as nf
+from ..ir import build
+from ..ir.nodes import Expr, Size
+from .views import Merges, Refused
+
+KERNEL_DTYPES = ("float16", "bfloat16", "float32", "int32", "int64")
+
+
+@dataclass(frozen=True)
+class Val:
+    """A translated tensor: its (static) shape, dtype name and element function."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    load: Callable[[tuple], Expr]
+
+
+def meta_of(node) -> tuple[tuple[int, ...], str]:
+    """A graph node's static shape and dtype name (``Refused`` if symbolic or absent)."""
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    if val is None or not hasattr(val, "shape"):
+        raise Refused(f"{node}: no tensor metadata")
+    # no int() of a SymInt: that would guard on (specialise) the dynamic size
+    if not all(isinstance(n, int) for n in val.shape):
+        raise Refused(f"{node}: symbolic (dynamic) shape {tuple(val.shape)}; compile "
+                      "with dynamic=False (nf.jit's default)")
+    shape = tuple(val.shape)
+    return shape, str(val.dtype).removeprefix("torch.")
+
+
+class Translator:
+    """Translates the nodes of one region, in graph order, with the rule table."""
+
+    def __init__(self, rules: dict) -> None:
+        self.rules = rules
+        self.merges = Merges()
+        self.vals: dict = {}
+        self.sizes: dict[int, Size] = {}
+        self.placeholders: list = []
+        self.casts: dict = {}   # input node -> kernel dtype it is passed as (bool -> int32)
+
+    # -- inputs and sizes
+
+    def extent(self, n: int):
+        """``s<n>`` if an input has extent ``n``, else ``n``."""
+        return self.sizes.get(n, n)
+
+    def add_input(self, node) -> None:
+        shape, dtype = meta_of(node)
+        if dtype == "bool":
+            self.casts[node] = "int32"
+        elif dtype not in KERNEL_DTYPES:
+            raise Refused(f"input {node.name} is {dtype}; kernels take "
+                          f"{', '.join(KERNEL_DTYPES)} (and bool)")
+        for n in shape:
+            if n > 1 and n not in self.sizes:
+                self.sizes[n] = nf.size(f"s{n}")
+        p = nf.placeholder(tuple(self.extent(n) for n in shape),
+                           self.casts.get(node, dtype), name=f"in_{node.name}")
+        self.placeholders.append(p)
+        as_bool = node in self.casts
+
+        def load(idx, p=p):
+            e = p[tuple(idx)] if shape else p[()]
+            return e != 0 if as_bool else e
+
+        self.vals[node] = Val(shape, dtype, load)
+
+    # -- nodes
+
+    def arg(self, a):
+        """A node argument as a :class:`Val`; other arguments as they are."""
+        return self.vals[a] if a in self.vals else a
+
+    def translate(self, node) -> None:
+        rule = self.rules.get(node.target)
+        if rule is None:
+            raise Refused(f"{node.name}: no rule for {node.target}")
+        shape, dtype = meta_of(node)
+        load = rule.fn(self, node, shape)
+
+        def typed(idx, load=load, dtype=dtype):
+            e = build.as_expr(load(idx))
+            return e if e.dtype.name == dtype else build.cast(e, dtype)
+
+        self.vals[node] = Val(shape, dtype, typed)
+
+    def reduce_axis(self, n: int, name: str):
+        return nf.reduce_axis(self.extent(n), name)
+
+    def output(self, node, name: str):
+        """The ``nf.compute`` of ``node``'s value: an output of the program."""
+        v = self.vals[node]
+        if v.dtype not in KERNEL_DTYPES:
+            raise Refused(f"output {node.name} is {v.dtype}; kernels write "
+                          f"{', '.join(KERNEL_DTYPES)}")
+        shape = tuple(self.extent(n) for n in v.shape)
+        return nf.compute(shape, lambda *idx: v.load(tuple(idx)), name=name)
+
+
+def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Sequence):
+    """``(outputs, placeholders, casts)`` of a region: its input nodes, its nodes in
+    graph order, and the nodes whose values leave it. ``Refused`` names what failed."""
+    tr = Translator(rules)
+    for node in inputs:
+        tr.add_input(node)
+    for node in nodes:
+        tr.translate(node)
+    outs = [tr.output(n, f"out_{n.name}") for n in outputs]
+    return outs, tr.placeholders, tr.casts

@@ -1,0 +1,276 @@
+"""The torch.compile backend on CPU (interpreter, tiny shapes): each chain written in
+plain PyTorch is fused, matches eager PyTorch and float64, and explain names it; what the
+backend cannot take stays with the rest of the compiler, with the reason."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_fusion as nf
+from neptune_fusion.bench import chains as bench_chains
+from neptune_fusion.bench.providers.compiled import plain_attention
+from neptune_fusion.ops import OPERATORS
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-2}
+
+
+def _as_tuple(x):
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def _f64(args):
+    return [a.double() if a.is_floating_point() else a for a in args]
+
+
+def _check(fn, args, ref64=None, fused=1, rest="eager", tol=None):
+    """``nf.jit(fn)`` on ``args``: ``fused`` chains fused, outputs within ``tol`` of
+    eager PyTorch and of float64 (``ref64`` on float64 inputs, default ``fn`` itself)."""
+    torch._dynamo.reset()   # a function made again with the same code must recompile
+    g = nf.jit(fn, rest=rest)
+    with torch.no_grad():
+        got = _as_tuple(g(*args))
+        eager = _as_tuple(fn(*args))
+        want = _as_tuple((ref64 or fn)(*_f64(args)))
+        ex = g.explain(*args)
+    assert len(ex.fused) == fused, str(ex)
+    for y, e, w in zip(got, eager, want):
+        assert y.shape == e.shape and y.dtype == e.dtype
+        t = tol or TOL[y.dtype] if y.is_floating_point() else 0
+        scale = max(1.0, float(w.abs().max()))
+        assert float((y.double() - w).abs().max()) <= t * scale, str(ex)
+        assert float((y.double() - e.double()).abs().max()) <= 2 * t * scale
+    return ex
+
+
+# -- the chain suite, as users write it in plain PyTorch --------------------------------
+
+@pytest.mark.parametrize("name", list(bench_chains.CHAINS))
+def test_chain_suite_plain_pytorch(name):
+    chain = bench_chains.CHAINS[name]
+    args = bench_chains.make_inputs(chain, chain.smoke, torch.float32, "cpu")
+    ex = _check(chain.plain, args, ref64=chain.reference,
+                tol=1e-4 if name in ("variance", "layer-stats") else None)
+    assert {"amax", "sum", "mean", "mm"} & set(ex.fused[0].ops)
+    assert "FusionPlan" in ex.fused[0].plan and ex.fused[0].seconds > 0
+    assert "compiled in" in str(ex)
+
+
+# -- torch's library functions (decomposed to primitives, then translated) ---------------
+
+X = (5, 33)
+
+
+def _x(shape=X, mean=0.0):
+    return torch.randn(shape) + mean
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.softmax(x, -1),
+    lambda x: torch.log_softmax(x, -1),
+    lambda x: torch.logsumexp(x, -1),
+    lambda x: torch.var_mean(x, -1),
+    lambda x: torch.std(x, 0),              # a reduction over a leading axis
+    lambda x: torch.softmax(x, 0) * 2.0 + 1.0,
+], ids=["softmax", "log_softmax", "logsumexp", "var_mean", "std-axis0", "softmax-axis0"])
+def test_library_functions(fn):
+    ex = _check(fn, (_x(),))
+    _check(fn, (_x(X[::-1]).t(),))   # a transposed input: copied to unit-stride rows
+    assert "amax" in ex.fused[0].ops or "mean" in ex.fused[0].ops
+
+
+def test_layer_norm_and_rms_norm_then_matmul():
+    x, w, b, big_w = _x((6, 32)), 1 + 0.1 * torch.randn(32), 0.1 * torch.randn(32), \
+        torch.randn(32, 7) / 6
+    _check(lambda x, w, b: F.layer_norm(x, (32,), w, b), (x, w, b))
+    ex = _check(lambda x, w, m: F.rms_norm(x, (32,), w, eps=1e-6) @ m, (x, w, big_w))
+    assert "mm" in ex.fused[0].ops
+    _check(lambda x, m: F.normalize(x, dim=-1) @ m, (x, big_w))        # an L2 norm
+    _check(lambda x: (x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+                      .clamp(1e-6, 1e6)).amax(-1), (x,))
+
+
+def test_cross_entropy():
+    logits, target = _x((6, 40)), torch.randint(0, 40, (6,))
+
+    def by_hand(z, t):   # log-sum-exp minus the target's logit
+        return (torch.logsumexp(z, -1) - z.gather(1, t[:, None])[:, 0]).mean()
+
+    ex = _check(by_hand, (logits, target))
+    assert any(x.ops == ("gather",) and "no translation rule" in x.reason for x in ex.left)
+    _check(lambda z, t: F.cross_entropy(z, t), (logits, target))
+
+
+# -- attention ---------------------------------------------------------------------------
+
+def _small(op):
+    """The operator at test size: 4 query heads (2 kv heads with GQA), head dim 16, a
+    window of 3 keys."""
+    kv = 4 if op.kv_heads == op.q_heads else 2
+    return dataclasses.replace(op, q_heads=4, kv_heads=kv, head_dim=16,
+                               window=3 if op.window else None)
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_ten_attention_operators_plain_pytorch(name):
+    op, seq = _small(OPERATORS[name]), 9
+    q = torch.randn(1, op.q_heads, op.q_len(seq), op.head_dim)
+    k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim) for _ in range(2))
+    ex = _check(plain_attention(op, seq), (q, k, v))
+    assert ex.fused[0].ops.count("bmm") == 2 and "amax" in ex.fused[0].ops
+
+
+def test_sdpa_causal_and_bool_mask_input():
+    q, k, v = (torch.randn(1, 2, 7, 16) for _ in range(3))
+    _check(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+           (q, k, v))
+    mask = torch.rand(7, 7) > 0.3
+    mask[:, 0], mask[2] = True, False   # row 2 sees no key: 0, as SDPA gives
+    ex = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                (q, k, v, mask), ref64=_sdpa_math)
+    assert "arg3_1" in ex.fused[0].inputs
+
+
+def _sdpa_math(q, k, v, m):
+    """SDPA's semantics in float64 (the math backend: empty rows give 0)."""
+    s = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(~m, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+def test_causal_masked_fill_fp16():
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float16) for _ in range(3))
+
+    def causal(q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.25
+        keep = torch.tril(torch.ones(8, 8, dtype=torch.bool))
+        return torch.softmax(s.masked_fill(~keep, float("-inf")).float(), -1).to(v.dtype) @ v
+
+    _check(causal, (q, k, v))
+
+
+# -- a module mixing chains with ordinary layers -----------------------------------------
+
+class Mixed(torch.nn.Module):
+    def __init__(self, d=32, h=48):
+        super().__init__()
+        self.up, self.norm, self.down = torch.nn.Linear(d, h), torch.nn.LayerNorm(h), \
+            torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        y = F.gelu(self.norm(self.up(x)))
+        return torch.log_softmax(self.down(y), -1), x.sum(-1)
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_module_with_ordinary_layers(rest):
+    torch.manual_seed(1)
+    m = Mixed().eval()
+    x = _x((6, 32))
+    ex = _check(m, (x,), ref64=copy.deepcopy(m).double(), fused=2, rest=rest)
+    ops = [f.ops for f in ex.fused]
+    assert any("mean" in o for o in ops) and any("amax" in o for o in ops)
+    assert any("lone reduction" in x.reason for x in ex.left)   # x.sum(-1): Inductor's
+    # GELU (its erf, under Inductor's decompositions) cuts the LayerNorm -> Linear chain
+    assert any("gelu" in str(x) or "erf" in str(x) for x in ex.left)
+
+
+# -- what falls back -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["cumsum", "sort"])
+def test_untranslatable_op_inside_a_chain(op):
+    def fn(x):
+        m = x.amax(-1, keepdim=True)
+        c = torch.cumsum(x - m, -1) if op == "cumsum" else torch.sort(x - m, -1)[0]
+        return torch.exp(c - c.amax(-1, keepdim=True)).sum(-1)
+
+    ex = _check(fn, (_x(),))
+    left = [x for x in ex.left if "no translation rule" in x.reason]
+    assert left and op in str(left[0]), str(ex)
+
+
+def test_graph_that_needs_a_backward_goes_whole_to_the_rest():
+    x = _x().requires_grad_()
+    g = nf.jit(lambda x: torch.softmax(x, -1), rest="eager")
+    y = g(x)
+    y.sum().backward()
+    assert torch.allclose(y, torch.softmax(x, -1)) and x.grad is not None
+    ex = g.explain(x)
+    assert not ex.fused and "backward" in ex.left[0].reason
+
+
+def test_log_and_registration(monkeypatch, capsys):
+    from pathlib import Path
+
+    import tomllib
+    from torch._dynamo.backends.registry import lookup_backend
+
+    import neptune_fusion.jit as jit_mod
+    assert lookup_backend("neptune_fusion") is jit_mod.neptune_fusion
+    eps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert eps["project"]["entry-points"]["torch_dynamo_backends"]["neptune_fusion"] == \
+        "neptune_fusion.jit:neptune_fusion"
+    monkeypatch.setenv("NEPTUNE_FUSION_LOG", "1")
+    with torch.no_grad():
+        nf.jit(lambda x: torch.logsumexp(x, -1), rest="eager")(_x())
+    assert "fused chain" in capsys.readouterr().err
+    with pytest.raises(nf.NeptuneError, match="rest='bogus'"):
+        nf.jit(lambda x: x, rest="bogus")
+
+
+def test_dynamic_shapes_fall_back_with_the_reason():
+    backend = nf.jit.Backend(rest="eager")
+    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend, dynamic=True)
+    x = _x()
+    with torch.no_grad():
+        assert torch.allclose(f(x), torch.softmax(x, -1))
+    assert not any(r.fused for r in backend.reports)
+    assert any("dynamic" in x.reason for r in backend.reports for x in r.left)
+
+
+def test_a_compiler_error_leaves_the_region_with_the_reason(monkeypatch):
+    from neptune_fusion.runtime import pipeline
+
+    def refuse(*a, **k):
+        raise nf.CodegenError("no schedule builds (test)")
+
+    monkeypatch.setattr(pipeline, "compile", refuse)
+    torch._dynamo.reset()
+    g, x = nf.jit(lambda x: torch.log_softmax(x, -1), rest="eager"), _x()
+    with torch.no_grad():
+        assert torch.allclose(g(x), torch.log_softmax(x, -1))
+        ex = g.explain(x)
+    assert not ex.fused
+    assert "the compiler refused it: CodegenError: no schedule builds" in str(ex)
+
+
+def test_docs_example_runs():
+    import re
+    from pathlib import Path
+    text = (Path(__file__).parents[2] / "docs" / "jit.md").read_text()
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        torch._dynamo.reset()
+        exec(compile(block, "jit.md", "exec"), {})
+
+
+def test_entry_point_lookup_in_a_fresh_process(tmp_path):
+    """With the entry point installed, torch finds the backend by name without an import
+    of ours first (and our import then does not register the name twice)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    dist = tmp_path / "nf_probe-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nf-probe\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\nneptune_fusion = neptune_fusion.jit:neptune_fusion\n")
+    src = Path(nf.__file__).parents[1]
+    # torch looks the name up first (the import-first order: test_log_and_registration)
+    prog = ("import torch._dynamo as d; f = d.lookup_backend('neptune_fusion'); "
+            "import neptune_fusion.jit as j; assert f is j.neptune_fusion")
+    subprocess.run([sys.executable, "-c", prog], check=True, timeout=120,
+                   env={"PYTHONPATH": f"{tmp_path}:{src}", "PATH": "/usr/bin:/bin"})
