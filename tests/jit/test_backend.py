@@ -274,3 +274,40 @@ def test_entry_point_lookup_in_a_fresh_process(tmp_path):
             "import neptune_fusion.jit as j; assert f is j.neptune_fusion")
     subprocess.run([sys.executable, "-c", prog], check=True, timeout=120,
                    env={"PYTHONPATH": f"{tmp_path}:{src}", "PATH": "/usr/bin:/bin"})
+
+
+def test_logsumexp_is_one_pass_and_keeps_infinite_rows():
+    """log-sum-exp is decomposed with the infinite-maximum guard after the reductions
+    (torch's guards inside the exponential: two passes), and rows of all -inf or with a
+    +inf give torch.logsumexp's -inf / +inf."""
+    def lse(x):
+        return torch.logsumexp(x, -1)
+    x = torch.randn(6, 37)
+    x[1] = float("-inf")
+    x[4, 5] = float("inf")
+    torch._dynamo.reset()
+    g = nf.jit(lse, rest="eager")
+    with torch.no_grad():
+        got = g(x)
+        ex = g.explain(x)
+    assert torch.equal(torch.isinf(got), torch.isinf(lse(x)))
+    assert got[1] == float("-inf") and got[4] == float("inf")
+    finite = torch.isfinite(got)
+    want = lse(x.double())
+    assert float((got[finite].double() - want[finite]).abs().max()) < 1e-5
+    assert len(ex.fused) == 1 and "1 pass(es)" in ex.fused[0].plan, str(ex)
+
+
+def test_iota_built_mask():
+    """A causal mask built from ``prims.iota`` (how a decomposition of ``tril`` or
+    ``arange`` may reach the graph on a GPU) is an index comparison inside the chain."""
+    def attend(q, k, v):
+        n = q.shape[-2]
+        r = torch.ops.prims.iota(n, start=0, step=1, dtype=torch.int64, device=q.device,
+                                 requires_grad=False)
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        s = s.masked_fill(r[None, :] > r[:, None], float("-inf"))
+        return torch.softmax(s, dim=-1) @ v
+    args = [torch.randn(1, 2, 24, 16) for _ in range(3)]
+    ex = _check(attend, args)
+    assert not ex.left, str(ex)

@@ -102,7 +102,8 @@ def _not_a_product():
     w = nf.placeholder((D, K), name="W")
     v = nf.placeholder((D,), name="v")
     c = nf.reduce_axis(D, "c")
-    three = nf.compute((N, K), lambda i, o: nf.sum(x[i, c] * w[c, o] * v[c], c), name="a")
+    u = nf.placeholder((N, K), name="u")
+    three = nf.compute((N, K), lambda i, o: nf.sum(x[i, c] * w[c, o] * u[i, o], c), name="a")
     biggest = nf.compute((N, K), lambda i, o: nf.max(x[i, c] * w[c, o], c), name="b")
     shifted = nf.compute((N, K), lambda i, o: nf.sum(x[i, c] * w[c, o] + 1.0, c), name="d")
     lowp = nf.placeholder((D, K), nf.bfloat16, name="Wb")
@@ -155,3 +156,24 @@ def test_torch_compile_traces_it():
     tensors = _tensors(inputs, {"N": 9, "D": 17, "K": 5}, torch.float32, 5)
     fn = torch.compile(lambda *t: kernel(*t)[0] * 2.0, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(fn(*tensors), kernel(*tensors)[0] * 2.0)
+
+
+def test_inlined_left_side_becomes_its_own_compute():
+    """RMSNorm written into the product (no named y, as a graph translated from plain
+    PyTorch has it): the left side is materialised as ``out_lhs`` and the product runs
+    in the library; also a weight's per-column factor stays with the left side."""
+    N, D, K = nf.sizes("N D K")
+    x = nf.placeholder((N, D), nf.bfloat16, name="x")
+    w = nf.placeholder((D,), nf.bfloat16, name="w")
+    W = nf.placeholder((D, K), nf.bfloat16, name="W")
+    c, c2 = nf.reduce_axis(D, "c"), nf.reduce_axis(D, "c2")
+    out = nf.compute((N, K), lambda i, o: nf.sum(nf.cast(
+        nf.cast(x[i, c], nf.float32) * nf.rsqrt(nf.sum(
+            nf.cast(x[i, c2], nf.float32) * nf.cast(x[i, c2], nf.float32), c2) / D + 1e-6)
+        * nf.cast(w[c], nf.float32), nf.bfloat16) * W[c, o], c), name="out")
+    form = library_form(out)
+    assert [t.name for t in form.computed] == ["out_lhs"] and form.operands[1] is W
+    kernel = nf.compile([out], [x, w, W], schedule=LIBRARY, cache=False)
+    for seed, sizes in enumerate(({"N": 29, "D": 33, "K": 17}, {"N": 3, "D": 64, "K": 5})):
+        _check(kernel, [out], [x, w, W], _tensors([x, w, W], sizes, torch.bfloat16, seed),
+               torch.bfloat16)

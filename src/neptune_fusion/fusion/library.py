@@ -15,21 +15,24 @@ depends on the shapes and the device, so the auto-scheduler measures both
 
 :func:`library_form` is a pure function of the program: the :class:`LibraryForm` of its
 single output, or None when the output is not such a product. Legal when: the output's
-body is one ``sum`` over one axis ``c`` (optionally cast to the output's dtype) of the
-product of two loads; every index of both loads is a bare index variable spanning the
-whole dimension it indexes (no offsets, no slices, no repeated variable); ``c`` indexes
-both operands and not the output; every output axis indexes at least one operand, at
-least one only the first operand (the rows ``i``) and one only the second (the columns
-``o``); both operands and the output have the same floating-point dtype. The other
-output axes are batch axes; an operand that a batch axis does not index is broadcast
-along it.
+body is one ``sum`` over one axis ``c`` (optionally cast to the output's dtype) of a
+product one factor of which is a plain load ``b`` -- every index a bare index variable
+spanning the whole dimension it indexes (no offsets, no slices, no repeated variable) --
+and the rest, ``a``, an expression over the output's axes and ``c`` alone; ``c`` indexes
+both and not the output; every output axis indexes at least one side, at least one only
+``a`` (the rows ``i``) and one only ``b`` (the columns ``o``); ``a``, ``b`` and the output
+have the same floating-point dtype. An ``a`` that is not itself a plain load becomes a
+compute of its own (``<out>_lhs[.., i, c]``: what a user who wrote ``y = norm(x)`` and
+``y @ W`` as one expression would have named), materialised first. The other output
+axes are batch axes; an operand that a batch axis does not index is broadcast along it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.nodes import Binary, Cast, Compute, IndexVar, Load, Reduce, Tensor
+from ..ir.nodes import Cast, Compute, Expr, IndexVar, Load, Placeholder, Reduce, Tensor, fresh_uid
+from ..ir.traverse import factors, product, substitute
 
 _FLOATS = ("float16", "bfloat16", "float32")
 
@@ -72,37 +75,58 @@ def library_form(outputs) -> LibraryForm | None:
         body = body.x
     if not (isinstance(body, Reduce) and body.op == "sum" and len(body.axes) == 1):
         return None
-    prod = body.body
-    if not (isinstance(prod, Binary) and prod.op == "mul"
-            and isinstance(prod.a, Load) and isinstance(prod.b, Load)):
-        return None
-    a, b = prod.a, prod.b
     c = body.axes[0]
     axes = tuple(out.axes)
-    if not (_plain(a) and _plain(b)) or c in axes:
-        return None
     dt = out.dtype.name
-    if dt not in _FLOATS or a.tensor.dtype.name != dt or b.tensor.dtype.name != dt:
+    if c in axes or dt not in _FLOATS:
         return None
-    ia, ib = set(a.indices), set(b.indices)
-    if c not in ia or c not in ib or (ia | ib) != set(axes) | {c}:
+    fs = factors(body.body)
+    # the right operand: a plain load (a weight); the left: the product of the rest
+    # a placeholder (a weight) first, then the last factor first: `y * W` keeps y left
+    order = sorted(range(len(fs)), key=lambda k: (
+        not (isinstance(fs[k], Load) and isinstance(fs[k].tensor, Placeholder)), -k))
+    for k in order:
+        b = fs[k]
+        if not (isinstance(b, Load) and _plain(b) and b.tensor.dtype.name == dt):
+            continue
+        rest = fs[:k] + fs[k + 1:]
+        if not rest:
+            continue
+        left = product(rest)
+        got = _form(out, axes, c, left, b, dt)
+        if got is not None:
+            return got
+    return None
+
+
+def _form(out: Compute, axes, c: IndexVar, left: Expr, b: Load, dt: str):
+    ib = set(b.indices)
+    la = left.free_vars
+    if c not in ib or c not in la or not la <= set(axes) | {c} or \
+            (la | ib) != set(axes) | {c} or left.dtype.name != dt:
         return None
-    only_a = [v for v in axes if v in ia and v not in ib]
-    only_b = [v for v in axes if v in ib and v not in ia]
+    only_a = [v for v in axes if v in la and v not in ib]
+    only_b = [v for v in axes if v in ib and v not in la]
     if not only_a or not only_b:
         return None
     i, o = only_a[-1], only_b[-1]
     batch = [v for v in axes if v not in (i, o)]
+    if isinstance(left, Load) and _plain(left):
+        a, a_tensor = left, left.tensor
+    else:   # the left side computed: its own compute over its axes, then c
+        own = [v for v in axes if v in la] + [c]
+        fresh = [IndexVar(v.name, v.extent, "spatial", fresh_uid()) for v in own]
+        a_tensor = Compute(f"{out.name}_lhs", tuple(v.extent for v in own), tuple(fresh),
+                           substitute(left, dict(zip(own, fresh))), fresh_uid())
+        a = Load(a_tensor, tuple(own))
 
     def dims(ld: Load, order) -> tuple[int | None, ...]:
         pos = {v: k for k, v in enumerate(ld.indices)}
         return tuple(pos.get(v) for v in order)
 
-    a_dims = dims(a, batch + [i, c])
-    b_dims = dims(b, batch + [c, o])
     made = batch + [i, o]
-    out_perm = tuple(made.index(v) for v in axes)
-    return LibraryForm(out, (a.tensor, b.tensor), a_dims, b_dims, out_perm)
+    return LibraryForm(out, (a_tensor, b.tensor), dims(a, batch + [i, c]),
+                       dims(b, batch + [c, o]), tuple(made.index(v) for v in axes))
 
 
 def _plain(ld: Load) -> bool:

@@ -2,10 +2,11 @@
 
 Translating primitives (``amax``, ``sub``, ``exp``, ``sum``, ``div``, ``bmm``) rather than
 ``aten._softmax`` as one node means any chain built of them is translated, whoever wrote
-it. torch's own decompositions give softmax, log-softmax and log-sum-exp in that form;
+it. torch's own decompositions give softmax and log-softmax in that form; log-sum-exp,
 variance, layer norm and ``scaled_dot_product_attention`` get small ones here, because
-torch's go through ``prims.var`` (one node for a two-reduction chain) or pick a fused
-attention kernel per device.
+torch's guard an infinite maximum inside the exponential (two passes), go through
+``prims.var`` (one node for a two-reduction chain) or pick a fused attention kernel per
+device.
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ def _var(x, dim=None, *, correction=None, keepdim=False):
 
 def _std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _logsumexp(x, dim, keepdim=False):
+    """log-sum-exp with the infinite-maximum guard in the epilogue only: torch's own
+    decomposition subtracts ``where(|max| == inf, 0, max)`` inside the exponential, a
+    producer inside a condition, which no repair breaks (two passes); here a row whose
+    maximum is infinite (all -inf, or a +inf) gives that maximum, as torch.logsumexp does."""
+    dims = _dims(x, dim)
+    m = x.amax(dims, keepdim=True)
+    s = torch.exp(x - m).sum(dims, keepdim=True)
+    out = torch.where(m.abs() == float("inf"), m, m + torch.log(s))
+    return out if keepdim else out.squeeze(dims)
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
@@ -96,8 +109,9 @@ def swap_sdpa(gm) -> None:
 
 def decompositions() -> dict:
     """The table handed to AOTAutograd."""
-    table = get_decompositions([aten._softmax, aten._log_softmax, aten.logsumexp,
-                                aten._safe_softmax, aten.linalg_vector_norm])
+    table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
+                                aten.linalg_vector_norm])
+    table[aten.logsumexp.default] = _logsumexp
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
     table[aten.std.correction] = _std

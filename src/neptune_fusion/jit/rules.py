@@ -195,6 +195,13 @@ def _arange(tr, node, out):
     return lambda idx: idx[0] * step + start if (start, step) != (0, 1) else idx[0]
 
 
+def _iota(tr, node, out):
+    """``prims.iota(length, start=, step=)``: how some decompositions build ``arange``
+    (``tril``'s on CUDA); the index itself, scaled and shifted."""
+    start, step = node.kwargs.get("start", 0), node.kwargs.get("step", 1)
+    return lambda idx: idx[0] * step + start if (start, step) != (0, 1) else idx[0]
+
+
 def _tri(lower: bool):
     def fn(tr, node, out):
         x = tr.arg(node.args[0])
@@ -302,6 +309,7 @@ def _table() -> dict:
     t[aten.scalar_tensor.default] = Rule("source", _fill(lambda n: n.args[0]))
     for op in (aten.arange.default, aten.arange.start, aten.arange.start_step):
         t[op] = Rule("source", _arange)
+    t[torch.ops.prims.iota.default] = Rule("source", _iota)
     t[aten.tril.default] = Rule("elementwise", _tri(True))
     t[aten.triu.default] = Rule("elementwise", _tri(False))
     for op, kind in ((aten.amax.default, "max"), (aten.amin.default, "min"),

@@ -55,6 +55,15 @@ class LibraryKernel:
                 f"{len(self.operand_kernels)} operand kernel(s), then torch.matmul>")
 
     @property
+    def plan(self) -> str:
+        """What runs: each computed operand's fusion plan, then the library product."""
+        parts = [f"{k.outputs[0].name}: {k.plan}" for k in self.operand_kernels]
+        names = ", ".join(t.name for t in self.form.operands)
+        parts.append(f"{self.form.output.name} = torch.matmul({names}) (strategy "
+                     "'library': the product in the vendor library)")
+        return "\n".join(parts)
+
+    @property
     def kernels(self) -> list:
         """The generated kernels launched per call (the operands'; the product is
         cuBLAS's)."""
