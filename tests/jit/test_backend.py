@@ -311,3 +311,19 @@ def test_iota_built_mask():
     args = [torch.randn(1, 2, 24, 16) for _ in range(3)]
     ex = _check(attend, args)
     assert not ex.left, str(ex)
+
+
+def test_softmax_into_a_matmul_normalises_once_per_row():
+    """float16 attention: the probabilities' cast back to float16 feeds only the matmul,
+    which rounds its operand itself, so the cast is left to it and the softmax's division
+    moves to the epilogue (once per row, FlashAttention's form), not repaired per tile."""
+    import re
+
+    def causal(q, k, v):
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril()
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), dim=-1) @ v
+    args = [torch.randn(1, 2, 24, 16).half() for _ in range(3)]
+    ex = _check(causal, args)
+    plan = ex.fused[0].plan
+    assert re.search(r"output \w+\[[^\]]*\] = cast\(\w+ / \w+, float16\)", plan), plan

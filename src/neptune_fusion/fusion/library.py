@@ -20,8 +20,9 @@ product one factor of which is a plain load ``b`` -- every index a bare index va
 spanning the whole dimension it indexes (no offsets, no slices, no repeated variable) --
 and the rest, ``a``, an expression over the output's axes and ``c`` alone; ``c`` indexes
 both and not the output; every output axis indexes at least one side, at least one only
-``a`` (the rows ``i``) and one only ``b`` (the columns ``o``); ``a``, ``b`` and the output
-have the same floating-point dtype. An ``a`` that is not itself a plain load becomes a
+``a`` (the rows ``i``) and one only ``b`` (the columns ``o``); ``b`` and the output have
+the same floating-point dtype, and ``a`` that dtype or float32 (rounded to it, as a
+16-bit matmul rounds its operand). An ``a`` that is not itself a plain load becomes a
 compute of its own (``<out>_lhs[.., i, c]``: what a user who wrote ``y = norm(x)`` and
 ``y @ W`` as one expression would have named), materialised first. The other output
 axes are batch axes; an operand that a batch axis does not index is broadcast along it.
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.nodes import Cast, Compute, Expr, IndexVar, Load, Placeholder, Reduce, Tensor, fresh_uid
+from ..ir import build
 from ..ir.traverse import factors, product, substitute
 
 _FLOATS = ("float16", "bfloat16", "float32")
@@ -102,6 +104,8 @@ def library_form(outputs) -> LibraryForm | None:
 def _form(out: Compute, axes, c: IndexVar, left: Expr, b: Load, dt: str):
     ib = set(b.indices)
     la = left.free_vars
+    if left.dtype.name == "float32" and dt in ("float16", "bfloat16"):
+        left = build.cast(left, dt)   # rounded as a 16-bit matmul rounds its operand
     if c not in ib or c not in la or not la <= set(axes) | {c} or \
             (la | ib) != set(axes) | {c} or left.dtype.name != dt:
         return None

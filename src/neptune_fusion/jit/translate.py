@@ -18,12 +18,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ..frontend import lang as nf
 from ..ir import build
 from ..ir.nodes import Expr, Size
 from .views import Merges, Refused
 
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "int32", "int64")
+_NARROW = ("float16", "bfloat16")
+_CASTS = frozenset({torch.ops.aten._to_copy.default,
+                    torch.ops.prims.convert_element_type.default})
 
 
 @dataclass(frozen=True)
@@ -98,12 +103,33 @@ class Translator:
             raise Refused(f"{node.name}: no rule for {node.target}")
         shape, dtype = meta_of(node)
         load = rule.fn(self, node, shape)
+        # a cast to 16 bits whose value only feeds matmuls (through views, which carry
+        # it along) is left to the matmul, which rounds its operands to 16 bits itself: softmax's probabilities
+        # then stay one float32 expression, and the compiler moves their normalisation
+        # out of the sum (the division once per row, as in nf.attention) instead of
+        # repairing it per tile; the rounding point moves from p / l to p
+        keep32 = dtype in _NARROW and (node.target in _CASTS or rule.kind == "view") \
+            and self._only_into_dots(node)
 
-        def typed(idx, load=load, dtype=dtype):
+        def typed(idx, load=load, dtype=dtype, keep32=keep32):
             e = build.as_expr(load(idx))
-            return e if e.dtype.name == dtype else build.cast(e, dtype)
+            if e.dtype.name == dtype or (keep32 and e.dtype.name == "float32"):
+                return e
+            return build.cast(e, dtype)
 
         self.vals[node] = Val(shape, dtype, typed)
+
+    def _only_into_dots(self, node) -> bool:
+        """Whether every use of ``node``, through view ops, is a matmul operand."""
+        users = list(node.users)
+        while users:
+            u = users.pop()
+            rule = self.rules.get(u.target)
+            if rule is not None and rule.kind == "view":
+                users.extend(u.users)
+            elif rule is None or rule.kind != "contraction":
+                return False
+        return bool(node.users)
 
     def reduce_axis(self, n: int, name: str):
         return nf.reduce_axis(self.extent(n), name)
