@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.nodes import Cast, Compute, Expr, IndexVar, Load, Placeholder, Reduce, Tensor, fresh_uid
 from ..ir import build
+from ..ir.nodes import Cast, Compute, Expr, IndexVar, Load, Placeholder, Reduce, Tensor, fresh_uid
 from ..ir.traverse import factors, product, substitute
 
 _FLOATS = ("float16", "bfloat16", "float32")

@@ -104,10 +104,11 @@ class Translator:
         shape, dtype = meta_of(node)
         load = rule.fn(self, node, shape)
         # a cast to 16 bits whose value only feeds matmuls (through views, which carry
-        # it along) is left to the matmul, which rounds its operands to 16 bits itself: softmax's probabilities
-        # then stay one float32 expression, and the compiler moves their normalisation
-        # out of the sum (the division once per row, as in nf.attention) instead of
-        # repairing it per tile; the rounding point moves from p / l to p
+        # it along) is left to the matmul, which rounds its operands to 16 bits itself:
+        # softmax's probabilities then stay one float32 expression, and the compiler
+        # moves their normalisation out of the sum (the division once per row, as in
+        # nf.attention) instead of repairing it per tile; the rounding point moves from
+        # p / l to p
         keep32 = dtype in _NARROW and (node.target in _CASTS or rule.kind == "view") \
             and self._only_into_dots(node)
 
