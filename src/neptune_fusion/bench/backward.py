@@ -50,11 +50,7 @@ REFERENCE_BUDGET = 1 << 32
 
 def grad_threshold(dtype: torch.dtype) -> float:
     """The relative-error tolerance of gradients for inputs of ``dtype``."""
-    try:
-        return GRAD_THRESHOLDS[dtype]
-    except KeyError:
-        raise ValueError(f"no gradient threshold for dtype {dtype}; "
-                         f"known: {', '.join(str(d) for d in GRAD_THRESHOLDS)}") from None
+    return threshold_for(dtype, GRAD_THRESHOLDS, "gradient")
 
 
 def bound(dtype: torch.dtype, flex_error: float | None, provider: str) -> float:

@@ -25,13 +25,16 @@ THRESHOLDS: dict[torch.dtype, float] = {
 }
 
 
-def threshold_for(dtype: torch.dtype) -> float:
-    """The relative-error threshold for inputs of ``dtype``."""
+def threshold_for(dtype: torch.dtype, table: dict | None = None,
+                  what: str = "correctness") -> float:
+    """The relative-error threshold for inputs of ``dtype`` (from ``table``, default the
+    outputs' :data:`THRESHOLDS`); a ValueError naming the known dtypes otherwise."""
+    table = THRESHOLDS if table is None else table
     try:
-        return THRESHOLDS[dtype]
+        return table[dtype]
     except KeyError:
-        raise ValueError(f"no correctness threshold for dtype {dtype}; "
-                         f"known: {', '.join(str(d) for d in THRESHOLDS)}") from None
+        raise ValueError(f"no {what} threshold for dtype {dtype}; "
+                         f"known: {', '.join(str(d) for d in table)}") from None
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
