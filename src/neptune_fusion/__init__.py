@@ -66,13 +66,14 @@ _LAZY = {
     "merge_partials": "runtime.merge", "Partial": "runtime.merge",
     "StagedKernel": "runtime.staged", "prepare_attention": "frontend.prepared",
     "PreparedAttention": "frontend.prepared", "gradients": "autodiff.reverse",
+    "jit": "dynamo",   # the torch.compile backend (docs/jit.md)
 }
 
 
 def __getattr__(name: str):
     import importlib
-    if name in ("ops", "jit"):   # jit: the torch.compile backend, callable (docs/jit.md)
-        return importlib.import_module(f".{name}", __name__)
+    if name == "ops":
+        return importlib.import_module(".ops", __name__)
     where = _LAZY.get(name)
     if where is not None:
         return getattr(importlib.import_module(f".{where}", __name__), name)

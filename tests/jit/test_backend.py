@@ -209,11 +209,11 @@ def test_log_and_registration(monkeypatch, capsys):
     import tomllib
     from torch._dynamo.backends.registry import lookup_backend
 
-    import neptune_fusion.jit as jit_mod
+    import neptune_fusion.dynamo as jit_mod
     assert lookup_backend("neptune_fusion") is jit_mod.neptune_fusion
     eps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert eps["project"]["entry-points"]["torch_dynamo_backends"]["neptune_fusion"] == \
-        "neptune_fusion.jit:neptune_fusion"
+        "neptune_fusion.dynamo:neptune_fusion"
     monkeypatch.setenv("NEPTUNE_FUSION_LOG", "1")
     with torch.no_grad():
         nf.jit(lambda x: torch.logsumexp(x, -1), rest="eager")(_x())
@@ -223,7 +223,8 @@ def test_log_and_registration(monkeypatch, capsys):
 
 
 def test_dynamic_shapes_fall_back_with_the_reason():
-    backend = nf.jit.Backend(rest="eager")
+    from neptune_fusion.dynamo import Backend
+    backend = Backend(rest="eager")
     f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend, dynamic=True)
     x = _x()
     with torch.no_grad():
@@ -267,11 +268,11 @@ def test_entry_point_lookup_in_a_fresh_process(tmp_path):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nf-probe\nVersion: 0\n")
     (dist / "entry_points.txt").write_text(
-        "[torch_dynamo_backends]\nneptune_fusion = neptune_fusion.jit:neptune_fusion\n")
+        "[torch_dynamo_backends]\nneptune_fusion = neptune_fusion.dynamo:neptune_fusion\n")
     src = Path(nf.__file__).parents[1]
     # torch looks the name up first (the import-first order: test_log_and_registration)
     prog = ("import torch._dynamo as d; f = d.lookup_backend('neptune_fusion'); "
-            "import neptune_fusion.jit as j; assert f is j.neptune_fusion")
+            "import neptune_fusion.dynamo as j; assert f is j.neptune_fusion")
     subprocess.run([sys.executable, "-c", prog], check=True, timeout=120,
                    env={"PYTHONPATH": f"{tmp_path}:{src}", "PATH": "/usr/bin:/bin"})
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import neptune_fusion as nf
-from neptune_fusion.jit.partition import regions
-from neptune_fusion.jit.rules import RULES
-from neptune_fusion.jit.views import Merges, Refused, broadcast, view_groups, view_index
+from neptune_fusion.dynamo.partition import regions
+from neptune_fusion.dynamo.rules import RULES
+from neptune_fusion.dynamo.views import Merges, Refused, broadcast, view_groups, view_index
 
 
 def test_view_groups_pair_dimensions_of_equal_product():

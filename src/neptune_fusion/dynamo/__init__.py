@@ -1,5 +1,6 @@
 """``torch.compile(fn, backend="neptune_fusion")`` and ``nf.jit(fn)``: plain PyTorch in,
-its reduction chains fused (docs/jit.md).
+its reduction chains fused (docs/jit.md). The package is named for what it plugs into
+(Dynamo, torch.compile's graph capture); ``nf.jit`` is its :func:`jit`.
 
 The backend finds the connected parts of the ATen graph built of reductions, matmuls and
 elementwise ops that hold a *dependent* chain (a reduction reading another's final
@@ -16,8 +17,6 @@ Importing this module registers the backend name with torch (the package's entry
 from __future__ import annotations
 
 import functools
-import sys
-import types
 
 from .backend import RESTS, Backend, neptune_fusion
 from .report import Explanation, Fused, GraphReport, Left
@@ -31,8 +30,12 @@ def register() -> None:
     from importlib.metadata import entry_points
 
     from torch._dynamo.backends import registry
-    if any(ep.name == "neptune_fusion" for ep in entry_points(group="torch_dynamo_backends")):
+    ours = f"{__name__}:neptune_fusion"
+    if any(ep.name == "neptune_fusion" and ep.value == ours
+           for ep in entry_points(group="torch_dynamo_backends")):
         return   # torch loads it from the entry point, and refuses a name registered twice
+    # no entry point, or a stale one from an older install (another module path): the
+    # registry, which torch consults before entry points
     try:
         registry.register_backend(neptune_fusion, name="neptune_fusion")
     except AssertionError:   # "duplicate name": registered already (entry point, reload)
@@ -70,13 +73,4 @@ def jit(fn=None, *, rest: str = "inductor", dynamic: bool = False, log: bool | N
     return Jit(fn, rest=rest, dynamic=dynamic, log=log)
 
 
-class _CallableModule(types.ModuleType):
-    """``nf.jit`` is this package (importing ``neptune_fusion.jit`` binds the name to
-    it), so the package is callable: ``nf.jit(fn)`` is :func:`jit`."""
-
-    def __call__(self, fn=None, **kwargs):
-        return jit(fn, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 register()

@@ -1,7 +1,7 @@
 """Index maps of torch's views and broadcasting, as functions of index expressions.
 
 A translated tensor is a function from an index tuple (IR expressions) to the IR
-expression of its element (:class:`~neptune_fusion.jit.translate.Val`). A view changes
+expression of its element (:class:`~neptune_fusion.dynamo.translate.Val`). A view changes
 which element an index names; these helpers build the source index from the view's.
 
 ``view``/``reshape`` merge and split dimensions. A merge builds ``b * H + h``; splitting
