@@ -1,6 +1,8 @@
 """The compiler's pipeline: ``compile()`` and the stages it runs, in order, in one place.
 
-    outputs --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
+    outputs --axis_staging--> pass programs    (fusion/axes.py: only when a reduction
+                                                spans several axes; each compiled below)
+            --fusion.plan--> FusionPlan        (canon, normalize, graph, plan: dumped there)
             --check_phased--> one fused loop, or a chain of them over one axis of one
                               row (phases of one kernel), or else
             --split_passes--> pass programs, each one fused loop, each through the
@@ -280,6 +282,13 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     else:
         store = cache or None
     builder = Builder(outs, inputs, kname, single, store, fuse_all=require_single_pass)
+    from ..fusion.axes import axis_staging, has_multi_axis
+    if has_multi_axis(outs):   # one reduction axis per loop: a pass per partial result
+        if require_single_pass:
+            raise UnschedulableError(f"{kname}: a reduction over several axes at once runs "
+                                     "as several passes (fusion/axes.py); "
+                                     "require_single_pass=True refuses them")
+        return _staged(builder, auto, sched, store, top_k, log, axis_staging(list(outs)))
     if not auto and sched.strategy == "library":   # any plan: the product is cuBLAS's
         return builder.build(sched)
     try:
@@ -311,19 +320,29 @@ def _one(builder: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
                       log=log)
 
 
-def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
+def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log,
+            staging=None):
     """A multi-pass plan whose passes are not phases of one kernel: one kernel per pass
-    program (fusion/stages.py), run in order by a
-    :class:`~neptune_fusion.runtime.staged.StagedKernel`."""
+    program (fusion/stages.py, or ``staging`` given: fusion/axes.py), run in order by a
+    :class:`~neptune_fusion.runtime.staged.StagedKernel`. A pass program that needs
+    several passes itself compiles to its own staged kernel."""
     from ..fusion.stages import split_passes
     from .staged import StagedKernel
-    staging = split_passes(list(whole.outputs))
-    if staging.single_pass:   # nothing to split (e.g. no reduction at all): today's error
-        from ..codegen.lower import check_single_pass
-        check_single_pass(whole.plan)
+    nested = staging is not None   # a pass of fusion/axes.py may need passes of its own
+    if staging is None:
+        staging = split_passes(list(whole.outputs))
+        if staging.single_pass:   # nothing to split (no reduction at all): today's error
+            from ..codegen.lower import check_single_pass
+            check_single_pass(whole.plan)
     kernels = []
     for ps in staging.passes:
-        b = Builder(ps.outputs, ps.inputs, f"{whole.name}_pass{ps.index}", False, store)
+        name = f"{whole.name}_pass{ps.index}"
+        if nested:
+            kernels.append(compile(list(ps.outputs), list(ps.inputs), name=name,
+                                   schedule="auto" if auto else sched,
+                                   cache=store or False, log=log, top_k=top_k))
+            continue
+        b = Builder(ps.outputs, ps.inputs, name, False, store)
         b.form()
         kernels.append(_one(b, auto, sched, store, top_k, log))
     return StagedKernel(whole.outputs, whole.inputs, staging, tuple(kernels), whole.single,

@@ -86,10 +86,14 @@ class StagedKernel:
         return CacheInfo(sum(i.hits for i in infos), sum(i.misses for i in infos), None,
                          sum(i.currsize for i in infos))
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors, out=None):
+        """Run on ``tensors``; ``out`` as :meth:`Kernel.__call__` takes it (a staged pass
+        of another staged kernel writes there: copied, after the passes)."""
         if compiling():  # traced by torch.compile / torch.export: one op (torch_ops.py)
-            return call_kernel(self, tensors, self._single)
+            return call_kernel(self, tensors, self._single, out)
         outs = self.run(tensors)
+        if out is not None:
+            outs = [g if o is None else o.copy_(g) for o, g in zip(out, outs)]
         return outs[0] if self._single else outs
 
     def run(self, tensors) -> list:
