@@ -28,7 +28,7 @@ from ..ir.dtypes import float32
 from ..ir.graph import placeholders, tensors_in_order
 from ..ir.nodes import Compute, Expr, IndexVar, Load, Placeholder, Reduce, fresh_uid
 from ..ir.traverse import factors, product, rewrite, substitute
-from .stages import Pass, Staging
+from .stages import Pass, Staging, fresh_name
 
 _OPS = ("sum", "max", "min", "prod")
 _NARROW = ("float16", "bfloat16")
@@ -42,13 +42,11 @@ def has_multi_axis(outputs) -> bool:
                for e in walk(t.body))
 
 
-def split_axes(outputs: list[Compute]) -> tuple[list[Compute], list[Compute]]:
-    """``(outputs, partials)``: ``outputs`` with every multi-axis reduction split (module
-    docstring) -- computes that hold none, and read none that does, are returned as they
-    are -- and the partial computes made, in the order made."""
-    taken = {t.name for t in tensors_in_order(list(outputs))}
+def rebuilder(hook):
+    """``compute(t)``: ``t`` rebuilt bottom-up with ``hook(node)`` (a replacement or
+    None) applied to every node of its body and, through loads, of the computes it reads
+    (each rebuilt once; unchanged computes are returned as they are)."""
     memo: dict[int, Compute] = {}
-    partials: list[Compute] = []
 
     def compute(t: Compute) -> Compute:
         got = memo.get(id(t))
@@ -59,12 +57,26 @@ def split_axes(outputs: list[Compute]) -> tuple[list[Compute], list[Compute]]:
         return got
 
     def node(e: Expr) -> Expr | None:
-        if isinstance(e, Load) and isinstance(e.tensor, Compute):
-            t = compute(e.tensor)
-            return None if t is e.tensor else Load(t, e.indices)
+        got = hook(e)
+        if got is not None or not (isinstance(e, Load) and isinstance(e.tensor, Compute)):
+            return got
+        t = compute(e.tensor)
+        return None if t is e.tensor else Load(t, e.indices)
+    return compute
+
+
+def split_axes(outputs: list[Compute]) -> tuple[list[Compute], list[Compute]]:
+    """``(outputs, partials)``: ``outputs`` with every multi-axis reduction split (module
+    docstring) -- computes that hold none, and read none that does, are returned as they
+    are -- and the partial computes made, in the order made."""
+    taken = {t.name for t in tensors_in_order(list(outputs))}
+    partials: list[Compute] = []
+
+    def hook(e: Expr) -> Expr | None:
         if isinstance(e, Reduce) and len(e.axes) > 1 and e.op in _OPS:
             return _split(e, taken, partials)
         return None
+    compute = rebuilder(hook)
     return [compute(o) for o in outputs], partials
 
 
@@ -76,24 +88,12 @@ def axis_staging(outputs: list[Compute]) -> Staging:
     pipeline plans it like any program)."""
     outs, partials = split_axes(outputs)
     holders = {id(p): Placeholder(p.name, p.shape, p.dtype, fresh_uid()) for p in partials}
-    memo: dict[int, Compute] = {}
 
-    def compute(t: Compute) -> Compute:
-        got = memo.get(id(t))
-        if got is None:
-            body = rewrite(t.body, node)
-            got = t if body is t.body else Compute(t.name, t.shape, t.axes, body, fresh_uid())
-            memo[id(t)] = got
-        return got
-
-    def node(e: Expr) -> Expr | None:
-        if isinstance(e, Load) and isinstance(e.tensor, Compute):
-            ph = holders.get(id(e.tensor))
-            if ph is not None:
-                return Load(ph, e.indices)
-            t = compute(e.tensor)
-            return None if t is e.tensor else Load(t, e.indices)
+    def hook(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and id(e.tensor) in holders:
+            return Load(holders[id(e.tensor)], e.indices)
         return None
+    compute = rebuilder(hook)
     programs = {id(p): compute(Compute(p.name, p.shape, p.axes, p.body, fresh_uid()))
                 for p in partials}
     order: list[Compute] = []
@@ -134,18 +134,9 @@ def _split(e: Reduce, taken: set[str], partials: list[Compute]) -> Expr:
             inner = build.cast(inner, float32)
         coords = sorted(inner.free_vars, key=lambda v: (v.name, v.uid))
         xs = tuple(IndexVar(v.name, v.extent, "spatial", fresh_uid()) for v in coords)
-        t = Compute(_fresh(f"{e.op}_{a.name}", taken),
+        t = Compute(fresh_name(f"{e.op}_{a.name}", taken),
                     tuple(v.extent for v in coords), xs,
                     substitute(inner, dict(zip(coords, xs))), fresh_uid())
         partials.append(t)
         e = Reduce(e.op, product(rest + [Load(t, tuple(coords))]), e.axes[:-1])
     return e if e.dtype == dtype else build.cast(e, dtype)
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    out, k = name, 1
-    while out in taken:
-        k += 1
-        out = f"{name}_{k}"
-    taken.add(out)
-    return out

@@ -92,7 +92,7 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
                 raise CodegenError(
                     f"reduction {m.name} of a multi-pass plan has no spatial axis (a full "
                     "reduction to one value); the kernels block over a row axis")
-            name = _fresh(m.name, taken)
+            name = fresh_name(m.name, taken)
             body: Expr = m.node
             if body.dtype.name in _NARROW:
                 body = build.cast(body, float32)
@@ -143,7 +143,7 @@ def _alias(o: Compute) -> Placeholder | None:
     return None
 
 
-def _fresh(name: str, taken: set[str]) -> str:
+def fresh_name(name: str, taken: set[str]) -> str:
     base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name) or "r"
     out, k = base, 1
     while out in taken:
