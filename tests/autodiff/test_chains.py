@@ -59,16 +59,22 @@ def test_rmsnorm_then_matmul_passes_gradcheck():
     assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7)
 
 
-def test_log_sum_exp_passes_gradcheck():
-    """The max is differentiated here (the indicator of the arg-max): its terms cancel,
-    as log-sum-exp does not depend on the shift."""
-    N, M = 3, 5
+def _log_sum_exp(N, M):
+    """``(lse, x)``: max, then log-sum-exp shifted by it, over rows of ``x`` (N, M)."""
     x = nf.placeholder((N, M), "float32", name="x")
     j = nf.reduce_axis(M, "j")
     j2 = nf.reduce_axis(M, "j2")
     m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
     lse = nf.compute((N,), lambda i: m[i] + nf.log(nf.sum(nf.exp(x[i, j2] - m[i]), j2)),
                      name="lse")
+    return lse, x
+
+
+def test_log_sum_exp_passes_gradcheck():
+    """The max is differentiated here (the indicator of the arg-max): its terms cancel,
+    as log-sum-exp does not depend on the shift."""
+    N, M = 3, 5
+    lse, x = _log_sum_exp(N, M)
     fn, _ = differentiable(lse, [x])
     gen = torch.Generator().manual_seed(1)
     arg = torch.randn(N, M, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -108,13 +114,7 @@ def test_compiled_rmsnorm_matmul_is_differentiable():
 
 
 def test_compiled_log_sum_exp_is_differentiable():
-    N, M = nf.sizes("N M")
-    x = nf.placeholder((N, M), "float32", name="x")
-    j = nf.reduce_axis(M, "j")
-    j2 = nf.reduce_axis(M, "j2")
-    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
-    lse = nf.compute((N,), lambda i: m[i] + nf.log(nf.sum(nf.exp(x[i, j2] - m[i]), j2)),
-                     name="lse")
+    lse, _ = _log_sum_exp(*nf.sizes("N M"))
     kern = nf.compile(lse, differentiable=True, cache=False)
     gen = torch.Generator().manual_seed(3)
     arg = torch.randn(6, 40, generator=gen).requires_grad_()
