@@ -26,7 +26,8 @@ from neptune_fusion.distributed import (  # noqa: E402
     shard,
     sharded_decode,
 )
-from neptune_fusion.distributed.positions import hidden  # noqa: E402
+from neptune_fusion.distributed.positions import hidden, position_buffer  # noqa: E402
+from neptune_fusion.distributed.states import merge_flat, pack  # noqa: E402
 from neptune_fusion.frontend.attention import AttentionSpec, attention_definition  # noqa: E402
 
 
@@ -76,6 +77,12 @@ def test_merge_states_is_the_derived_merge(rng):
     assert torch.isneginf(lse[:, :, :2]).all() and (o[:, :, :2] == 0).all()
     assert torch.isfinite(lse[:, :, 2:]).all()
     assert math.isinf(parts[2][1][0, 0, 5].item())   # row 5 (position 3) sees no key >= 4
+    # the compiled merge of a decode step (one all_gather of packed states)
+    flat = torch.stack([pack(p[0], p[1]) for p in parts])
+    ko, kl = merge_flat(flat, parts[0][0].shape, parts[0][1].shape, parts[0][0].dtype)
+    W.close(ko, want_o, "o (compiled)")
+    W.close(kl, want_lse, "lse (compiled)")
+    assert torch.isneginf(kl[:, :, :2]).all() and (ko[:, :, :2] == 0).all()
     outs, _ = attention_definition(AttentionSpec("float32", W.HQ, W.HKV, W.DIM, W.DIM, 1.0))
     counts = (4, 0, 13, 13)
     merged = nf.merge_partials(nf.plan(outs[0]),
@@ -194,3 +201,34 @@ def test_wrapped_mods_follow_their_captured_values():
     o = sharded_decode(q, k[:, :, 10:], v[:, :, 10:], kv_offset=10, enable_gqa=True,
                        mask_mod=window)
     W.close(o, W.reference(q, k, v, 28, causal=True, window=4)[0], "window 4")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dv", [16, 7])
+def test_compiled_merge_in_narrow_dtypes(dtype, dv):
+    """Packed (o in the inputs' dtype, lse's float32 bits beside it, padded to 4 bytes for
+    an odd count) and merged by the compiled kernel: the float64 closed form, within the
+    dtype's rounding; rows no rank saw give o = 0 and lse = -inf."""
+    g = torch.Generator().manual_seed(dv)
+    lse = torch.randn((3, 1, 4, 2), generator=g) * 4
+    lse[:, 0, 1, 0] = -math.inf
+    lse[1, 0, 2, 1] = -math.inf
+    o = torch.randn((3, 1, 4, 2, dv), generator=g).to(dtype)
+    o[torch.isinf(lse)] = 0
+    got = torch.stack([pack(o[r], lse[r]) for r in range(3)])
+    mo, ml = merge_flat(got, o.shape[1:], lse.shape[1:], dtype)
+    want_o, want_l = merge_stacked(o.double(), lse.double())
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
+    assert mo.dtype == dtype and ml.dtype == torch.float32
+    torch.testing.assert_close(mo.double(), want_o, rtol=tol, atol=tol)
+    torch.testing.assert_close(ml.double(), want_l, rtol=1e-6, atol=1e-6)
+    assert ml[0, 1, 0].item() == -math.inf and (mo[0, 1, 0] == 0).all()
+
+
+def test_position_buffers_are_reused():
+    """One read-only [q0, k0] tensor per (device, offsets): a ring call's chunks find
+    theirs instead of copying (and, on a GPU, synchronising) again."""
+    a = position_buffer(3, 70, "cpu")
+    assert a.tolist() == [3, 70] and a.dtype == torch.int32
+    assert position_buffer(3, 70, "cpu") is a
+    assert position_buffer(4, 70, "cpu").tolist() == [4, 70]

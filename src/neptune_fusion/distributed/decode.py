@@ -4,7 +4,8 @@ Rank ``r`` holds keys ``kv_offset .. kv_offset + T_r - 1`` of the cache; every r
 the same queries. Each rank runs the (split-k) decode kernel on its shard with absolute
 positions (:mod:`.positions`), which also writes each row's log-sum-exp; the small states
 ``(o, lse)`` cross once (one all_gather), and every rank merges them
-(:func:`.states.merge_stacked`) into attention over the whole cache.
+(one compiled kernel, :func:`.states.merge_kernel`: the closed form of
+:func:`.states.merge_stacked`) into attention over the whole cache.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from ..errors import DistributedError
 from . import shards
 from .group import agree, all_gather_stacked, gather_ints, ranks
-from .states import merge_stacked
+from .states import merge_flat, pack
 
 WHAT = "sharded_decode"
 
@@ -72,11 +73,6 @@ def _run(q, k_local, v_local, kv_offset: int, q_offset: int, kwargs, where, retu
     got = shards.chunk(q, k_local, v_local, q_offset, kv_offset, kwargs, WHAT)
     o, lse = got if got is not None else shards.empty_state(q, v_local)
     if where.size > 1:
-        import torch
-        flat = torch.cat([o.to(torch.float32).reshape(-1), lse.reshape(-1)])
-        got = all_gather_stacked(flat, where)
-        split = o.numel()
-        o, lse = merge_stacked(got[:, :split].reshape(where.size, *o.shape),
-                               got[:, split:].reshape(where.size, *lse.shape))
-        o = o.to(q.dtype)
+        got = all_gather_stacked(pack(o, lse), where)
+        o, lse = merge_flat(got, o.shape, lse.shape, o.dtype)
     return (o, lse) if return_lse else o

@@ -23,7 +23,7 @@ from __future__ import annotations
 from ..errors import DistributedError
 from . import shards
 from .group import agree, gather_ints, ranks
-from .states import merge_states
+from .states import merge_many
 
 WHAT = "ring_attention"
 LAYOUTS = ("contiguous", "zigzag")
@@ -87,31 +87,39 @@ def ring_attention(q_local, k_local, v_local, *, group=None, layout: str = "cont
     r, p = where.rank, where.size
     q_segs = layout_segments(ns, layout)[r]
     k_segs = layout_segments(ts, layout)
-    states: list = [None] * len(q_segs)
+    states: list[list] = [[] for _ in q_segs]
     k_cur, v_cur = k_local.contiguous(), v_local.contiguous()
+    pairs = [(n_seg, q_seg, k_seg) for n_seg, q_seg in enumerate(q_segs)
+             for k_seg in range(len(k_segs[0]))]
     for step in range(p):
         src = (r - step) % p
         pending, nxt = [], None
-        if step < p - 1:   # start passing the chunk on before computing with it
-            pending, nxt = _pass_on(k_cur, v_cur, ts[src], ts[(src - 1) % p], where)
-        for n_seg, (q0, qa, qn) in enumerate(q_segs):
-            q = q_local.narrow(2, qa, qn)
-            for k0, ka, kn in k_segs[src]:
-                got = shards.chunk(q, k_cur.narrow(2, ka, kn), v_cur.narrow(2, ka, kn),
-                                   base + q0, k0, kwargs, WHAT)
-                if got is not None:
-                    old = states[n_seg]
-                    states[n_seg] = got if old is None else merge_states(
-                        [old[0], got[0]], [old[1], got[1]])
+        for n_pair, (n_seg, (q0, qa, qn), ks) in enumerate(pairs):
+            k0, ka, kn = k_segs[src][ks]
+            got = shards.chunk(q_local.narrow(2, qa, qn), k_cur.narrow(2, ka, kn),
+                               v_cur.narrow(2, ka, kn), base + q0, k0, kwargs, WHAT)
+            if got is not None:
+                states[n_seg].append(got)
+            if n_pair == 0 and step < p - 1:
+                # pass the chunk on once the first kernel is queued: the transfer runs
+                # beside the compute (and the GPU does not wait for its host setup)
+                pending, nxt = _pass_on(k_cur, v_cur, ts[src], ts[(src - 1) % p], where)
         for work in pending:
             work.wait()
         if nxt is not None:
             k_cur, v_cur = nxt
-    outs = [st if st is not None else shards.empty_state(q_local.narrow(2, qa, qn), v_local)
-            for st, (_, qa, qn) in zip(states, q_segs)]
     import torch
-    o = torch.cat([x[0].to(q_local.dtype) for x in outs], 2) if len(outs) > 1 \
-        else outs[0][0].to(q_local.dtype)
+    outs = []
+    for got, (_, qa, qn) in zip(states, q_segs):
+        if not got:
+            o, lse = shards.empty_state(q_local.narrow(2, qa, qn), v_local)
+        elif len(got) == 1:
+            o, lse = got[0][0].to(q_local.dtype), got[0][1]
+        else:
+            o, lse = merge_many([x[0] for x in got], [x[1] for x in got], q_local.dtype,
+                                return_lse)
+        outs.append((o, lse))
+    o = torch.cat([x[0] for x in outs], 2) if len(outs) > 1 else outs[0][0]
     if not return_lse:
         return o
     return o, (torch.cat([x[1] for x in outs], 2) if len(outs) > 1 else outs[0][1])
