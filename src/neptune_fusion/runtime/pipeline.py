@@ -254,6 +254,15 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
                        top_k=top_k, require_single_pass=require_single_pass, **options)
         return DifferentiableKernel(kern, compile, cache)
     outs, single = as_outputs(outputs)
+    from ..fusion.maps import as_unit_reductions, has_reduction
+    if not has_reduction(outs):   # a map: a loop of one iteration (fusion/maps.py)
+        mapped = as_unit_reductions(outs)
+        if mapped is None:
+            bad = [f"{o.name} ({o.body.dtype})" for o in outs if not o.body.dtype.is_float]
+            raise CodegenError(f"{', '.join(bad)} reduce(s) nothing and is not floating "
+                               "point; a kernel of maps writes float outputs: cast with "
+                               "nf.cast(..., 'float32')")
+        outs = mapped
     needed = placeholders(outs)
     inputs = list(needed if inputs is None else inputs)
     for k, p in enumerate(inputs):
