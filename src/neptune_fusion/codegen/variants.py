@@ -140,7 +140,7 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     if not schedule.partition:
         bounds = (("lo", Const(0, row.dtype)), ("hi", ext))
         return bounds, (segment("lo", "hi", masked, True),), ()
-    part, proven = analyse(exprs, row, loop)
+    part, proven = analyse([fold(e) for e in exprs], row, loop)   # ~c, c & True: canonical
 
     def interior(e: Expr) -> Expr:
         return fold(substitute(e, proven))

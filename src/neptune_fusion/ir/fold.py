@@ -119,12 +119,15 @@ def _fold_cast(e: Expr) -> Expr | None:
 
 
 def _fold_where(e: Expr) -> Expr | None:
-    # where(True, a, b) = a;  where(False, a, b) = b;  where(c, a, a) = a
+    # where(True, a, b) = a;  where(False, a, b) = b;  where(c, a, a) = a;
+    # where(~c, a, b) = where(c, b, a)  (a mask reads as the condition that keeps)
     if isinstance(e, Where):
         if isinstance(e.cond, Const):
             return e.a if e.cond.value else e.b
         if e.a is e.b:
             return e.a
+        if isinstance(e.cond, Unary) and e.cond.op == "not":
+            return Where(e.cond.x, e.b, e.a)
     return None
 
 
