@@ -73,3 +73,36 @@ def test_gqa_and_softcap_backward_keep_delta_apart():
     assert group == 4 and kernels.delta is not None
     _, ranked = _h200_best(kernels.dkv)
     assert ranked
+
+
+def _loop_bodies(src: str) -> list[str]:
+    """The text of each ``for`` loop of a kernel's source (its indented body)."""
+    bodies, cur = [], None
+    for line in src.splitlines():
+        if line.startswith("    for "):
+            cur = []
+            bodies.append(cur)
+        elif cur is not None and line.startswith("        "):
+            cur.append(line)
+        else:
+            cur = None
+    return ["\n".join(b) for b in bodies]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_tile_is_loaded_once_per_iteration(head_dim):
+    """``k[j, c]`` for ``q . k`` (over ``c``) and ``k[j, c']`` for ``dS . k`` (output
+    column ``c'``) are one tile: loaded once, the second use ``tl.trans`` of the first (as
+    ``q``/``qT`` and ``d_o``/``d_oT`` in the d_k, d_v loop). They were loaded twice."""
+    kernels, _ = build_backward(_Forward(head_dim), False)
+    for k, reused in ((kernels.dq, ("k",)), (kernels.dkv, ("q", "d_o"))):
+        _, ranked = _h200_best(k)
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        bodies = _loop_bodies(src)
+        assert len(bodies) >= 2
+        for body in bodies:
+            for name in ("q", "k", "v", "d_o", "lse", "delta"):
+                assert body.count(f"tl.load({name}_base ") <= 1, (name, body)
+            for name in reused:
+                assert body.count(f"tl.load({name}_base ") == 1
+                assert f"= tl.trans({name}T" in body, body
