@@ -106,3 +106,19 @@ def test_each_tile_is_loaded_once_per_iteration(head_dim):
             for name in reused:
                 assert body.count(f"tl.load({name}_base ") == 1
                 assert f"= tl.trans({name}T" in body, body
+
+
+def test_the_backward_source_script_prints_both_kernels(capsys):
+    """``benchmarks/backward_source.py`` (for the lead's dumps on the GPU machine)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[2] / "benchmarks" / "backward_source.py"
+    spec = importlib.util.spec_from_file_location("backward_source", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["PF-Causal", "--head-dim", "64", "--seq", "1024", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in ("delta", "dq", "dkv"):
+        assert f"##### {name}: NVIDIA H200" in out
+    assert "def attention_backward_dq(" in out and "def attention_backward_dkdv(" in out
+    assert "# [1] rolling " in out
