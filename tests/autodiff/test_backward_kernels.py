@@ -122,3 +122,18 @@ def test_the_backward_source_script_prints_both_kernels(capsys):
         assert f"##### {name}: NVIDIA H200" in out
     assert "def attention_backward_dq(" in out and "def attention_backward_dkdv(" in out
     assert "# [1] rolling " in out
+
+
+def test_masked_tiles_compute_p_once():
+    """A mask's derivative that ``p`` already applies is dropped (``autodiff/masks.py``):
+    ``d_qk = where(j <= i, d_s, 0) * scale`` is ``d_s * scale``, since ``p = exp(s -
+    lse)`` is 0 where the mask fails. The d_k, d_v kernel's masked tiles computed ``p``
+    twice (the select folded into one exponent, not the other), the d_q kernel's anded
+    the mask with itself."""
+    kernels, _ = build_backward(_Forward(128), False)
+    for k in (kernels.dq, kernels.dkv):
+        _, ranked = _h200_best(k)
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        for body in _loop_bodies(src):
+            assert body.count("tl.exp2(") == 1, body
+            assert body.count("offs_jj[None, :] <= offs_i[:, None]") <= 1, body
