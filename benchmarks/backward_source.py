@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="print the source of the schedule ranked PICK (0: the first)")
     p.add_argument("--kernel", choices=("all", "delta", "dq", "dkv"), default="all")
     p.add_argument("--time", action="store_true",
-                   help="run and time each listed schedule (see above)")
+                   help="run and time each listed schedule on random inputs (CUDA with "
+                        "--device cuda, else the CPU interpreter: small --seq only)")
     p.add_argument("--quiet", action="store_true", help="no source, only the ranking")
     p.add_argument("--all", action="store_true",
                    help="list (and time) every candidate, those the model finds "
