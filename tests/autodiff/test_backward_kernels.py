@@ -73,3 +73,67 @@ def test_gqa_and_softcap_backward_keep_delta_apart():
     assert group == 4 and kernels.delta is not None
     _, ranked = _h200_best(kernels.dkv)
     assert ranked
+
+
+def _loop_bodies(src: str) -> list[str]:
+    """The text of each ``for`` loop of a kernel's source (its indented body)."""
+    bodies, cur = [], None
+    for line in src.splitlines():
+        if line.startswith("    for "):
+            cur = []
+            bodies.append(cur)
+        elif cur is not None and line.startswith("        "):
+            cur.append(line)
+        else:
+            cur = None
+    return ["\n".join(b) for b in bodies]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_each_tile_is_loaded_once_per_iteration(head_dim):
+    """``k[j, c]`` for ``q . k`` (over ``c``) and ``k[j, c']`` for ``dS . k`` (output
+    column ``c'``) are one tile: loaded once, the second use ``tl.trans`` of the first (as
+    ``q``/``qT`` and ``d_o``/``d_oT`` in the d_k, d_v loop). They were loaded twice."""
+    kernels, _ = build_backward(_Forward(head_dim), False)
+    for k, reused in ((kernels.dq, ("k",)), (kernels.dkv, ("q", "d_o"))):
+        _, ranked = _h200_best(k)
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        bodies = _loop_bodies(src)
+        assert len(bodies) >= 2
+        for body in bodies:
+            for name in ("q", "k", "v", "d_o", "lse", "delta"):
+                assert body.count(f"tl.load({name}_base ") <= 1, (name, body)
+            for name in reused:
+                assert body.count(f"tl.load({name}_base ") == 1
+                assert f"= tl.trans({name}T" in body, body
+
+
+def test_the_backward_source_script_prints_both_kernels(capsys):
+    """``benchmarks/backward_source.py`` (for the lead's dumps on the GPU machine)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).parents[2] / "benchmarks" / "backward_source.py"
+    spec = importlib.util.spec_from_file_location("backward_source", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["PF-Causal", "--head-dim", "64", "--seq", "1024", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    for name in ("delta", "dq", "dkv"):
+        assert f"##### {name}: NVIDIA H200" in out
+    assert "def attention_backward_dq(" in out and "def attention_backward_dkdv(" in out
+    assert "# [1] rolling " in out
+
+
+def test_masked_tiles_compute_p_once():
+    """A mask's derivative that ``p`` already applies is dropped (``autodiff/masks.py``):
+    ``d_qk = where(j <= i, d_s, 0) * scale`` is ``d_s * scale``, since ``p = exp(s -
+    lse)`` is 0 where the mask fails. The d_k, d_v kernel's masked tiles computed ``p``
+    twice (the select folded into one exponent, not the other), the d_q kernel's anded
+    the mask with itself."""
+    kernels, _ = build_backward(_Forward(128), False)
+    for k in (kernels.dq, kernels.dkv):
+        _, ranked = _h200_best(k)
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        for body in _loop_bodies(src):
+            assert body.count("tl.exp2(") == 1, body
+            assert body.count("offs_jj[None, :] <= offs_i[:, None]") <= 1, body

@@ -27,6 +27,7 @@ from ..errors import DerivativeError
 from ..ir.graph import tensors_in_order
 from ..ir.nodes import Cast, Compute, Expr, Load, Placeholder, Reduce, Tensor, fresh_uid
 from ..ir.traverse import rewrite, walk
+from .masks import drop_implied_masks
 from .reverse import gradients
 from .softmax import lse_link, saved_output_rule, use_saved_lse
 
@@ -122,4 +123,5 @@ def attention_backward(outputs: Sequence[Compute], inputs: Sequence[Placeholder]
     for name, g in zip("qkv", grads):
         if g is None:
             raise DerivativeError(f"attention's output does not depend on {name}")
+    grads = drop_implied_masks(grads, lse)
     return AttentionBackward(tuple(grads), (q, k, v, saved_o, d_o, lse, *bufs), s, p)

@@ -66,6 +66,7 @@ class Lowerer(TileOps):
         self.args = {t.tensor: t for t in prog.inputs + tuple(o.arg for o in prog.outputs)}
         self._variant: dict[Expr, bool] = {}
         self._roles: dict[Expr, frozenset[str]] = {}
+        self._twins: dict[IndexVar, IndexVar] = {}
         self.cur = block  # where the value being lowered is emitted
 
     # ------------------------------------------------------------------ helpers

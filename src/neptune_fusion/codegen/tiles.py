@@ -14,7 +14,7 @@ from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
-from ..ir.traverse import factors, product, walk
+from ..ir.traverse import factors, product, substitute, walk
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
@@ -199,9 +199,64 @@ class TileOps:
         rest = [t for t in terms if t is not tiles[0]]
         return tiles[0], sum_of(rest)
 
+    def twin(self, v: IndexVar) -> IndexVar:
+        """The first column or inner axis of the kernel whose tiles cover exactly what
+        ``v``'s do (same extent, tile size and masking; not tiled across programs, not
+        chunked): ``v`` itself when there is none before it. A derived program reads
+        ``k[j, c]`` for a dot over ``c`` and ``k[j, c']`` for one that outputs ``c'``:
+        over equal tiles of ``c`` and ``c'`` that is one tile of ``k``."""
+        got = self._twins.get(v)
+        if got is None:
+            got, ax = v, self.roles.get(v)
+            if ax is not None and ax.role in ("col", "inner"):
+                got = next(a.var for a in self.prog.axes if self._same_tiles(a, ax))
+            self._twins[v] = got
+        return got
+
+    def _same_tiles(self, a: Axis, b: Axis) -> bool:
+        if a is b:
+            return True
+        return (a.role in ("col", "inner") and a.extent == b.extent
+                and a.block_size == b.block_size and a.chunk is None and b.chunk is None
+                and not a.programs and not b.programs and self.needs_mask(a) == self.needs_mask(b))
+
+    def shared_tile(self, e: Load, axes) -> tuple[object, tuple[IndexVar, ...]] | None:
+        """``(key, variable order)`` of a 2-d tile load whose indices are bare tile
+        variables (or free of tile axes), the variables replaced by their :meth:`twin`:
+        two loads with one key read the same elements, in that order or transposed."""
+        if len(axes) != 2:
+            return None
+        by_role: dict[str, IndexVar] = {}
+        for idx in e.indices:
+            roles = self.tile_roles(idx)
+            if not roles:
+                continue
+            if not isinstance(idx, IndexVar) or self.role_of(idx) in by_role:
+                return None
+            by_role[self.role_of(idx)] = idx
+        if set(by_role) != set(axes):
+            return None
+        order = tuple(self.twin(by_role[r]) for r in axes)
+        if order[0] == order[1]:
+            return None
+        same = {v: self.twin(v) for v in by_role.values() if self.twin(v) is not v}
+        return ("tile", substitute(e, same) if same else e), order
+
     def load(self, e: Load, axes, where: Expr | None = None) -> Val:
         """``e`` as a ``tl.load``; ``where``: a condition under which it reads 0 instead
-        (``where(c, x[...], 0)`` is a masked load: not dereferenced where ``c`` fails)."""
+        (``where(c, x[...], 0)`` is a masked load: not dereferenced where ``c`` fails).
+
+        A 2-d tile already loaded here under another name of its axes (:meth:`twin`), or
+        in the other layout, is read from that load (``tl.trans`` of it when transposed,
+        a free view for ``tl.dot``) instead of being loaded twice."""
+        shared = self.shared_tile(e, axes) if where is None else None
+        if shared is not None:
+            got = self.cur.lookup(shared[0])
+            if got is not None:
+                name, order, kind = got
+                if order == shared[1]:
+                    return Val(name, axes, kind)
+                return Val(f"tl.trans({name})", axes, kind)
         base, offset, mask = self.address(e.tensor, e.indices)
         if where is not None:
             mask = where if mask is None else Binary("and", mask, where)
@@ -209,7 +264,12 @@ class TileOps:
         code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
         if mask is not None:
             code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
-        return Val(code + ")", axes, KIND[e.tensor.dtype.name])
+        val = Val(code + ")", axes, KIND[e.tensor.dtype.name])
+        if shared is None:
+            return val
+        name = self.cur.bind(self.default_hint(e, val), val.code)
+        self.cur.remember(shared[0], (name, shared[1], val.kind))
+        return Val(name, axes, val.kind)
 
     # ------------------------------------------------------------------ reductions
     def reduce(self, e: Reduce, axes) -> Val:
