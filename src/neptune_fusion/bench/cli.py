@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..ops import OPERATORS
 from ..settings import set_triton_interpret, triton_interpret
-from .providers import PROVIDER_NAMES
+from .providers import OPT_IN, PROVIDER_NAMES
 
 DTYPES = ("bfloat16", "float16")
 CHAIN_DTYPES = ("float32", "bfloat16")
@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "chains: float32 or bfloat16, default both in one run; serving: "
                         "float16 or bfloat16, default both)")
     p.add_argument("--providers", type=_csv, default=None,
-                   help=f"comma-separated providers (default all: {','.join(PROVIDER_NAMES)})")
+                   help=f"comma-separated providers of {','.join(PROVIDER_NAMES)} (default "
+                        f"all but the opt-in {','.join(OPT_IN)})")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default benchmarks/results/<date>-<gpu>)")
     p.add_argument("--backward", action="store_true",

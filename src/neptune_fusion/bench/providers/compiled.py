@@ -47,3 +47,19 @@ def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 COMPILED = Provider("torch-compile", "torch.compile", "compiler",
                     "torch.compile of plain PyTorch attention (softmax(q k^T * scale + bias) v)",
                     prepare)
+
+
+def prepare_jit(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                ctx: RunContext) -> Prepared | Unsupported:
+    """The same plain attention through neptune-fusion's torch.compile backend
+    (``nf.jit``: the chain translated and compiled by us, the rest by Inductor)."""
+    from ...dynamo import jit
+    raise_recompile_limits()
+    compiled = jit(plain_attention(op, k.shape[2]))
+    return Prepared(lambda: compiled(q, k, v),
+                    "plain PyTorch, torch.compile(backend='neptune_fusion')")
+
+
+JIT = Provider("neptune-jit", "nf.jit", "compiler",
+               "the same plain PyTorch attention through neptune-fusion's torch.compile "
+               "backend (opt-in: --providers ...,neptune-jit)", prepare_jit)
