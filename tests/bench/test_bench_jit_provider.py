@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from neptune_fusion.bench.cli import main
 from neptune_fusion.bench.providers import OPT_IN, select_providers
 
