@@ -22,3 +22,15 @@ def test_jit_provider_smoke(tmp_path):
     rows = json.loads((tmp_path / "results.json").read_text())
     got = [r for r in rows["records"] if r["provider"] == "neptune-jit"]
     assert got and all(r["status"] == "ok" for r in got), got
+
+
+def test_chain_jit_provider_smoke(tmp_path):
+    from neptune_fusion.bench.providers.chains import CHAIN_OPT_IN, select_chain_providers
+    assert "neptune-jit" in CHAIN_OPT_IN
+    assert "neptune-jit" not in [p.name for p in select_chain_providers(None)]
+    rc = main(["--suite", "chains", "--cpu-smoke", "--ops", "logsumexp", "--providers",
+               "neptune,neptune-jit,torch-compile", "--no-plots", "--out", str(tmp_path)])
+    assert rc == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "## Through the torch.compile backend (neptune-jit)" in report
+    assert "| logsumexp | float32 |" in report.split("neptune-jit)")[1]

@@ -202,12 +202,37 @@ def chain_markdown(doc: dict, records: Sequence[ChainRecord],
             "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(_escape(c) for c in row) + " |"
             for row in chain_rows(comparisons, smoke)]
+    out += jit_lines(records, comparisons, smoke)
     failures = [r for r in records if r.status != "ok"]
     out += ["", "## Not timed", ""]
     out += [f"* {r.chain} {r.dtype} {r.provider}: {r.status}: {_escape(r.reason)}"
             for r in failures] or ["Every point was correct and timed."]
     out.append("")
     return "\n".join(out)
+
+
+def jit_lines(records: Sequence[ChainRecord], comparisons: Sequence[ChainComparison],
+              smoke: bool) -> list[str]:
+    """The opt-in ``neptune-jit`` provider's points (the plain form through the
+    torch.compile backend) against torch.compile and nf.compile; none when not run."""
+    jit = {(r.chain, r.dtype): r for r in records if r.provider == "neptune-jit"}
+    if not jit:
+        return []
+    out = ["", "## Through the torch.compile backend (neptune-jit)", "",
+           "| chain | dtype | nf.jit ms | vs torch.compile | vs nf.compile | cold compile s "
+           "| correct |", "|---|---|---:|---:|---:|---:|---|"]
+    for c in comparisons:
+        r = jit.get((c.chain, c.dtype))
+        if r is None:
+            continue
+        ms = r.ms if r.status == "ok" and not smoke else None
+        out.append(f"| {c.chain} | {c.dtype} | {_num(ms, '.4f')} | "
+                   f"{fmt_ratio(ratio(c._ms(c.compiled), ms))} | "
+                   f"{fmt_ratio(ratio(ms, c._ms(c.neptune)))} | {_secs(r)} | {_status(r)} |")
+    out.append("")
+    out.append("vs nf.compile = nf.jit ms / nf.compile ms (above 1: the backend is slower "
+               "than the chain written in neptune-fusion's language).")
+    return out
 
 
 def render_chains(console: Console, comparisons: Sequence[ChainComparison],

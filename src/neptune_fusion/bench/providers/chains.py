@@ -20,7 +20,9 @@ from ._compile import raise_recompile_limits
 from .base import Group, Prepared, RunContext, Unsupported
 
 ChainPrepareFn = Callable[[Chain, Sequence[torch.Tensor], RunContext], "Prepared | Unsupported"]
-CHAIN_PROVIDER_NAMES: tuple[str, ...] = ("torch-eager", "torch-compile", "neptune")
+CHAIN_PROVIDER_NAMES: tuple[str, ...] = ("torch-eager", "torch-compile", "neptune-jit",
+                                         "neptune")
+CHAIN_OPT_IN: tuple[str, ...] = ("neptune-jit",)   # run only when named
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,21 +75,42 @@ def prepare_compiled(chain: Chain, tensors: Sequence[torch.Tensor],
     return Prepared(lambda: compiled(*args), "plain PyTorch, torch.compile(dynamic=False), cold")
 
 
+def prepare_jit(chain: Chain, tensors: Sequence[torch.Tensor],
+                ctx: RunContext) -> Prepared | Unsupported:
+    """The plain form through neptune-fusion's torch.compile backend (``nf.jit``), cold:
+    the chains it finds translated and compiled without the disk cache, the rest to
+    Inductor (FX graph cache off)."""
+    import torch._inductor.config as inductor_config
+
+    from ...dynamo import jit
+    raise_recompile_limits()
+    torch._dynamo.reset()
+    inductor_config.fx_graph_cache = False
+    compiled = jit(chain.plain)
+    args = tuple(tensors)
+    return Prepared(lambda: compiled(*args), "plain PyTorch, torch.compile(backend="
+                    "'neptune_fusion'), cold")
+
+
 EAGER = ChainProvider("torch-eager", "torch eager", "library",
                       "the plain PyTorch chain, eager", prepare_eager)
 COMPILED = ChainProvider("torch-compile", "torch.compile", "compiler",
                          "torch.compile (Inductor) of the plain PyTorch chain", prepare_compiled)
 NEPTUNE = ChainProvider("neptune", "neptune-fusion", "neptune",
                         "nf.compile of the chain's program (auto schedule)", prepare_neptune)
-CHAIN_PROVIDERS: tuple[ChainProvider, ...] = (EAGER, COMPILED, NEPTUNE)
+JIT = ChainProvider("neptune-jit", "nf.jit", "compiler",
+                    "the plain PyTorch chain through neptune-fusion's torch.compile backend "
+                    "(opt-in)", prepare_jit)
+CHAIN_PROVIDERS: tuple[ChainProvider, ...] = (EAGER, COMPILED, JIT, NEPTUNE)
 
 
 def select_chain_providers(names: Sequence[str] | None) -> tuple[ChainProvider, ...]:
-    """The chain providers named, in report order; all of them for None or empty."""
+    """The chain providers named, in report order; all but :data:`CHAIN_OPT_IN` for
+    None or empty."""
     if names:
         unknown = [n for n in names if n not in CHAIN_PROVIDER_NAMES]
         if unknown:
             raise ValueError(f"unknown chain provider(s) {', '.join(unknown)}; "
                              f"choose from {', '.join(CHAIN_PROVIDER_NAMES)}")
-    wanted = set(names or CHAIN_PROVIDER_NAMES)
+    wanted = set(names or [n for n in CHAIN_PROVIDER_NAMES if n not in CHAIN_OPT_IN])
     return tuple(p for p in CHAIN_PROVIDERS if p.name in wanted)
