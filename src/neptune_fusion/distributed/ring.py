@@ -2,8 +2,9 @@
 
 The key/value chunks travel the ring: at step ``s`` rank ``r`` holds the keys of rank
 ``r - s``, sends them on to ``r + 1`` and receives the next from ``r - 1`` with
-``torch.distributed.batch_isend_irecv``, started *before* computing on the current chunk
-and waited *after* it, so the transfer overlaps the kernel. Each (query segment, key
+``torch.distributed.batch_isend_irecv``, started once the step's first kernel is queued
+and waited after the step's last, so the transfer overlaps the kernels (and the GPU
+does not wait for the transfer's host setup). Each (query segment, key
 segment) pair gives ``(o, lse)`` (one kernel, absolute positions for the mods), merged
 into the segment's running state (:func:`.states.merge_states`); a pair the mask hides
 entirely (a causal mask's future) is not computed, only forwarded.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from ..errors import DistributedError
 from . import shards
 from .group import agree, gather_ints, ranks
-from .states import merge_many
+from .states import merge_states
 
 WHAT = "ring_attention"
 LAYOUTS = ("contiguous", "zigzag")
@@ -87,7 +88,7 @@ def ring_attention(q_local, k_local, v_local, *, group=None, layout: str = "cont
     r, p = where.rank, where.size
     q_segs = layout_segments(ns, layout)[r]
     k_segs = layout_segments(ts, layout)
-    states: list[list] = [[] for _ in q_segs]
+    states: list = [None] * len(q_segs)
     k_cur, v_cur = k_local.contiguous(), v_local.contiguous()
     pairs = [(n_seg, q_seg, k_seg) for n_seg, q_seg in enumerate(q_segs)
              for k_seg in range(len(k_segs[0]))]
@@ -99,7 +100,9 @@ def ring_attention(q_local, k_local, v_local, *, group=None, layout: str = "cont
             got = shards.chunk(q_local.narrow(2, qa, qn), k_cur.narrow(2, ka, kn),
                                v_cur.narrow(2, ka, kn), base + q0, k0, kwargs, WHAT)
             if got is not None:
-                states[n_seg].append(got)
+                old = states[n_seg]
+                states[n_seg] = got if old is None else merge_states(
+                    [old[0], got[0]], [old[1], got[1]])
             if n_pair == 0 and step < p - 1:
                 # pass the chunk on once the first kernel is queued: the transfer runs
                 # beside the compute (and the GPU does not wait for its host setup)
@@ -108,18 +111,11 @@ def ring_attention(q_local, k_local, v_local, *, group=None, layout: str = "cont
             work.wait()
         if nxt is not None:
             k_cur, v_cur = nxt
+    outs = [st if st is not None else shards.empty_state(q_local.narrow(2, qa, qn), v_local)
+            for st, (_, qa, qn) in zip(states, q_segs)]
     import torch
-    outs = []
-    for got, (_, qa, qn) in zip(states, q_segs):
-        if not got:
-            o, lse = shards.empty_state(q_local.narrow(2, qa, qn), v_local)
-        elif len(got) == 1:
-            o, lse = got[0][0].to(q_local.dtype), got[0][1]
-        else:
-            o, lse = merge_many([x[0] for x in got], [x[1] for x in got], q_local.dtype,
-                                return_lse)
-        outs.append((o, lse))
-    o = torch.cat([x[0] for x in outs], 2) if len(outs) > 1 else outs[0][0]
+    o = torch.cat([x[0].to(q_local.dtype) for x in outs], 2) if len(outs) > 1 \
+        else outs[0][0].to(q_local.dtype)
     if not return_lse:
         return o
     return o, (torch.cat([x[1] for x in outs], 2) if len(outs) > 1 else outs[0][1])

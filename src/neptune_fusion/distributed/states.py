@@ -68,46 +68,40 @@ FLOOR = -1e30
 _KERNELS: dict = {}   # (Dv, dtypes, lse?) -> the compiled merge (a bounded memo of derived code)
 
 
-def merge_kernel(dv: int, dtype: str, out_dtype: str | None = None, with_lse: bool = True,
-                 ranks_last: bool = False, ranks: int = 8):
+def merge_kernel(dv: int, dtype: str, ranks: int = 8):
     """The compiled merge of ``P`` stacked states: ``(lse (P, R) float32, o (P, R * dv)
-    dtype) -> (o (R * dv,) out_dtype, lse (R * dv,) float32)`` (each row's log-sum-exp
-    repeated over its ``dv`` values; ``with_lse=False``: ``o`` alone). ``ranks_last``:
-    the states stacked along their last axis instead, ``lse (R, P)``, ``o (R * dv, P)``,
-    so that a tile of rows reads contiguous memory (the ring's large states: stacked
-    first, the tile's rank axis strides by a whole state and its loads do not coalesce;
-    measured on the H200, 2026-12-01: 3.8 ms against 0.56 ms for torch's merge of two
-    8k x 32 x 128 states). One fixed schedule, so every rank runs the same arithmetic and
-    returns the same bits; its rank tile is ``ranks`` rounded up to a power of two (a
-    tile that is mostly masked lanes wastes the loads' width)."""
+    dtype) -> (o (R * dv,) dtype, lse (R * dv,) float32)`` (each row's log-sum-exp
+    repeated over its ``dv`` values). One fixed schedule, so every rank runs the same
+    arithmetic and returns the same bits; its rank tile is ``ranks`` rounded up to a
+    power of two. Made for a decode step's small states: on the ring's large ones (8k
+    rows x 32 heads x 128, H200, 2026-12-01) it took 3.8 ms for two states stacked
+    rank-first (the tile's rank axis strides by a whole state: uncoalesced loads) and
+    0.5-1.9 ms stacked rank-last (two to four states; torch's pairwise merges 0.57-1.40
+    ms), so the ring merges with :func:`merge_states`."""
     import math
 
     from ..runtime.inputs import remember
-    out_dtype = out_dtype or dtype
     tile = max(2, 1 << (max(ranks, 1) - 1).bit_length())
-    key = (dv, dtype, out_dtype, with_lse, ranks_last, tile)
+    key = (dv, dtype, tile)
     got = _KERNELS.get(key)
     if got is not None:
         return got
     import neptune_fusion as nf
     P, R, Q = nf.sizes("P R Q")
-    lse = nf.placeholder((R, P) if ranks_last else (P, R), name="lse")
-    o = nf.placeholder((Q, P) if ranks_last else (P, Q), name="o", dtype=dtype)
+    lse = nf.placeholder((P, R), name="lse")
+    o = nf.placeholder((P, Q), name="o", dtype=dtype)
     p = nf.reduce_axis(P, "p")
 
-    def at(t, row, p_):
-        return t[row, p_] if ranks_last else t[p_, row]
-
     def a(p_, q):
-        return nf.maximum(at(lse, q // dv, p_), FLOOR)
+        return nf.maximum(lse[p_, q // dv], FLOOR)
     m = nf.compute((Q,), lambda q: nf.max(a(p, q), p), name="m")
     w = lambda q: nf.exp(a(p, q) - m[q])  # noqa: E731
     l_ = nf.compute((Q,), lambda q: nf.sum(w(q), p), name="l")
-    s = nf.compute((Q,), lambda q: nf.sum(w(q) * at(o, q, p), p), name="s")
-    out = nf.compute((Q,), lambda q: nf.cast(s[q] / l_[q], out_dtype), name="o_merged")
+    s = nf.compute((Q,), lambda q: nf.sum(w(q) * o[p, q], p), name="s")
+    out = nf.compute((Q,), lambda q: nf.cast(s[q] / l_[q], dtype), name="o_merged")
     lse_out = nf.compute((Q,), lambda q: nf.where(m[q] <= FLOOR, -math.inf,
                                                   m[q] + nf.log(l_[q])), name="lse_merged")
-    got = nf.compile([out, lse_out] if with_lse else out, [lse, o], name="merge_states",
+    got = nf.compile([out, lse_out], [lse, o], name="merge_states",
                      schedule=nf.Schedule(block_m=256, block_n=tile, num_warps=4,
                                           num_stages=1))
     remember(_KERNELS, key, got, 16)
@@ -125,20 +119,6 @@ def merge_flat(got, o_shape, lse_shape, dtype):
     lse_s = got[:, n_o + pad:].view(torch.float32)
     o, lse = merge_kernel(dv, str(dtype).removeprefix("torch."), ranks=got.shape[0])(lse_s, o_s)
     return o.view(o_shape), lse.view(-1, dv)[:, 0].reshape(lse_shape)
-
-
-def merge_many(os: Sequence, lses: Sequence, dtype, with_lse: bool):
-    """:func:`merge_states` as one compiled kernel over the states stacked (one copy
-    each): ``(o, lse)``, o in ``dtype``; lse (float32) only ``with_lse``, else None."""
-    import torch
-    shape, lse_shape = os[0].shape, lses[0].shape
-    o = torch.stack([x.reshape(-1) for x in os], -1)
-    lse = torch.stack([x.to(torch.float32).reshape(-1) for x in lses], -1)
-    kern = merge_kernel(shape[-1], str(o.dtype).removeprefix("torch."),
-                        str(dtype).removeprefix("torch."), with_lse=False, ranks_last=True,
-                        ranks=len(os))
-    out = kern(lse, o).view(shape)
-    return out, (torch.logsumexp(lse, -1).view(lse_shape) if with_lse else None)
 
 
 def pack(o, lse):
