@@ -103,7 +103,7 @@ def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
 
 BOUND_MAX_QUERIES = 16   # decode and speculative steps are bound; a prefill is not
 BOUND_SIGNATURES = 64    # bound calls kept per attention cache (oldest dropped first)
-_SEEN, _NEVER = 0, 1     # table entries besides bound launches: seen once; not bindable
+_SEEN, _NEVER = "seen", "never"   # table entries besides bound calls: seen once; not bound
 
 
 class BoundCalls:
@@ -159,6 +159,8 @@ class BoundCalls:
             tensors.append(kv_lens)
         if block_table is not None:
             tensors.append(block_table)
+        if len(tensors) > 3 and any(type(t) is not tensor for t in tensors):
+            return None
         mods = (None if score_mod is None else guard(score_mod),
                 None if mask_mod is None else guard(mask_mod))
         if (score_mod is not None and mods[0] is None) \
@@ -179,9 +181,10 @@ class BoundCalls:
             if got is None:
                 return None
             got = self._bind(tensors, q, k, v, score_mod, mask_mod, scale, enable_gqa,
-                             q_offset, buffers, cache, schedule, kv_lens, block_table)
+                             q_offset, buffers, cache, schedule, kv_lens, block_table) \
+                or _NEVER
             with self._lock:
-                self._table[key] = _NEVER if got is None else got
+                self._table[key] = got
         if got is _NEVER:
             return None
         launch, packed, page_size = got
