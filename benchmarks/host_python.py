@@ -69,13 +69,17 @@ def stubbed_launches():
 @contextlib.contextmanager
 def unbound(cache: AttentionCache):
     """Eager calls and the op on their general paths (no bound call)."""
-    saved_call, saved_max = cache.bound.call, attention_mod.OP_PREPARED_MAX_QUERIES
-    cache.bound.call = lambda *a, **k: None
+    bound = getattr(cache, "bound", None)   # None: code from before the bound call
+    saved_max = attention_mod.OP_PREPARED_MAX_QUERIES
+    if bound is not None:
+        bound.call = lambda *a, **k: None
     attention_mod.OP_PREPARED_MAX_QUERIES = -1
     try:
         yield
     finally:
-        cache.bound.call, attention_mod.OP_PREPARED_MAX_QUERIES = saved_call, saved_max
+        if bound is not None:
+            del bound.call   # the method again
+        attention_mod.OP_PREPARED_MAX_QUERIES = saved_max
 
 
 def per_call_us(fn, calls: int, repeats: int = 5) -> float:
@@ -120,8 +124,8 @@ def run_op(name: str, seq: int, calls: int, profile: bool) -> None:
     prep = per_call_us(lambda: prepared(q, k, v), calls)
     op_bound = per_call_us(op_call, calls)
     print(f"  eager, general path (before) {general:7.1f} us/call")
-    print(f"  eager, bound (after)         {bound:7.1f} us/call  "
-          f"({cache.bound.hits} bound calls)")
+    hits = cache.bound.hits if hasattr(cache, "bound") else "no"
+    print(f"  eager, bound (after)         {bound:7.1f} us/call  ({hits} bound calls)")
     print(f"  prepared call                {prep:7.1f} us/call")
     print(f"  torch op, general path       {op_general:7.1f} us/call")
     print(f"  torch op, bound              {op_bound:7.1f} us/call")

@@ -634,7 +634,7 @@ class _OpEntry:
         with a fresh output per call (an op returns a tensor of its own). None where a bound
         launch does not apply (the general path then runs and says what is wrong)."""
         from ..runtime.prepared import PreparedLaunch, cheap_signature
-        sig = tuple(cheap_signature(tensors))
+        sig = cheap_signature(tensors)
         got = self._prepared.get(sig)
         if got is None:
             kw = self.kw

@@ -175,6 +175,8 @@ class BoundCalls:
         except TypeError:   # an unhashable argument: the general path reports it
             return None
         if got is None or got is _SEEN:
+            if got is _SEEN and cuda and torch.cuda.is_current_stream_capturing():
+                return None   # no workspace allocated inside a capture: bind later
             with self._lock:
                 remember(self._table, key, _SEEN if got is None else _NEVER,
                          BOUND_SIGNATURES)
@@ -202,12 +204,9 @@ class BoundCalls:
               cache, schedule, kv_lens, block_table):
         """``(fresh-output PreparedLaunch, packed, page size)`` for these arguments, or
         None where a bound call does not apply."""
-        import torch
-
         from .attention import _resolve
-        if any(t.requires_grad for t in tensors) or (
-                q.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return None   # grad: the general path decides; capturing: no workspace now
+        if any(t.requires_grad for t in tensors):
+            return None   # the general path decides (differentiable, or refused)
         try:
             setup, ktens = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa,
                                     q_offset, buffers, cache, schedule, kv_lens, block_table)

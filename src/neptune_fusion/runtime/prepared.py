@@ -46,9 +46,9 @@ def signed(tensors, cuda: bool) -> tuple[list, list]:
     return sig, vals
 
 
-def cheap_signature(tensors) -> list:
-    """The signature part of :func:`signed`."""
-    return signed(tensors, False)[0]
+def cheap_signature(tensors) -> tuple:
+    """The signature part of :func:`signed`, as a tuple (a key)."""
+    return tuple(signed(tensors, False)[0])
 
 
 class PreparedLaunch:
