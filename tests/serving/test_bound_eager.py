@@ -144,3 +144,34 @@ def test_bad_input_after_binding_is_still_reported():
         nf.attention(q, k, v, buffers={"slopes": slopes}, kv_lens=lens.long(), **kw)
     with pytest.raises(FeedError, match="kv_lens"):   # values checked on CPU, every call
         nf.attention(q, k, v, buffers={"slopes": slopes}, kv_lens=lens + 20, **kw)
+
+
+def test_allocations_per_call(monkeypatch):
+    """A prepared call allocates nothing; a bound eager call its output only (counted at
+    the torch.empty the runtime calls; the kernels' launches stubbed out)."""
+    from neptune_fusion.runtime import prepared as prepared_mod
+    cache = AttentionCache()
+    kw = dict(mask_mod=ops.Causal(), q_offset="end", enable_gqa=True, schedule=SPLIT,
+              cache=cache)
+    q, k, v = _inputs(4, 45, seed=1)
+    step = nf.prepare_attention(q, k, v, **kw)
+    for _ in range(2):
+        nf.attention(q, k, v, **kw)   # seen, then bound
+    made = []
+    real_empty = torch.empty
+
+    def counting(*args, **kwargs):
+        made.append(args)
+        return real_empty(*args, **kwargs)
+    monkeypatch.setattr(torch, "empty", counting)
+    monkeypatch.setattr(prepared_mod, "_runner", None)   # nothing binds from here on
+    for launch in [step._launch] + [got[0] for got in cache.bound._table.values()]:
+        launch._launches = tuple((lambda args, stream: None, t, s)
+                                 for _, t, s in launch._launches)
+    for _ in range(3):
+        assert step(q, k, v) is step.output
+    assert made == []
+    hits = cache.bound.hits
+    outs = [nf.attention(q, k, v, **kw) for _ in range(3)]
+    assert cache.bound.hits == hits + 3 and len(made) == 3
+    assert len({o.data_ptr() for o in outs}) == 3

@@ -64,7 +64,10 @@ class PreparedLaunch:
         import torch
 
         from .inputs import signature
-        from .kernel import _VISITS
+        from .kernel import _VISITS, Kernel
+        if not isinstance(kernel, Kernel):
+            raise FeedError(f"a prepared call needs a kernel of one set of launches, not a "
+                            f"{type(kernel).__name__} (several passes)")
         tensors = tuple(tensors)
         if not all(type(t) is torch.Tensor for t in tensors):
             raise FeedError("a prepared call needs plain torch tensors (not a subclass)")
