@@ -94,7 +94,7 @@ def dispatch_only(cache: AttentionCache):
 @contextlib.contextmanager
 def general_only(cache: AttentionCache):
     """Eager calls on the general path: no call bound per signature (the eager path
-    before frontend/prepared.py BoundCalls), for an A/B in one process."""
+    before frontend/bound.py BoundCalls), for an A/B in one process."""
     saved = cache.bound.call
     cache.bound.call = lambda *args, **kwargs: None
     try:

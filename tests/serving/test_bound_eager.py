@@ -1,4 +1,4 @@
-"""The lean eager call (frontend/prepared.py BoundCalls): a decode call seen twice with
+"""The lean eager call (frontend/bound.py BoundCalls): a decode call seen twice with
 one signature launches bound kernels. On CPU the bound arguments run through the
 interpreter, so these check the binding -- every result against float64 on fresh data and
 bit-identical to the general path's --, that a changed stride, shape, dtype or alignment

@@ -33,8 +33,8 @@ from ..runtime.inputs import check_no_grad, remember
 from ..schedule.schedule import Schedule
 from . import kv
 from . import lang as nf
+from .bound import BoundCalls
 from .mods import ModTrace, Probes, apply, guard, probes, trace
-from .prepared import BoundCalls
 
 INF = float("inf")
 _DTYPES = ("float16", "bfloat16", "float32")
@@ -193,7 +193,7 @@ class AttentionCache:
         self._probes: dict[tuple, Probes] = {}
         self._guarded: dict[tuple, ModTrace] = {}   # traces by the mods' guards
         self._backward: dict = {}   # forward kernel -> (backward kernel, group)
-        self.bound = BoundCalls()   # eager decode calls bound per signature (prepared.py)
+        self.bound = BoundCalls()   # eager decode calls bound per signature (bound.py)
         self._lock = threading.Lock()
         self.hits = 0      # kernel lookups answered from the cache (a call setup is one)
         self.misses = 0    # kernels compiled
@@ -529,12 +529,11 @@ def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, b
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
            schedule, kv_lens=None, block_table=None, lse: bool = False):
     """:func:`attention` run now (eagerly; also the op's real implementation). A decode
-    call seen before with this signature launches its bound kernels (frontend/prepared.py
-    BoundCalls)."""
+    call seen before with this signature launches its bound kernels (frontend/bound.py)."""
     if not lse:
         c = cache if cache is not None else DEFAULT_CACHE
         got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                           buffers, c, schedule, kv_lens, block_table)
+                           buffers, c, schedule, kv_lens, block_table, _resolve)
         if got is not None:
             return got
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
