@@ -4,14 +4,17 @@ Usage on a GPU:
     PYTHONPATH=src python benchmarks/host_overhead.py [--ops DC-GQA,DC-Causal] \
         [--seq 16384] [--profile]
 
-Per operator: the launch path in use (Triton's dispatch or the compiled kernels' own
-launchers, runtime/launcher.py); outputs on fresh random inputs checked against float64
-through the direct path, through Triton's dispatch (a new cache: the first call) -- the two
-must be bit-identical -- and with inputs 2 bytes off 16-byte alignment (dispatch path).
+Per operator: the launch path in use (Triton's dispatch, or the compiled kernels' own
+launchers, runtime/launcher.py: ``raw (flat layout)`` on Triton 3.6, ``raw (tuple
+layout)`` on 3.9, else ``run`` or ``runner``); outputs on fresh random inputs checked
+against float64 through the direct path, through Triton's dispatch (a new cache: the
+first call) -- the two must be bit-identical -- and with inputs 2 bytes off 16-byte
+alignment (dispatch path).
 Then times per call: the whole eager call in a loop (host-bound when the kernels are
 short), first with every launch through Triton's dispatch (the path before
-runtime/launcher.py: an A/B in one process), then as it is; the same with a device
-synchronisation per call, ``do_bench`` (what the bench's eager column measures) and
+runtime/launcher.py: an A/B in one process), then on the general path (no call bound per
+signature: before the lean eager call), then as it is (bound per signature); the same
+with a device synchronisation per call, ``do_bench`` (what the bench's eager column measures) and
 CUDA-graph replay (GPU time only), and the same for a prepared call
 (``nf.prepare_attention``: signature compare + direct launches). First a yardstick of the
 host's speed (a tiny ``torch.add`` and an SDPA decode call, eager) so runs on different
@@ -60,10 +63,13 @@ def launchers(cache: AttentionCache) -> list:
 
 
 def launch_paths(cache: AttentionCache) -> str:
-    """How many of the cache's kernel launches go direct (compiled launcher) vs dispatch."""
-    found = launchers(cache)
-    direct = sum(la.direct is not None for la in found)
-    return f"{direct} direct, {len(found) - direct} through Triton's dispatch"
+    """How the cache's kernel launches go: per path (launcher.direct_runner's: ``raw``
+    -- the compiled kernel's C launch function, with the layout of the Triton version --,
+    ``run``, ``runner``; or ``dispatch``, Triton's ``fn[grid]``), how many launch steps."""
+    paths: dict[str, int] = {}
+    for la in launchers(cache):
+        paths[la.path] = paths.get(la.path, 0) + 1
+    return ", ".join(f"{n} {p}" for p, n in sorted(paths.items())) or "none"
 
 
 @contextlib.contextmanager
@@ -77,11 +83,32 @@ def dispatch_only(cache: AttentionCache):
     for la in found:
         la.direct = None
     try:
-        yield
+        with general_only(cache):
+            yield
     finally:
         launcher.direct_runner = saved
         for la, direct in zip(found, kept):
             la.direct = direct
+
+
+@contextlib.contextmanager
+def general_only(cache: AttentionCache):
+    """Eager calls on the general path: no call bound per signature (the eager path
+    before frontend/bound.py BoundCalls), for an A/B in one process."""
+    saved = cache.bound.call
+    cache.bound.call = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        cache.bound.call = saved
+
+
+def bound_paths(cache: AttentionCache) -> str:
+    """The launch paths of the cache's bound eager calls (runtime/prepared.py; a prepared
+    call binds the same launchers)."""
+    paths = {run.path for got in cache.bound._table.values() if isinstance(got, tuple)
+             for run, _, _ in got[0]._launches}
+    return ", ".join(sorted(paths)) or "none bound"
 
 
 def unaligned(t: torch.Tensor) -> torch.Tensor:
@@ -106,7 +133,8 @@ def run_op(name: str, seq: int, profile: bool) -> None:
     print(f"  launches: {launch_paths(cache)}")
     q2, k2, v2 = make_inputs(op, seq, torch.float16, dev)   # fresh random data
     ref = reference_attention(op, q2, k2, v2)
-    direct = ops.attention(q2, k2, v2, cache=cache, **kw)
+    with general_only(cache):
+        direct = ops.attention(q2, k2, v2, cache=cache, **kw)
     fresh = AttentionCache()                                 # first call: dispatch
     dispatched = ops.attention(q2, k2, v2, cache=fresh, **kw)
     off = ops.attention(q2, unaligned(k2), unaligned(v2), cache=cache, **kw)
@@ -115,9 +143,17 @@ def run_op(name: str, seq: int, profile: bool) -> None:
           f"{torch.equal(direct, dispatched)}), unaligned k, v "
           f"{relative_error(off, ref):.1e}")
     with dispatch_only(cache):
-        print(f"  eager loop, Triton's dispatch only (before): "
+        print(f"  eager loop, Triton's dispatch only (before launcher.py): "
               f"{per_call_us(call):8.1f} us/call")
-    print(f"  eager loop         {per_call_us(call):8.1f} us/call")
+    with general_only(cache):
+        print(f"  eager loop, general path (before the bound eager call): "
+              f"{per_call_us(call):8.1f} us/call")
+    print(f"  eager loop (bound per signature) {per_call_us(call):8.1f} us/call "
+          f"({cache.bound.hits} bound calls)")
+    bound = ops.attention(q2, k2, v2, cache=cache, **kw)
+    print(f"  bound eager: rel. error {relative_error(bound, ref):.1e} (bit-identical to "
+          f"the general path: {torch.equal(bound, direct)})")
+    print(f"  bound calls launch by: {bound_paths(cache)}")
     run = ops.prepare(q, k, v, cache=cache, **kw)   # nf.prepare_attention
     prepared = run(q2, k2, v2)
     print(f"  prepared: rel. error {relative_error(prepared, ref):.1e} (bit-identical to "

@@ -8,8 +8,10 @@ kernel) or the compiled kernel's own launcher. On the GPU the same logic is exer
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from neptune_fusion.runtime import launcher as launcher_mod
 from neptune_fusion.runtime.launcher import (
     Address,
     Launcher,
@@ -20,14 +22,20 @@ from neptune_fusion.runtime.launcher import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_cuda_stream(monkeypatch):
+    """No CUDA here: launchers look the current stream up as 0."""
+    monkeypatch.setattr(launcher_mod, "stream_getter", lambda index: (lambda: 0))
+
+
 class FakeCompiled:
     function = object()
 
     def __init__(self, log):
         self.log = log
 
-    def __getitem__(self, grid):
-        return lambda *args: self.log.append(("direct", grid, args))
+    def __getitem__(self, grid):   # Triton's runner: no .run, so direct_runner uses it
+        return lambda *args, stream=None: self.log.append(("direct", grid, args))
 
 
 class FakeJit:

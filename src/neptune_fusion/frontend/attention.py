@@ -33,6 +33,7 @@ from ..runtime.inputs import check_no_grad, remember
 from ..schedule.schedule import Schedule
 from . import kv
 from . import lang as nf
+from .bound import BoundCalls
 from .mods import ModTrace, Probes, apply, guard, probes, trace
 
 INF = float("inf")
@@ -192,6 +193,7 @@ class AttentionCache:
         self._probes: dict[tuple, Probes] = {}
         self._guarded: dict[tuple, ModTrace] = {}   # traces by the mods' guards
         self._backward: dict = {}   # forward kernel -> (backward kernel, group)
+        self.bound = BoundCalls()   # eager decode calls bound per signature (bound.py)
         self._lock = threading.Lock()
         self.hits = 0      # kernel lookups answered from the cache (a call setup is one)
         self.misses = 0    # kernels compiled
@@ -226,6 +228,7 @@ class AttentionCache:
             self._guarded.clear()
             self._probes.clear()
             self._backward.clear()
+            self.bound.clear()
             self.hits = self.misses = 0
             self._call_hits = self._call_misses = 0
 
@@ -525,7 +528,14 @@ def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, b
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
            schedule, kv_lens=None, block_table=None, lse: bool = False):
-    """:func:`attention` run now (eagerly; also the op's real implementation)."""
+    """:func:`attention` run now (eagerly; also the op's real implementation). A decode
+    call seen before with this signature launches its bound kernels (frontend/bound.py)."""
+    if not lse:
+        c = cache if cache is not None else DEFAULT_CACHE
+        got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
+                           buffers, c, schedule, kv_lens, block_table, _resolve)
+        if got is not None:
+            return got
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                               buffers, cache, schedule, kv_lens, block_table, lse)
     out = setup.kernel(*tensors)
@@ -620,7 +630,7 @@ class _OpEntry:
     def _prepared_run(self, tensors):
         """A decode step inside a compiled graph: the call bound once per input signature
         (as ``nf.prepare_attention`` binds it: no call key, checks or setup per call),
-        its output copied out (an op returns a tensor of its own). None where a bound
+        with a fresh output per call (an op returns a tensor of its own). None where a bound
         launch does not apply (the general path then runs and says what is wrong)."""
         from ..runtime.prepared import PreparedLaunch, cheap_signature
         sig = cheap_signature(tensors)
@@ -637,7 +647,7 @@ class _OpEntry:
                     raise FeedError("strided input")
                 kern = setup.kernel
                 kern = kern.kernel_for(*ktens) if hasattr(kern, "kernel_for") else kern
-                launch = PreparedLaunch(kern, ktens, list(tensors))
+                launch = PreparedLaunch(kern, ktens, list(tensors), fresh=True)
                 got = (launch, setup.packed, q.shape, tensors[2].shape[3], setup.page_size)
             except FeedError:
                 got = False
@@ -655,8 +665,7 @@ class _OpEntry:
         outs = launch(list(tensors))
         if outs is None:
             return None
-        out = outs[0].reshape(qshape[0], qshape[1], 1, d) if packed else outs[0]
-        return out.clone()
+        return outs[0].reshape(qshape[0], qshape[1], 1, d) if packed else outs[0]
 
     def backward(self, tensors, grad) -> list:
         """``[dq, dk, dv]`` of the op's output for the cotangent ``grad``: the forward

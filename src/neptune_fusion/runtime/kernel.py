@@ -339,7 +339,8 @@ class Kernel:
                        sizes[v] if tag == _SIZE else v)
                       for a, (tag, v) in zip(spec.args, args) if tag != _TENSOR]
             launcher = Launcher(fn, grid, opts, self._compiled,
-                                (k, reuse_key(*zip(*consts)) if consts else ()))
+                                (k, reuse_key(*zip(*consts)) if consts else ()),
+                                device.index)
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
                      launcher, scratch, nbytes)
 

@@ -3,98 +3,176 @@
 An eager call (:meth:`Kernel.__call__`) finds its call setup by the inputs' signature,
 allocates its outputs and split-k workspace and builds each launch's argument list: about
 50-110 us of host time for a two-kernel decode on the H200 host, where cuDNN's whole call
-takes 28. A :class:`PreparedLaunch` does all of that once: the outputs and one workspace
-buffer are allocated, every argument but the input tensors is resolved, and each launch
-holds the compiled kernel's own launcher. A call compares the inputs' signature (shapes,
-strides, dtypes, devices, 16-byte alignment) with the prepared one and launches; it
-allocates nothing and checks nothing else, and returns the same output tensors every time
-(the next call overwrites them, as a CUDA graph's outputs are).
+takes 28. A :class:`PreparedLaunch` does all of that once: the workspace is one buffer
+allocated once, every argument but the input tensors' addresses is resolved (the
+workspace's and the outputs' addresses included), and each launch is bound to the compiled
+kernel's own C launch function (:func:`~.launcher.direct_runner`). A call compares the
+inputs' signature (:func:`signed`: shapes, strides, dtypes, devices, 16-byte alignment,
+requires-grad) with the prepared one, looks up the current stream once and launches with
+the inputs' addresses as plain integers; it checks nothing else.
+
+Outputs: by default allocated once and returned by every call, overwritten by the next (as
+a CUDA graph's are); with ``fresh=True`` the last kernel's outputs are allocated per call
+(one ``torch.empty`` each: what an eager call that must not alias its earlier results
+needs), and a call on another stream than the one bound returns ``None`` (the workspace
+is reused in stream order, so only one stream may use it).
 
 On CUDA it needs the direct launch path: tensors 16-byte aligned, each launcher holding its
-compiled kernel (the preparation launches once to get it). CPU tensors launch the same
-bound arguments through the interpreter (a test of the binding, not a fast path).
-Anything else is refused when preparing, with the reason; a call whose inputs differ from
-the prepared signature returns ``None`` and the caller takes the general path.
+compiled kernel (the preparation launches once to get it, unless an earlier call did).
+CPU tensors launch the same bound arguments through the interpreter (a test of the
+binding, not a fast path). Anything else is refused when preparing, with the reason; a
+call whose inputs differ from the prepared signature returns ``None`` and the caller
+takes the general path.
 """
 
 from __future__ import annotations
 
 from ..errors import FeedError
-from .launcher import Address, aligned
+from .launcher import aligned, stream_getter
+
+
+def signed(tensors, cuda: bool) -> tuple[list, list]:
+    """``(signature, values)`` of ``tensors``: what a prepared launch must see unchanged
+    -- per tensor its type, shape, strides, dtype, device index, whether its address is
+    16-byte aligned and whether it requires grad (cheaper than :func:`~.inputs.signature`:
+    no ``torch.device`` objects) -- and what a launch takes for each: its address
+    (``cuda``) or the tensor itself (the interpreter)."""
+    sig, vals = [], []
+    for t in tensors:
+        p = t.data_ptr()
+        vals.append(p if cuda else t)
+        sig.append((type(t), t.shape, t.stride(), t.dtype, t.get_device(), p & 15 == 0,
+                    t.requires_grad))
+    return sig, vals
 
 
 def cheap_signature(tensors) -> tuple:
-    """What a prepared launch must see unchanged: per tensor its type, shape, strides,
-    dtype, device index, whether its address is 16-byte aligned and whether it requires
-    grad (cheaper than :func:`~.inputs.signature`: no ``torch.device`` objects)."""
-    return tuple((type(t), t.shape, t.stride(), t.dtype, t.get_device(),
-                  t.data_ptr() % 16 == 0, t.requires_grad) for t in tensors)
+    """The signature part of :func:`signed`, as a tuple (a key)."""
+    return tuple(signed(tensors, False)[0])
 
 
 class PreparedLaunch:
     """``kernel``'s launches for the signature of ``tensors``, bound (see the module)."""
 
-    __slots__ = ("signature", "device", "outputs", "_workspace", "_launches")
+    __slots__ = ("signature", "device", "outputs", "cuda", "stream", "_workspace",
+                 "_launches", "_fresh", "_index", "_bound_stream", "_get_device")
 
-    def __init__(self, kernel, tensors, given=None) -> None:
+    def __init__(self, kernel, tensors, given=None, fresh: bool = False) -> None:
         """``tensors``: the kernel's inputs; ``given``: what callers will pass in their
         place (views of the same memory, e.g. a query before its GQA reshape), default
-        ``tensors``: the signature is theirs."""
+        ``tensors``: the signature is theirs. ``fresh``: new last outputs per call."""
         import torch
 
         from .inputs import signature
-        from .kernel import _VISITS
+        from .kernel import _VISITS, Kernel
+        if not isinstance(kernel, Kernel):
+            raise FeedError(f"a prepared call needs a kernel of one set of launches, not a "
+                            f"{type(kernel).__name__} (several passes)")
         tensors = tuple(tensors)
         if not all(type(t) is torch.Tensor for t in tensors):
             raise FeedError("a prepared call needs plain torch tensors (not a subclass)")
-        cuda = tensors[0].is_cuda
+        cuda = self.cuda = tensors[0].is_cuda
         if cuda and not aligned(tensors):
             raise FeedError("a prepared call needs every tensor 16-byte aligned (a view at "
                             "an odd offset: pass .clone() or call the operator itself)")
+        if any(kernel.specs[k].count_visits for k in range(len(kernel.specs))):
+            raise FeedError("a prepared call does not count visits (count_visits=True)")
         setup = kernel._setup(tensors, signature(tensors))
-        kernel._run(setup, tensors)   # every launcher has launched once: it is direct now
-        self.signature = cheap_signature(tensors if given is None else given)
+        if cuda and any(s.fn is not None and (s.launcher is None or s.launcher.direct is None)
+                        for s in setup.steps):
+            kernel._run(setup, tensors)   # every launcher launches once: direct from now
+        self.signature = signed(tensors if given is None else given, cuda)[0]
         self.device = setup.device
+        self._index = self.device.index if cuda else None
+        self.stream = stream_getter(self._index) if cuda else None
+        self._bound_stream = self.stream() if cuda and fresh else None
+        # the current device, as torch.cuda.current_device reads it (initialised by now)
+        self._get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device) \
+            if cuda else None
         scratch = sum(s.scratch_bytes for s in setup.steps) if cuda else 0
-        self._workspace = torch.empty(scratch, dtype=torch.uint8, device=self.device)
+        # every buffer the bound arguments address (kept alive: they hold addresses)
+        self._workspace = [torch.empty(scratch, dtype=torch.uint8, device=self.device)]
         by_tensor: dict = {_VISITS: None}   # as Kernel._launch_one has it, not counting
-        base = self._workspace.data_ptr()
-        launches = []
+        base = self._workspace[0].data_ptr()
+        last = len(setup.steps) - 1
+        launches, outs, n_in = [], [], len(tensors)
+        self._fresh = None
         for k, step in enumerate(setup.steps):
             if cuda and step.scratch_bytes:   # the workspace: one buffer (launcher.py)
-                outs = [Address(base + off) for off in step.scratch]
+                outs = [base + off for off in step.scratch]
                 base += step.scratch_bytes
+            elif fresh and k == last:          # filled per call: values n_in, n_in + 1, ...
+                self._fresh = step.outputs
+                outs = [_Fresh(n_in + i) for i in range(len(step.outputs))]
             else:
                 outs = [torch.empty(shape, dtype=dt, device=self.device)
                         for shape, dt in step.outputs]
+                self._workspace += outs
             by_tensor.update(zip(step.output_keys, outs))
             if step.fn is None:   # an empty grid: nothing to launch
                 continue
-            if kernel.specs[k].count_visits:
-                raise FeedError("a prepared call does not count visits (count_visits=True)")
-            launches.append((_runner(step),) + _bind(step, setup, by_tensor))
-        self.outputs = outs
+            launches.append((_runner(step),) + _bind(step, setup, by_tensor, cuda))
+        self.outputs = None if fresh else outs
         self._launches = tuple(launches)
 
     def __call__(self, tensors) -> list | None:
         """Launch on ``tensors``; their outputs, or None when the signature differs."""
-        if cheap_signature(tensors) != self.signature:
+        sig, vals = signed(tensors, self.cuda)
+        if sig != self.signature:
             return None
-        for runner, template, slots in self._launches:
-            args = template.copy()   # a copy per call: threads may share a prepared launch
+        return self.launch(vals)
+
+    def launch(self, vals: list) -> list | None:
+        """Launch on input ``vals`` (:func:`signed`'s, of a matching signature); the
+        outputs, or None (``fresh``) when the current stream is not the bound one."""
+        import torch
+        outs = self.outputs
+        if self.cuda:
+            if self._get_device() != self._index:   # Triton launches on the current device
+                with torch.cuda.device(self._index):
+                    return self.launch(vals)
+            stream = self.stream()
+            if self._fresh is not None:
+                if stream != self._bound_stream:
+                    return None
+                outs = [torch.empty(shape, dtype=dt, device=self.device)
+                        for shape, dt in self._fresh]
+                vals = vals + [o.data_ptr() for o in outs]
+            for run, template, slots in self._launches:
+                args = template.copy()   # a copy per call: threads may share a launch
+                for pos, k in slots:
+                    args[pos] = vals[k]
+                run(args, stream)
+            return outs
+        if self._fresh is not None:
+            outs = [torch.empty(shape, dtype=dt, device=self.device)
+                    for shape, dt in self._fresh]
+            vals = vals + outs
+        for run, template, slots in self._launches:
+            args = template.copy()
             for pos, k in slots:
-                args[pos] = tensors[k]
-            runner(*args)
-        return self.outputs
+                args[pos] = vals[k]
+            run(args, None)
+        return outs
+
+
+class _Fresh:
+    """A per-call output in a bound argument list: value ``index`` of the call's."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 def _runner(step):
-    """How ``step`` launches: the compiled kernel's own launcher (CUDA), or the Triton
-    interpreter (CPU tensors: the same bound arguments, so CPU tests check the binding)."""
+    """How ``step`` launches, as ``run(args, stream)``: the compiled kernel's bound launch
+    (CUDA), or the Triton interpreter (CPU tensors: the same bound arguments, so CPU tests
+    check the binding)."""
     if step.interpret:
         from .loader import interpreted_launch
 
-        def interpreted(*args):
+        def interpreted(args, stream):
             with interpreted_launch():
                 step.fn[step.grid](*args, **step.opts)
         return interpreted
@@ -105,9 +183,10 @@ def _runner(step):
     return runner
 
 
-def _bind(step, setup, by_tensor: dict) -> tuple[list, tuple]:
-    """``step``'s argument list with everything but the inputs filled in, and the
-    (position, input index) of each input."""
+def _bind(step, setup, by_tensor: dict, cuda: bool) -> tuple[list, tuple]:
+    """``step``'s argument list with everything but the inputs (and per-call outputs)
+    filled in -- on CUDA tensors as their addresses --, and the (position, value index)
+    of each input and per-call output."""
     from .kernel import _SIZE, _TENSOR
     args, slots = [], []
     for tag, v in step.args:
@@ -115,7 +194,13 @@ def _bind(step, setup, by_tensor: dict) -> tuple[list, tuple]:
             slots.append((len(args), setup.keys.index(v)))
             args.append(None)
         elif tag == _TENSOR:
-            args.append(by_tensor[v])
+            t = by_tensor[v]
+            if type(t) is _Fresh:
+                slots.append((len(args), t.index))
+                t = None
+            elif cuda and t is not None and not isinstance(t, int):
+                t = t.data_ptr()
+            args.append(t)
         else:
             args.append(setup.sizes[v] if tag == _SIZE else v)
     return args, tuple(slots)
