@@ -647,7 +647,8 @@ class _OpEntry:
                     raise FeedError("strided input")
                 kern = setup.kernel
                 kern = kern.kernel_for(*ktens) if hasattr(kern, "kernel_for") else kern
-                launch = PreparedLaunch(kern, ktens, list(tensors), fresh=True)
+                launch = PreparedLaunch(kern, ktens, list(tensors), fresh=True,
+                                        transient=True)   # holds no device memory
                 got = (launch, setup.packed, q.shape, tensors[2].shape[3], setup.page_size)
             except FeedError:
                 got = False

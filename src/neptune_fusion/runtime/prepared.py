@@ -15,7 +15,12 @@ Outputs: by default allocated once and returned by every call, overwritten by th
 a CUDA graph's are); with ``fresh=True`` the last kernel's outputs are allocated per call
 (one ``torch.empty`` each: what an eager call that must not alias its earlier results
 needs), and a call on another stream than the one bound returns ``None`` (the workspace
-is reused in stream order, so only one stream may use it).
+is reused in stream order, so only one stream may use it). With ``transient=True`` the
+split-k workspace is allocated per call as well (one more ``torch.empty``), so the
+binding holds no device memory: what a call inside a compiled graph needs, where
+``mode="reduce-overhead"``'s CUDA-graph trees require every allocation made in their
+memory pool to be an output (a workspace kept by the binding failed their check on the
+H200, 2026-12-01).
 
 On CUDA it needs the direct launch path: tensors 16-byte aligned, each launcher holding its
 compiled kernel (the preparation launches once to get it, unless an earlier call did).
@@ -55,12 +60,14 @@ class PreparedLaunch:
     """``kernel``'s launches for the signature of ``tensors``, bound (see the module)."""
 
     __slots__ = ("signature", "device", "outputs", "cuda", "stream", "_workspace",
-                 "_launches", "_fresh", "_index", "_bound_stream", "_get_device")
+                 "_launches", "_fresh", "_index", "_bound_stream", "_get_device", "_scratch")
 
-    def __init__(self, kernel, tensors, given=None, fresh: bool = False) -> None:
+    def __init__(self, kernel, tensors, given=None, fresh: bool = False,
+                 transient: bool = False) -> None:
         """``tensors``: the kernel's inputs; ``given``: what callers will pass in their
         place (views of the same memory, e.g. a query before its GQA reshape), default
-        ``tensors``: the signature is theirs. ``fresh``: new last outputs per call."""
+        ``tensors``: the signature is theirs. ``fresh``: new last outputs per call;
+        ``transient`` (with ``fresh``): the workspace too."""
         import torch
 
         from .inputs import signature
@@ -90,20 +97,27 @@ class PreparedLaunch:
         self._get_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device) \
             if cuda else None
         scratch = sum(s.scratch_bytes for s in setup.steps) if cuda else 0
+        transient = transient and fresh
         # every buffer the bound arguments address (kept alive: they hold addresses)
-        self._workspace = [torch.empty(scratch, dtype=torch.uint8, device=self.device)]
+        self._workspace = [] if transient else \
+            [torch.empty(scratch, dtype=torch.uint8, device=self.device)]
         by_tensor: dict = {_VISITS: None}   # as Kernel._launch_one has it, not counting
-        base = self._workspace[0].data_ptr()
+        base = 0 if transient else self._workspace[0].data_ptr()
         last = len(setup.steps) - 1
         launches, outs, n_in = [], [], len(tensors)
         self._fresh = None
+        offsets: list[int] = []   # transient: the workspace tensors' offsets, per call
         for k, step in enumerate(setup.steps):
-            if cuda and step.scratch_bytes:   # the workspace: one buffer (launcher.py)
+            if cuda and step.scratch_bytes and transient:   # values n_in, n_in + 1, ...
+                outs = [_Fresh(n_in + len(offsets) + i) for i in range(len(step.scratch))]
+                offsets += [base + off for off in step.scratch]
+                base += step.scratch_bytes
+            elif cuda and step.scratch_bytes:   # the workspace: one buffer (launcher.py)
                 outs = [base + off for off in step.scratch]
                 base += step.scratch_bytes
-            elif fresh and k == last:          # filled per call: values n_in, n_in + 1, ...
+            elif fresh and k == last:          # filled per call: after the workspace's
                 self._fresh = step.outputs
-                outs = [_Fresh(n_in + i) for i in range(len(step.outputs))]
+                outs = [_Fresh(n_in + len(offsets) + i) for i in range(len(step.outputs))]
             else:
                 outs = [torch.empty(shape, dtype=dt, device=self.device)
                         for shape, dt in step.outputs]
@@ -114,6 +128,7 @@ class PreparedLaunch:
             launches.append((_runner(step),) + _bind(step, setup, by_tensor, cuda))
         self.outputs = None if fresh else outs
         self._launches = tuple(launches)
+        self._scratch = (scratch, tuple(offsets)) if transient and offsets else None
 
     def __call__(self, tensors) -> list | None:
         """Launch on ``tensors``; their outputs, or None when the signature differs."""
@@ -135,6 +150,10 @@ class PreparedLaunch:
             if self._fresh is not None:
                 if stream != self._bound_stream:
                     return None
+                if self._scratch is not None:
+                    size, offsets = self._scratch
+                    ws = torch.empty(size, dtype=torch.uint8, device=self.device)
+                    vals = vals + [ws.data_ptr() + off for off in offsets]
                 outs = [torch.empty(shape, dtype=dt, device=self.device)
                         for shape, dt in self._fresh]
                 vals = vals + [o.data_ptr() for o in outs]
