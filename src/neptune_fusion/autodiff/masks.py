@@ -49,15 +49,21 @@ def _inlined(e: Load) -> Expr | None:
     return substitute(t.body, dict(zip(t.axes, e.indices)))
 
 
+def _seen_through(e: Expr) -> Expr | None:
+    """What a float cast or a load of a compute stands for (the value ``e`` has), else
+    None: both predicates below look through them."""
+    if isinstance(e, Cast) and e.dtype.is_float:
+        return e.x
+    return _inlined(e) if isinstance(e, Load) else None
+
+
 def neg_inf_unless(e: Expr, c: Expr, lse: Placeholder) -> bool:
     """Whether ``e`` is ``-inf`` wherever ``c`` is false."""
     if isinstance(e, Where):
         return e.cond == c and isinstance(e.b, Const) and e.b.value == -INF
-    if isinstance(e, Cast) and e.dtype.is_float:
-        return neg_inf_unless(e.x, c, lse)
-    if isinstance(e, Load):
-        body = _inlined(e)
-        return body is not None and neg_inf_unless(body, c, lse)
+    inner = _seen_through(e)
+    if inner is not None:
+        return neg_inf_unless(inner, c, lse)
     if isinstance(e, Binary) and e.op == "sub":
         return (isinstance(e.b, Load) and e.b.tensor is lse
                 and neg_inf_unless(e.a, c, lse))
@@ -70,11 +76,9 @@ def zero_unless(e: Expr, c: Expr, lse: Placeholder) -> bool:
     """Whether ``e`` is 0 wherever ``c`` is false (module docstring)."""
     if isinstance(e, Unary) and e.op == "exp":
         return neg_inf_unless(e.x, c, lse)
-    if isinstance(e, Cast) and e.dtype.is_float:
-        return zero_unless(e.x, c, lse)
-    if isinstance(e, Load):
-        body = _inlined(e)
-        return body is not None and zero_unless(body, c, lse)
+    inner = _seen_through(e)
+    if inner is not None:
+        return zero_unless(inner, c, lse)
     if isinstance(e, Binary) and e.op == "mul":
         return zero_unless(e.a, c, lse) or zero_unless(e.b, c, lse)
     return False
