@@ -113,7 +113,6 @@ class BoundCalls:
         return outs[0].reshape(q.shape[0], q.shape[1], 1, v.shape[3]) if packed else outs[0]
 
 
-
 def _bind(resolve, tensors, q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
           buffers, cache, schedule, kv_lens, block_table):
     """``(fresh-output PreparedLaunch, packed, page size)`` for these arguments, or None
