@@ -328,3 +328,28 @@ def test_softmax_into_a_matmul_normalises_once_per_row():
     ex = _check(causal, args)
     plan = ex.fused[0].plan
     assert re.search(r"output \w+\[[^\]]*\] = cast\(\w+ / \w+, float16\)", plan), plan
+
+
+def test_float32_products_follow_torch_matmul_precision(monkeypatch):
+    """A translated float32 product uses TF32 exactly when torch's matmuls do (the
+    precision torch.set_float32_matmul_precision / allow_tf32 sets), and stays correct."""
+    from neptune_fusion.dynamo.backend import fp32_precision
+    from neptune_fusion.runtime import pipeline
+    seen = []
+    real = pipeline.compile
+
+    def spy(*args, **kw):
+        seen.append(kw.get("fp32_precision"))
+        return real(*args, **kw)
+    monkeypatch.setattr(pipeline, "compile", spy)
+    old = torch.get_float32_matmul_precision()
+    x, w, big_w = _x((6, 32)), 1 + 0.1 * torch.randn(32), torch.randn(32, 7) / 6
+    try:
+        for setting, want in (("highest", "ieee"), ("high", "tf32")):
+            torch.set_float32_matmul_precision(setting)
+            assert fp32_precision() == want
+            _check(lambda x, w, m: F.rms_norm(x, (32,), w, eps=1e-6) @ m, (x, w, big_w),
+                   tol=2e-3)
+            assert seen[-1] == want
+    finally:
+        torch.set_float32_matmul_precision(old)
