@@ -132,3 +132,26 @@ def test_fuzz_chains_compile_and_match(tree, producer, consumer, rows, seed):
     scale = np.abs(want).max(initial=1.0)
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-4, atol=2e-5 * scale,
                                err_msg=f"{tree} {producer} -> {consumer}")
+
+
+@settings(max_examples=_examples(6, 100), **FUZZ)
+@given(tree=trees(), rows=st.integers(0, 5), seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_maps_compile_and_match(tree, rows, seed):
+    """A random elementwise tree with no reduction at all (a map: fusion/maps.py) over
+    two row tensors and a per-row value compiles and matches the float64 reference (a
+    tree of constants alone has no input to size its output: refused by name)."""
+    assume(uses(tree, "c") or uses(tree, "c2") or uses(tree, "r"))
+    n = nf.size("N")
+    z = nf.placeholder((n,), name="z")
+    out = nf.compute((n, D), lambda i, j: build(tree, X[i, j], Y[i, j], z[i]), name="out")
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D)),
+             "z": rng.uniform(0.5, 1.5, (rows,))}
+    kernel = nf.compile(out)
+    names = [p.name for p in kernel.inputs]
+    got = kernel(*(torch.tensor(feeds[nm], dtype=torch.float32) for nm in names))
+    want = nf.evaluate(out, {nm: feeds[nm] for nm in names})
+    assert got.shape == want.shape
+    scale = np.abs(want).max(initial=1.0)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-4, atol=2e-5 * scale,
+                               err_msg=str(tree))

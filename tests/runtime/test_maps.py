@@ -50,3 +50,14 @@ def test_boolean_map_is_refused_by_name():
     b = nf.compute((N,), lambda i: x[i] > 0, name="positive")
     with pytest.raises(CodegenError, match="positive .*cast"):
         nf.compile(b, cache=False)
+
+
+def test_map_broadcasting_a_row_value():
+    """y[r, d] = exp(s[r]) reads no column: the kernel still blocks over rows."""
+    R = nf.size("R")
+    s = nf.placeholder((R,), name="s")
+    y = nf.compute((R, 5), lambda r, d: nf.exp(s[r]), name="y")
+    S = torch.randn(11, generator=torch.Generator().manual_seed(3))
+    got = nf.compile(y, cache=False)(S)
+    torch.testing.assert_close(got.double(), S.double().exp()[:, None].expand(11, 5),
+                               rtol=1e-5, atol=1e-6)
