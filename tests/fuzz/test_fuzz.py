@@ -124,6 +124,11 @@ def test_fuzz_chains_compile_and_match(tree, producer, consumer, rows, seed):
         build(tree, X[i, k2], Y[i, k2], prod[i]), k2), name="out")
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D))}
+    _compiled_matches(out, feeds, f"{tree} {producer} -> {consumer}")
+
+
+def _compiled_matches(out, feeds: dict, label: str) -> None:
+    """``nf.compile(out)`` on float32 ``feeds`` against the float64 reference."""
     kernel = nf.compile(out)
     names = [p.name for p in kernel.inputs]
     got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in names))
@@ -131,7 +136,7 @@ def test_fuzz_chains_compile_and_match(tree, producer, consumer, rows, seed):
     assert got.shape == want.shape
     scale = np.abs(want).max(initial=1.0)
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-4, atol=2e-5 * scale,
-                               err_msg=f"{tree} {producer} -> {consumer}")
+                               err_msg=label)
 
 
 @settings(max_examples=_examples(6, 100), **FUZZ)
@@ -147,11 +152,4 @@ def test_fuzz_maps_compile_and_match(tree, rows, seed):
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D)),
              "z": rng.uniform(0.5, 1.5, (rows,))}
-    kernel = nf.compile(out)
-    names = [p.name for p in kernel.inputs]
-    got = kernel(*(torch.tensor(feeds[nm], dtype=torch.float32) for nm in names))
-    want = nf.evaluate(out, {nm: feeds[nm] for nm in names})
-    assert got.shape == want.shape
-    scale = np.abs(want).max(initial=1.0)
-    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-4, atol=2e-5 * scale,
-                               err_msg=str(tree))
+    _compiled_matches(out, feeds, str(tree))
