@@ -41,19 +41,20 @@ def dc_gqa_partial(
     t_6 = h // 8
     t_7 = tl.cast(b, tl.int64) * k_s0 + tl.cast(t_6, tl.int64) * k_s1
     k_base = k_ptr + t_7
-    t_8 = tl.cast(b, tl.int64) * v_s0 + tl.cast(t_6, tl.int64) * v_s1
-    v_base = v_ptr + t_8
-    t_9 = offs_i + M - N
+    t_9 = tl.cast(b, tl.int64) * v_s0 + tl.cast(t_6, tl.int64) * v_s1
+    v_base = v_ptr + t_9
+    t_10 = offs_i + M - N
     # interior tiles (no masks): lo <= j < full_hi
     for j0 in range(j_lo, j_full_hi, BLOCK_N):
         offs_j = j0 + tl.arange(0, BLOCK_N)
         kT = tl.load(k_base + (offs_c[:, None] + (offs_j * k_s2)[None, :]))
         qk = tl.dot(q, kT)
-        s = qk * 0.12751743082459868
-        m_tile = tl.max(s, 1)
+        t_8 = tl.max(qk, 1)
+        m_tile = t_8 * 0.12751743082459868
         m_new = tl.maximum(m, m_tile)
         m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
         alpha = tl.exp2(m - m_run)
+        s = qk * 0.12751743082459868
         p = tl.exp2(s - m_run[:, None])
         l_tile = tl.sum(p, 1)
         l_new = l * alpha + l_tile
@@ -65,7 +66,7 @@ def dc_gqa_partial(
         offs_j = j0_2 + tl.arange(0, BLOCK_N)
         kT_2 = tl.load(k_base + (offs_c[:, None] + (offs_j * k_s2)[None, :]), mask=(offs_j < M)[None, :], other=0.0)
         qk_2 = tl.dot(q, kT_2)
-        s_2 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= t_9[:, None]), qk_2 * 0.12751743082459868, float("-inf"))
+        s_2 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= t_10[:, None]), qk_2 * 0.12751743082459868, float("-inf"))
         m_tile_2 = tl.max(s_2, 1)
         m_new_2 = tl.maximum(m, m_tile_2)
         m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
@@ -77,14 +78,14 @@ def dc_gqa_partial(
         o_sum_new_2 = tl.dot(p_2.to(tl.float16), v_2, acc=o_sum * alpha_2[:, None])
         m, l, o_sum = m_new_2, l_new_2, o_sum_new_2
     # epilogue: outputs from the final state
-    t_10 = tl.cast(pid_split, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
-    ws_m_base = ws_m_ptr + t_10
+    t_11 = tl.cast(pid_split, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
+    ws_m_base = ws_m_ptr + t_11
     tl.store(ws_m_base + offs_i, m.to(tl.float32), mask=offs_i < N)
-    t_11 = tl.cast(pid_split, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
-    ws_l_base = ws_l_ptr + t_11
+    t_12 = tl.cast(pid_split, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
+    ws_l_base = ws_l_ptr + t_12
     tl.store(ws_l_base + offs_i, l.to(tl.float32), mask=offs_i < N)
-    t_12 = tl.cast(pid_split, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
-    ws_o_sum_base = ws_o_sum_ptr + t_12 + tl.cast(b, tl.int64) * ws_o_sum_s2
+    t_13 = tl.cast(pid_split, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
+    ws_o_sum_base = ws_o_sum_ptr + t_13 + tl.cast(b, tl.int64) * ws_o_sum_s2
     tl.store(ws_o_sum_base + ((offs_i * ws_o_sum_s3)[:, None] + offs_e[None, :]), o_sum.to(tl.float32), mask=(offs_i < N)[:, None])
 
 

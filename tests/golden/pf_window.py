@@ -13,7 +13,8 @@ def pf_window(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    pid_row = tl.program_id(0)
+    # row blocks in reverse: the ones whose loop is longest start first
+    pid_row = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_grid = tl.program_id(1)
     h = pid_grid % 32
     b = pid_grid // 32
@@ -69,11 +70,12 @@ def pf_window(
             tanh_2 = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
         else:
             tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_2], dtype=tl.float32, is_pure=True, pack=1)
-        s_2 = 72.13475204444816 * tanh_2
-        m_tile_2 = tl.max(s_2, 1)
+        t_5 = tl.max(tanh_2, 1)
+        m_tile_2 = t_5 * 72.13475204444816
         m_new_2 = tl.maximum(m, m_tile_2)
         m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
         alpha_2 = tl.exp2(m - m_run_2)
+        s_2 = 72.13475204444816 * tanh_2
         p_2 = tl.exp2(s_2 - m_run_2[:, None])
         l_tile_2 = tl.sum(p_2, 1)
         l_new_2 = l * alpha_2 + l_tile_2

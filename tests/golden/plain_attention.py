@@ -28,11 +28,12 @@ def attention(
         offs_j = j0 + tl.arange(0, BLOCK_N)
         kT = tl.load(k_ptr + (offs_c[:, None] + (offs_j * k_s0)[None, :]))
         qk = tl.dot(q, kT)
-        s = qk * 0.18033688011112042
-        m_tile = tl.max(s, 1)
+        t = tl.max(qk, 1)
+        m_tile = t * 0.18033688011112042
         m_new = tl.maximum(m, m_tile)
         m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
         alpha = tl.exp2(m - m_run)
+        s = qk * 0.18033688011112042
         p = tl.exp2(s - m_run[:, None])
         v = tl.load(v_ptr + (offs_e[None, :] + (offs_j * v_s0)[:, None]))
         o_sum_new = tl.dot(p.to(tl.float16), v, acc=o_sum * alpha[:, None])

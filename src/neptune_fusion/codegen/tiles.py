@@ -17,6 +17,7 @@ from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
 from ..ir.traverse import factors, product, substitute, walk
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
+from .tma import descriptor_load
 from .triton_ops import ADD, ATOM, KIND, KIND_TL, MUL, REDUCE_OPS, wrap
 
 
@@ -76,6 +77,22 @@ def masked_load(e: Expr) -> Load | None:
 def _same_extent(e: Expr, ext) -> bool:
     return e == ext if not isinstance(ext, int) else (
         isinstance(e, Const) and e.value == ext)
+
+
+def scaled_extreme(e: Reduce) -> Expr | None:
+    """``max_k(x * c) = max_k(x) * c`` (and ``min``) for a constant ``c > 0``; None for
+    anything else. Exact: rounding (and a widening cast) is monotonic, so the largest
+    rounded product is the rounded product of the largest. A scaled score's tile
+    maximum then costs one multiply per row instead of one per element; the scaled tile
+    is still formed where ``exp2`` reads it, and there the multiply fuses with the
+    subtraction into one FMA."""
+    if e.op not in ("max", "min") or not isinstance(e.body, Binary) or e.body.op != "mul":
+        return None
+    for x, c in ((e.body.a, e.body.b), (e.body.b, e.body.a)):
+        if isinstance(c, Const) and c.dtype.is_float and c.value > 0 \
+                and c.value != float("inf"):
+            return Binary("mul", Reduce(e.op, x, e.axes), c)
+    return None
 
 
 def sum_of(terms: list[Expr]) -> Expr:
@@ -265,9 +282,18 @@ class TileOps:
         if mask is not None:
             code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
         val = Val(code + ")", axes, KIND[e.tensor.dtype.name])
+        by_desc = descriptor_load(self, e, axes) if where is None else None
+        if by_desc is not None:   # both loads, chosen by the kernel's constexpr TMA
+            name = self.cur.names.fresh(self.default_hint(e, val))
+            with self.cur.nested("if TMA:") as br:
+                br.emit(f"{name} = {by_desc}")
+            with self.cur.nested("else:") as br:
+                br.emit(f"{name} = {val.code}")
+            val = Val(name, axes, val.kind)
         if shared is None:
             return val
-        name = self.cur.bind(self.default_hint(e, val), val.code)
+        name = val.code if by_desc is not None else \
+            self.cur.bind(self.default_hint(e, val), val.code)
         self.cur.remember(shared[0], (name, shared[1], val.kind))
         return Val(name, axes, val.kind)
 
@@ -279,6 +305,8 @@ class TileOps:
         if len(e.axes) != 1:
             raise CodegenError(f"{e}: a reduction over several axes is not lowered")
         hoisted = self.factor_out(e)
+        if hoisted is None:
+            hoisted = scaled_extreme(e)
         if hoisted is not None:
             return self.value(hoisted, axes)
         role = self.role_of(e.axes[0])

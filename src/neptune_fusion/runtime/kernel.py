@@ -85,6 +85,9 @@ class _Step:
     # a workspace step (not the last): byte offsets of its outputs in one buffer, its size
     scratch: tuple[int, ...] = ()
     scratch_bytes: int = 0
+    # the position of the kernel's TMA argument when it is True: an unaligned call passes
+    # False there (codegen/tma.py: descriptors need 16-byte aligned addresses)
+    tma_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,8 @@ class Kernel:
             with torch.cuda.device(device):  # Triton launches on the current device
                 return self._run(setup, tensors, out)
         by_tensor = dict(zip(setup.keys, tensors))
-        is_aligned = device.type == "cuda" and aligned(tensors)
+        addresses_aligned = aligned(tensors)
+        is_aligned = device.type == "cuda" and addresses_aligned
         # every launch direct: the workspace is one buffer, addressed (launcher.py)
         direct = is_aligned and all(s.launcher is not None and s.launcher.direct is not None
                                     for s in setup.steps)
@@ -226,7 +230,8 @@ class Kernel:
                         for shape, dt in step.outputs]
             by_tensor.update(zip(step.output_keys, outs))
             run = self._launch_one(k, step, by_tensor, setup.sizes, device,
-                                   None if first is None else first[1], is_aligned)
+                                   None if first is None else first[1], is_aligned,
+                                   addresses_aligned)
             first = run if first is None else first
         return LaunchResult(outs, first[0], first[1])
 
@@ -328,8 +333,12 @@ class Kernel:
             elif kind == "block_ext":   # ("block_ext", size[, cap]): see runtime/spec.py
                 block = tile_extent(_value(a[1], sizes))
                 args.append((_CONST, min(block, a[2]) if len(a) > 2 else block))
+            elif kind == "tma":
+                args.append((_CONST, tma_strides(tensors)))
             else:
                 args.append((_CONST, interpret))
+        tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))
+                       if a[0] == "tma" and v), None)
         fn = self._function(k, interpret) if 0 not in grid else None
         opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
@@ -342,12 +351,14 @@ class Kernel:
                                 (k, reuse_key(*zip(*consts)) if consts else ()),
                                 device.index)
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
-                     launcher, scratch, nbytes)
+                     launcher, scratch, nbytes, tma_at)
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, sizes: dict, device,
-                    visits=None, is_aligned: bool = False):
+                    visits=None, is_aligned: bool = False, addresses_aligned: bool = False):
         """Launch kernel ``k`` per its ``step``; returns (grid, visits). ``is_aligned``:
-        every input is 16-byte aligned (so a CUDA launch may skip Triton's dispatch)."""
+        a CUDA call whose inputs are all 16-byte aligned (so the launch may skip Triton's
+        dispatch); ``addresses_aligned``: the inputs are, on any device (descriptor
+        loads may be used)."""
         import torch
         grid = step.grid
         if self.specs[k].count_visits and visits is None:
@@ -358,6 +369,8 @@ class Kernel:
         by_tensor[_VISITS] = visits
         args = [v if tag == _CONST else by_tensor[v] if tag == _TENSOR else sizes[v]
                 for tag, v in step.args]
+        if step.tma_at is not None and not addresses_aligned:
+            args[step.tma_at] = False
         if step.interpret:
             with interpreted_launch():
                 step.fn[grid](*args, **step.opts)
@@ -400,6 +413,16 @@ def _shaping_sizes(specs, k: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _alloc(shape, dtype: str, sizes: dict) -> tuple[tuple[int, ...], object]:
     import torch
     return tuple(_value(x, sizes) for x in shape), getattr(torch, dtype)
+
+
+def tma_strides(tensors) -> bool:
+    """Whether every input's strides suit tensor descriptors: the last 1, each other a
+    multiple of 16 bytes (the copy engine's rule; addresses are checked per call)."""
+    for t in tensors:
+        st, size = t.stride(), t.element_size()
+        if t.dim() and (st[-1] != 1 or any(x * size % 16 for x in st[:-1])):
+            return False
+    return True
 
 
 def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:

@@ -30,6 +30,8 @@ so an :class:`Address` inside one buffer stands in for each workspace tensor.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from ..settings import direct_launch
 
 _ALIGN = 16  # Triton specialises pointer arguments on divisibility by 16 bytes
@@ -66,7 +68,8 @@ class Launcher:
             if self.direct is not None:
                 self.direct(args, self.stream())
                 return
-        compiled = self.fn[self.grid](*args, **self.opts)
+        with scratch_allocator():
+            compiled = self.fn[self.grid](*args, **self.opts)
         if is_aligned and self.direct is None:
             self.direct = direct_runner(compiled, self.grid)
             if self.direct is not None:
@@ -255,8 +258,42 @@ def _bind_run(compiled, grid: tuple[int, int, int]):
     def run(args, stream):
         launcher(gx, gy, gz, stream, fn, meta, metadata(grid, stream, *args),
                  rt.launch_enter_hook, rt.launch_exit_hook, *args)
+
+    if getattr(launcher, "global_scratch_size", 0):   # device-side tensor descriptors
+        plain = run
+
+        def run(args, stream):
+            with scratch_allocator():
+                plain(args, stream)
     run.path = "run"
     return run
+
+
+def _torch_scratch(size: int, alignment: int, stream):
+    import torch
+    return torch.empty(size, dtype=torch.uint8, device="cuda")   # the current device
+
+
+@contextmanager
+def scratch_allocator():
+    """Within it, Triton's launch-time allocator (the global scratch a kernel with
+    device-side tensor descriptors needs: codegen/tma.py) is torch's caching allocator,
+    unless the caller has set one of their own. Scoped (Triton keeps it in a context
+    variable), so nothing outside the launches changes."""
+    try:
+        from triton.runtime import _allocation
+        var, null = _allocation._allocator, _allocation.NullAllocator
+    except (ImportError, AttributeError):   # a Triton without launch-time allocation
+        yield
+        return
+    if not isinstance(var.get(), null):
+        yield
+        return
+    token = var.set(_torch_scratch)
+    try:
+        yield
+    finally:
+        var.reset(token)
 
 
 class Address:

@@ -36,7 +36,7 @@ class KernelSpec:
     outputs: tuple[tuple[str, tuple[Ext, ...], str], ...]   # (key, shape, torch dtype)
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
     #                            ("visits",) ("block", int)
-    #                            ("block_ext", ext[, cap]) ("flag",)
+    #                            ("block_ext", ext[, cap]) ("flag",) ("tma",)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -72,7 +72,7 @@ class KernelSpec:
         if not spec.name.isidentifier():   # it names the kernel function and its module
             raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
                                "identifier")
-        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag"}
+        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
         return spec
@@ -126,6 +126,8 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
                     # the tile covering a symbolic extent, capped for a chunked column
                     args.append(("block_ext", ax.extent.name) if ax.chunk is None else
                                 ("block_ext", ax.extent.name, ax.chunk))
+            elif a.kind == "tma":
+                args.append(("tma",))
             else:
                 args.append(("flag",))
         s = prog.schedule

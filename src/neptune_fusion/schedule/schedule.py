@@ -53,6 +53,10 @@ class Schedule:
       is row tiles x column tiles as a GEMM's (a norm followed by a matmul; each program
       recomputes its rows' statistics, a few percent of the work); rolling only, and no
       effect on a kernel whose carried state has no column axis;
+    * ``tma``: 2-d tile loads through tensor descriptors (the copy engine of Hopper-class
+      GPUs, ``codegen/tma.py``); a call whose inputs break the copy engine's alignment
+      rules runs the kernel's pointer loads instead. Rolling only; opt-in (not in the
+      auto-scheduler's space: docs/hopper.md);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -69,6 +73,7 @@ class Schedule:
     strategy: str = "rolling"
     splits: int = 1
     block_col: int = 0
+    tma: bool = False
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -104,7 +109,10 @@ class Schedule:
                                 "needs strategy='rolling'")
         if self.strategy != "split" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
-        for name in ("exp2", "partition", "fast_tanh", "count_visits"):
+        if self.tma and self.strategy != "rolling":
+            raise ScheduleError(f"schedule: tma=True needs strategy='rolling', got "
+                                f"{self.strategy!r}")
+        for name in ("exp2", "partition", "fast_tanh", "count_visits", "tma"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
                                     f"got {getattr(self, name)!r}")

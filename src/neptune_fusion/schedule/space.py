@@ -202,7 +202,8 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
     power of two >= 16, BLOCK_N in {64, 128, 256}, 4 or 8 warps, 2-4 stages, and the split
     counts of :func:`split_counts`. A ragged problem (:func:`wants_ragged_split`) gets
     those split candidates, with at least the counts of :data:`RAGGED_SPLITS`, next to
-    the rolling ones.
+    the rolling ones. Tensor descriptors (``Schedule.tma``) are not in the space
+    (docs/hopper.md says why); a ``base`` with ``tma`` keeps it on the rolling schedules.
     """
     base = base if base is not None else Schedule()
     base = replace(base, strategy="rolling", splits=1)
@@ -220,7 +221,8 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                     for st in STAGES:
                         out.append(replace(base, block_m=bm, block_n=bn, num_warps=w,
                                            num_stages=st, strategy="split" if k > 1
-                                           else "rolling", splits=k))
+                                           else "rolling", splits=k,
+                                           tma=base.tma and k == 1))
         if split:   # (ragged or not) the rolling kernel cannot fill the GPU anyway
             return sorted(set(out), key=_order)
     rows_p2 = next_pow2(problem.rows, 16)
@@ -245,7 +247,7 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
 
 def _order(s: Schedule) -> tuple:
     return (s.strategy, s.block_m, s.block_n, s.block_col, s.splits, s.num_warps,
-            s.num_stages)
+            s.num_stages, s.tma)
 
 
 # ------------------------------------------------------------ row reductions (no tl.dot)
