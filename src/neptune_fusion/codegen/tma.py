@@ -37,9 +37,8 @@ def _start(low, ax) -> str | None:
         got = low.env.get(I_FIRST)
     elif ax.role == "loop":
         got = low.env.get(TILE_START)
-    elif ax.role in ("col", "inner") and ax.chunk is None and not ax.programs \
-            and not (low.prog.split is not None and low.prog.split.col_blocks > 1):
-        return "0"
+    elif ax.role in ("col", "inner") and ax.chunk is None and not ax.programs:
+        return "0"   # one tile covers it (split-k programs never get here)
     else:
         return None
     return None if got is None else got.code
