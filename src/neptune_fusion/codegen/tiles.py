@@ -357,9 +357,11 @@ class TileOps:
     def zero_outside(self, e: Expr, cond: Expr) -> bool:
         """Whether ``e`` reads zero wherever ``cond`` is false: ``cond`` is the boundary
         guard ``j < extent`` and ``e`` a load indexed by the loop variable itself, which
-        the guarded tile loads with ``other=0.0``."""
+        the guarded tile loads with ``other=0.0`` -- or such a load under a select to zero
+        (``where(j < kv_lens, v[j], 0)``: a masked load, zero outside as well)."""
         loop = self.prog.loop
         ld = loaded(e)
+        ld = masked_load(e) if ld is None else ld
         return (ld is not None and self.guard and loop.var in ld.indices
                 and isinstance(cond, Binary) and cond.op == "lt" and cond.a == loop.var
                 and _same_extent(cond.b, loop.extent))

@@ -34,6 +34,10 @@ NINF = -float("inf")
 
 
 def _loadish(e: Expr) -> bool:
+    """A load, a cast of one, or one selected to zero (``where(j < kv_lens, v, 0)``: read
+    as a masked load, so it is no computed factor either)."""
+    if isinstance(e, Where) and is_const(e.b, 0.0):
+        e = e.a
     return isinstance(e, Load) or (isinstance(e, Cast) and isinstance(e.x, Load))
 
 
