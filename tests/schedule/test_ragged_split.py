@@ -69,8 +69,11 @@ def test_ragged_decode_ranks_split_k_first(batch, page):
     p = _problem(batch, page)
     ranked = rank(p, candidates(p, H200), H200)
     assert ranked[0].schedule.strategy == "split"
-    top = [_splits(e) for e in ranked[:4]]
-    assert len(set(top)) == 4              # the four a GPU measures differ in split count
+    top = [(_splits(e), e.schedule.block_n) for e in ranked[:4]]
+    # the four a GPU measures: the best split count at two loop tiles, then two other
+    # split counts
+    assert top[0][0] == top[1][0] and top[0][1] != top[1][1]
+    assert len({k for k, _ in top}) == 3
     # the same shape without kv_lens (every sequence at the capacity) is not moved
     dense = replace(p, lengths=0)
     assert rank(dense, candidates(dense, H200), H200)[0].schedule.splits <= 2
@@ -82,8 +85,8 @@ def test_b64_offers_splits_next_to_rolling():
     assert {2, 4, 8} <= {s.splits for s in space if s.strategy == "split"}
     assert any(s.strategy == "rolling" and s.block_m == 16 and s.block_n == 32
                for s in space)
-    top = [_splits(e) for e in rank(p, space, H200)[:4]]
-    assert 1 in top        # rolling is measured too: the model prices a worst case
+    top = [_splits(e) for e in rank(p, space, H200)[:6]]
+    assert 1 in top        # rolling ranks next: the model prices a worst case
     # the dense B = 64 batch keeps rolling only (the rolling kernel fills the GPU)
     dense = replace(p, lengths=0)
     assert {s.strategy for s in candidates(dense, H200)} == {"rolling"}

@@ -305,31 +305,37 @@ _PREPARED_PER_LAYER = 8      # prepared calls a layer keeps (oldest dropped firs
 
 def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
     """``nf.attention`` for a layer: ``what`` = (causal, window, shift, padding, softcap,
-    sinks, scale, gqa). A static-cache decode step (``kv_lens`` given: every step has the
-    same shapes) runs a call prepared once per layer and input signature
-    (:func:`neptune_fusion.prepare_attention`: a signature compare and the kernels' own
-    launchers, no per-call checks or allocation); everything else, and anything traced,
-    the general call."""
+    sinks, scale, gqa). A decode step (at most 16 queries) runs a call prepared once per
+    layer and input signature (:func:`neptune_fusion.prepare_attention`: a signature
+    compare and the kernels' own launchers, no per-call checks or allocation): at once
+    with a static cache's device lengths (``kv_lens``: every step has the same shapes),
+    and on a signature's second sighting without them (a sliding-window cache of fixed
+    size repeats its shapes; a dynamic cache grows a key per step and never does, so it is
+    never prepared for nothing). A prefill, anything traced, and anything not preparable
+    run the general call."""
     from ..frontend.attention import attention
     from ..runtime.prepared import cheap_signature
-    if kv_lens is None or query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
+    if query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
         return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
                          **_keywords(what, kv_lens))
-    tensors = (query, key, value, *(bufs or {}).values(), kv_lens)
+    tensors = (query, key, value, *(bufs or {}).values(), *(() if kv_lens is None
+                                                            else (kv_lens,)))
     table = module.__dict__.setdefault("_nf_prepared", {})
     sig = (what, tuple(bufs or ()), cheap_signature(tensors))
     prepared = table.get(sig)
-    if prepared is None:   # the mods and keywords are built only here, once per signature
-        from ..frontend.prepared import prepare_attention
-        try:
-            prepared = prepare_attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
-                                         **_keywords(what, kv_lens))
-        except FeedError:   # not preparable (a strided view): the general call, every time
-            prepared = False
-        if len(table) >= _PREPARED_PER_LAYER:
+    if prepared is None:
+        first = sig not in table and kv_lens is None
+        if not first:   # the mods and keywords are built only here, once per signature
+            from ..frontend.prepared import prepare_attention
+            try:
+                prepared = prepare_attention(query, key, value, buffers=bufs,
+                                             kv_lens=kv_lens, **_keywords(what, kv_lens))
+            except FeedError:   # not preparable (a strided view): the general call always
+                prepared = False
+        if sig not in table and len(table) >= _PREPARED_PER_LAYER:
             table.pop(next(iter(table)))
-        table[sig] = prepared
-    if prepared is False:
+        table[sig] = prepared   # None: seen once
+    if not prepared:
         return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
                          **_keywords(what, kv_lens))
     return prepared(query, key, value, bufs, kv_lens)
