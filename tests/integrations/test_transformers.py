@@ -147,6 +147,22 @@ def test_static_cache_decode_matches_eager(name):
         assert _rel(a, b) <= 1e-4
 
 
+def test_dynamic_cache_decode_is_never_prepared():
+    """A dynamic cache grows a key per step: no signature repeats, so no step is prepared
+    (each is seen once), and the general call gives eager attention's tokens."""
+    model = _model("llama")
+    ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=5, do_sample=False)
+        model.set_attn_implementation(nft.NAME)
+        got = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert torch.equal(got, want)
+    tables = [m.__dict__["_nf_prepared"] for m in model.modules()
+              if "_nf_prepared" in m.__dict__]
+    assert tables and all(len(t) >= 4 and all(p is None for p in t.values())
+                          for t in tables)
+
+
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
 def test_compiled_model_has_no_graph_break(name):
     """torch.compile of a whole model: prefill and a dynamic-cache decode step trace with
