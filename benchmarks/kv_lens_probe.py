@@ -24,16 +24,13 @@ import itertools
 import torch
 import triton
 
+from neptune_fusion.bench.gate import relative_error as rel
 from neptune_fusion.frontend.attention import AttentionCache, attention
 from neptune_fusion.schedule.schedule import Schedule
 
 
 def causal(b, h, i, j):
     return j <= i
-
-
-def rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def llama(grid: bool) -> None:
