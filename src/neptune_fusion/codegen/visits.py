@@ -9,7 +9,7 @@ brute-force count of the tiles the mask leaves non-empty.
 from __future__ import annotations
 
 from ..analysis.masks import DataDependentBound, evaluate
-from ..ir.nodes import Expr, Size
+from ..ir.nodes import Expr, IndexVar, Size
 from .program import BLOCK_N, I_FIRST, I_LAST, TileProgram, extent_value
 
 
@@ -65,6 +65,39 @@ def visited_fraction(prog: TileProgram, sizes: dict[Size, int], bm: int, bn: int
     picks = sorted({round(k * (blocks - 1) / max(n - 1, 1)) for k in range(n)})
     try:
         seen = sum(sum(_row_block_tiles(prog, sizes, bm, bn, r, 0, extents)) for r in picks)
-    except DataDependentBound:   # a mask that reads tensor data (an offset in a buffer):
-        return 1.0               # unknown on the host, priced as every tile
+    except DataDependentBound:   # a bound that reads tensor data: unknown on the host
+        if not _per_instance_lengths(prog):
+            return 1.0           # an offset in a buffer: priced as every tile
+        # a device length (kv_lens[b]): priced at the capacity, as the cost model's
+        # ragged terms are -- a causal prefill over a cache keeps its causal skip
+        full = _at_capacity(prog, loop)
+        try:
+            seen = sum(sum(_row_block_tiles(full, sizes, bm, bn, r, 0, extents))
+                       for r in picks)
+        except DataDependentBound:
+            return 1.0
     return min(1.0, seen / (len(picks) * tiles))
+
+
+def _per_instance_lengths(prog: TileProgram) -> bool:
+    """Whether every tensor read in a loop bound is indexed by grid axes alone: a
+    per-instance length (``kv_lens[b]``, as :func:`..runtime.problem.data_lengths`)."""
+    from ..ir.nodes import Load
+    from ..ir.traverse import walk
+    grid = {a.var for a in prog.grid}
+    loads = [x for _, e in prog.bounds for x in walk(e) if isinstance(x, Load)]
+    index_vars = [{v for i in x.indices for v in walk(i) if isinstance(v, IndexVar)}
+                  for x in loads]
+    return bool(loads) and all(vs and vs <= grid for vs in index_vars)
+
+
+def _at_capacity(prog: TileProgram, loop: int) -> TileProgram:
+    """``prog`` with every tensor read in its loop bounds replaced by ``loop``."""
+    import dataclasses
+
+    from ..ir.fold import iconst
+    from ..ir.nodes import Load
+    from ..ir.traverse import rewrite
+    bounds = tuple((name, rewrite(e, lambda x: iconst(loop) if isinstance(x, Load) else None))
+                   for name, e in prog.bounds)
+    return dataclasses.replace(prog, bounds=bounds)

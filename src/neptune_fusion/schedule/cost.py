@@ -151,7 +151,10 @@ def estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
         ws = splits * problem.programs * problem.rows * (problem.col + 2) * 4
         t += device.launch_s + ws / device.bandwidth
     if problem.lengths:         # lengths are device data: the worst case of the class
-        t += ragged_terms(problem, per_prog_bytes, progs, device)
+        # program starts are priced where the split count sets how many there are: one row
+        # block per instance (decode); a prefill's programs are the dense model's
+        starts = progs if problem.rows <= s.block_m else 0
+        t += ragged_terms(problem, per_prog_bytes, starts, device)
     if r.regs > 255:
         t *= _SPILL
     return Estimate(s, t, r)
@@ -172,7 +175,10 @@ def ragged_terms(problem: Problem, per_prog_bytes: float, progs: int,
       and the capacity-wide estimate is already the worst case;
     * each program's start (q tile, the pipeline's first loads, the partial state's
       store), :data:`_START_S` per program per multiprocessor -- what keeps the split
-      count from growing without bound."""
+      count from growing without bound. ``progs``: the programs whose starts count (0 for
+      a prefill: :func:`estimate` prices them only when one row block covers the rows;
+      a 6 us start per program made 128-row tiles rank above 64-row ones on a 4096-query
+      causal prefill over a cache, H200: 0.200 against 0.189 ms measured)."""
     tail = (1.0 - 1.0 / problem.lengths) * per_prog_bytes * device.sms / device.bandwidth
     return tail + -(-progs // device.sms) * _START_S
 
