@@ -117,29 +117,26 @@ def dc_gqa_combine(
     o_sum = tl.full([BLOCK_M, BLOCK_E], 0.0, tl.float32)
     # merge the splits' states: m
     for split_id in tl.static_range(4):
-        t = 4 * BLOCK_N
-        t_2 = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
-        ws_m_base = ws_m_ptr + t_2
+        t = tl.cast(split_id, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
+        ws_m_base = ws_m_ptr + t
         ws_m = tl.load(ws_m_base + offs_i, mask=offs_i < N, other=0.0)
-        m_new = tl.where(split_id * ((M + t - 1) // t * BLOCK_N) < M, tl.maximum(m, ws_m), m)
+        m_new = tl.maximum(m, ws_m)
         m = m_new
     # merge the splits' states: l, o_sum
     for split_id_2 in tl.static_range(4):
-        t_3 = 4 * BLOCK_N
-        mask = split_id_2 * ((M + t_3 - 1) // t_3 * BLOCK_N) < M
-        t_4 = tl.cast(split_id_2, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
-        ws_l_base = ws_l_ptr + t_4
+        t_2 = tl.cast(split_id_2, tl.int64) * ws_l_s0 + tl.cast(h, tl.int64) * ws_l_s1 + tl.cast(b, tl.int64) * ws_l_s2
+        ws_l_base = ws_l_ptr + t_2
         ws_l = tl.load(ws_l_base + offs_i, mask=offs_i < N, other=0.0)
-        t_5 = tl.cast(split_id_2, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
-        ws_m_base_2 = ws_m_ptr + t_5
+        t_3 = tl.cast(split_id_2, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
+        ws_m_base_2 = ws_m_ptr + t_3
         ws_m_2 = tl.load(ws_m_base_2 + offs_i, mask=offs_i < N, other=0.0)
-        t_6 = tl.where(tl.abs(ws_m_2) < float("inf"), ws_m_2, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
-        p = tl.exp2(t_6)
-        l_new = tl.where(mask, l + tl.where(ws_l == 0.0, 0.0, ws_l * p), l)
-        t_7 = tl.cast(split_id_2, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
-        ws_o_sum_base = ws_o_sum_ptr + t_7 + tl.cast(b, tl.int64) * ws_o_sum_s2
+        t_4 = tl.where(tl.abs(ws_m_2) < float("inf"), ws_m_2, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
+        p = tl.exp2(t_4)
+        l_new = l + tl.where(ws_l == 0.0, 0.0, ws_l * p)
+        t_5 = tl.cast(split_id_2, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1
+        ws_o_sum_base = ws_o_sum_ptr + t_5 + tl.cast(b, tl.int64) * ws_o_sum_s2
         ws_o_sum = tl.load(ws_o_sum_base + ((offs_i * ws_o_sum_s3)[:, None] + offs_e[None, :]), mask=(offs_i < N)[:, None], other=0.0)
-        o_sum_new = tl.where(mask, o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * p[:, None]), o_sum)
+        o_sum_new = o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * p[:, None])
         l, o_sum = l_new, o_sum_new
     # epilogue: outputs from the final state
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
