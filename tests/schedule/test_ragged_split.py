@@ -146,3 +146,19 @@ def test_a_causal_prefill_over_a_cache_ranks_as_without_kv_lens():
     assert all(0.5 < f < 0.6 for (bm, _), f in shares.items() if bm < 4096)
     first = [rank(p, candidates(p, H200), H200)[0].schedule for p in (ragged, dense)]
     assert first[0] == first[1] and first[0].block_m == 64
+
+
+@pytest.mark.parametrize("batch,page", [(1, 16), (1, 64), (1, 0), (8, 16), (64, 64)])
+def test_one_program_per_sm_gathers_deeper(batch, page):
+    """A paged loop pipelines its gathers 2s - 1 deep exactly where its programs fit one
+    per multiprocessor (B = 1: 8 heads x 16 splits = 128 on 132); a contiguous cache and
+    a batch that fills the GPU keep the plain loop (space.gather_depth)."""
+    p = _problem(batch, page)
+    assert p.gathers == bool(page)
+    for s in candidates(p, H200):
+        programs = -(-p.rows // s.block_m) * p.programs * (s.splits if s.strategy == "split"
+                                                           else 1)
+        deep = bool(page) and s.num_stages >= 3 and programs <= H200.sms
+        assert s.gather_stages == (2 * s.num_stages - 1 if deep else 0), s
+    best = rank(p, candidates(p, H200), H200)[0].schedule
+    assert (best.gather_stages > 0) == (batch == 1 and page > 0)

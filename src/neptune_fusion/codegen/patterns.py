@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..ir.fold import is_const
 from ..ir.nodes import Cast, Expr, IndexVar, Load, Reduce, Where
-from ..ir.traverse import factors, product
+from ..ir.traverse import factors, product, walk
 from .program import TILE_ORDER
 
 
@@ -85,3 +85,19 @@ def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None],
     if kr not in roles(a) or kr not in roles(b):
         return None
     return Contraction(a, b, k, x, y, mask)
+
+
+def indirect_load(exprs) -> bool:
+    """Whether a load among ``exprs`` is indexed by another load: a gather through a
+    table, as a paged cache's ``k[block_table[b, j // page], h, j % page, c]``."""
+    for e in exprs:
+        for x in walk(e):
+            if isinstance(x, Load) and any(isinstance(y, Load) for i in x.indices
+                                           for y in walk(i)):
+                return True
+    return False
+
+
+def gathers(prog) -> bool:
+    """Whether a tile loop of tile program ``prog`` loads through a table."""
+    return any(indirect_load(e for _, e in seg.body) for seg in prog.segments)

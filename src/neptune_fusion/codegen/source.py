@@ -24,6 +24,7 @@ from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
+from .patterns import indirect_load
 from .program import (
     BLOCK_N,
     I_FIRST,
@@ -369,6 +370,22 @@ def _bounds(prog: TileProgram, pre: Block, low: Lowerer, env: dict) -> dict[str,
     return out
 
 
+def _loop_range(prog: TileProgram, seg, lo: str, hi: str) -> str:
+    """The tile loop's iterator: ``range``, or, for a loop that loads through a table (a
+    paged cache's ``k[block_table[b, j // page], ...]``) under a schedule with
+    ``gather_stages``, ``tl.range`` pipelined that deep. Triton's pipeliner (3.6 and 3.9,
+    read off their sm_90 TTGIR) puts such a load a stage after the table load, so at the
+    kernel's depth ``s`` it keeps ``ceil((s - 2) / 2)`` tiles in flight, not the ``s - 1``
+    of a direct load (pages of 16, 128-key tiles, 3 stages: one buffer, 72 KiB of shared
+    memory, against two and 136 KiB contiguous); at ``2s - 1`` it keeps ``s - 1``. The
+    search space asks for that where one program per multiprocessor must hide the latency
+    alone (schedule/space.gather_depth; docs/codegen.md, "Loads")."""
+    depth = prog.schedule.gather_stages
+    if depth and indirect_load(e for _, e in seg.body):
+        return f"tl.range({lo}, {hi}, BLOCK_N, num_stages={depth})"
+    return f"range({lo}, {hi}, BLOCK_N)"
+
+
 def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hints) -> None:
     """One loop of ``seg``: ``pre`` takes what does not change in it, ``state_params`` are
     the state it (or a later phase) updates."""
@@ -378,7 +395,7 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
         kind = f"phase {seg.phase}, {kind}"
     loops.comment(f"{kind}: {seg.lo} <= {prog.loop.name} < {seg.hi}")
     j0 = loops.names.fresh(f"{prog.loop.name}0")
-    with loops.nested(f"for {j0} in range({lo}, {hi}, BLOCK_N):") as body:
+    with loops.nested(f"for {j0} in {_loop_range(prog, seg, lo, hi)}:") as body:
         offs = f"offs_{prog.loop.name}"
         body.emit(f"{offs} = {j0} + tl.arange(0, BLOCK_N)")
         local = dict(env)

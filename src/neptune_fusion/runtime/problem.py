@@ -23,6 +23,7 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
     loads). ``lengths``: :func:`data_lengths` (a ragged KV cache's batch).
     """
     from ..codegen.lower import dot_roles
+    from ..codegen.patterns import gathers
     from ..codegen.visits import visited_fraction
     from ..ir.nodes import Load
     from ..ir.traverse import walk
@@ -62,7 +63,7 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
                      for bm, bn in tile_shapes(rows)) if visits and contraction else (),
         reread_bytes=0 if contraction else rereads * along,
-        lengths=data_lengths(prog, sizes))
+        lengths=data_lengths(prog, sizes), gathers=gathers(prog))
 
 
 def data_lengths(prog: TileProgram, sizes: dict) -> int:

@@ -57,6 +57,12 @@ class Schedule:
       GPUs, ``codegen/tma.py``); a call whose inputs break the copy engine's alignment
       rules runs the kernel's pointer loads instead. Rolling only; opt-in (not in the
       auto-scheduler's space: docs/hopper.md);
+    * ``gather_stages``: 0 (default) pipelines every tile loop ``num_stages`` deep; n > 0
+      pipelines a loop that loads through a table (a paged KV cache) n deep, which at
+      ``2 * num_stages - 1`` keeps as many tiles in flight as a direct load does at
+      ``num_stages`` (Triton places a load addressed by a load a stage later:
+      docs/codegen.md, "Loads"); the search space sets it where one program per
+      multiprocessor must hide the latency alone;
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -74,6 +80,7 @@ class Schedule:
     splits: int = 1
     block_col: int = 0
     tma: bool = False
+    gather_stages: int = 0
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -107,6 +114,10 @@ class Schedule:
         if bc and self.strategy != "rolling":
             raise ScheduleError(f"schedule: block_col={bc} (column tiles across programs) "
                                 "needs strategy='rolling'")
+        gs = self.gather_stages
+        if not isinstance(gs, int) or isinstance(gs, bool) or not 0 <= gs <= 16:
+            raise ScheduleError(f"schedule: gather_stages must be an int in [0, 16] (0: "
+                                f"num_stages), got {gs!r}")
         if self.strategy != "split" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
         if self.tma and self.strategy != "rolling":
