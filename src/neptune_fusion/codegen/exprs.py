@@ -102,6 +102,14 @@ class Lowerer(TileOps):
 
     def axes(self, e: Expr, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
         roles = self.tile_roles(e)
+        inner = sorted((v for v in e.free_vars if isinstance(v, IndexVar)
+                        and self.role_of(v) == "inner"), key=lambda v: v.uid)
+        if len(inner) > 1:
+            # one tile dimension holds the inner axis: two of them would be paired element
+            # by element (an attention inlined into a sum over its rows did that, wrong)
+            raise CodegenError(
+                f"{e} spans two inner axes ({', '.join(v.name for v in inner)}) at once; "
+                "a tile holds one (materialise the inner compute: compile it separately)")
         if len(roles) > 2:
             raise CodegenError(
                 f"{e} spans the tile axes {', '.join(canonical(roles))}: more than two, and "

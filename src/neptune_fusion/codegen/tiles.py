@@ -8,12 +8,14 @@ and the blocks (``cur``, ``hoist``) these methods emit into.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
+from ..ir.reducers import reducer
 from ..ir.traverse import factors, product, substitute, walk
 from .patterns import loaded, match_contraction
 from .program import Axis, extent_expr
@@ -310,7 +312,7 @@ class TileOps:
         if hoisted is not None:
             return self.value(hoisted, axes)
         role = self.role_of(e.axes[0])
-        body = self.f32(self.value(e.body))
+        body = self.f32(self.value(self.padded(e)))
         if role not in body.axes:
             # constant along the tile, every element of which is inside the axis here (a
             # boundary tile's guard makes the body vary): a sum counts, max/min keep it
@@ -321,6 +323,24 @@ class TileOps:
             return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
         out = tuple(a for a in body.axes if a != role)
         return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
+
+    def padded(self, e: Reduce) -> Expr:
+        """``e``'s body, its elements past the end of a reduced column or inner axis (a
+        tile wider than a symbolic or odd extent) the reducer's identity: a masked load
+        reads 0 there, which only a sum of terms that vanish with their loads would
+        ignore (``max_c x[r, c]`` of negative rows, ``sum_c exp(x[r, c])``). The loop
+        axis's boundary tiles carry their own guards (the loop partition)."""
+        ax = self.roles.get(e.axes[0])
+        if ax is None or ax.role not in ("col", "inner") or not self.needs_mask(ax):
+            return e.body
+        ident = reducer(e.op).identity
+        if not e.body.dtype.is_float:
+            if math.isinf(ident):   # an integer max/min: no identity to fill with
+                raise CodegenError(f"{e}: an integer {e.op} over a tile wider than "
+                                   f"{e.axes[0].name}'s extent is not lowered")
+            ident = int(ident)
+        return Where(Binary("lt", e.axes[0], extent_expr(ax.extent)), e.body,
+                     Const(ident, e.body.dtype))
 
     def factor_out(self, e: Reduce) -> Expr | None:
         """``sum_k(a * b) = a * sum_k(b)`` for the factors ``a`` constant along ``k``, when
