@@ -153,3 +153,23 @@ def test_fuzz_maps_compile_and_match(tree, rows, seed):
     feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D)),
              "z": rng.uniform(0.5, 1.5, (rows,))}
     _compiled_matches(out, feeds, str(tree))
+
+
+@settings(max_examples=_examples(6, 100), **FUZZ)
+@given(tree=trees(), producer=st.sampled_from(sorted(REDUCE)),
+       outer=st.sampled_from(sorted(REDUCE)), back=st.booleans(), rows=st.integers(1, 5),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_reductions_to_one_value(tree, producer, outer, back, rows, seed):
+    """A random row chain reduced over its rows to one value (a 0-d output:
+    fusion/scalars.py), or with ``back`` that value read by every row again (a reduction
+    no output row depends on: a pass of its own); against the float64 reference."""
+    assume(uses(tree, "r"))
+    n = nf.size("N")
+    k, r = nf.reduce_axis(D, "k"), nf.reduce_axis(n, "r")
+    prod = nf.compute((n,), lambda i: REDUCE[producer](X[i, k], k), name="p")
+    row = nf.compute((n,), lambda i: build(tree, X[i, 0], Y[i, 0], prod[i]), name="row")
+    one = nf.compute((), lambda: REDUCE[outer](row[r], r), name="one")
+    out = nf.compute((n,), lambda i: row[i] - one[()], name="out") if back else one
+    rng = np.random.default_rng(seed)
+    feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D))}
+    _compiled_matches(out, feeds, f"{tree} {producer} -> {outer} back={back}")

@@ -29,6 +29,7 @@ from dataclasses import replace
 from ..algebra.synth import moved, running, state
 from ..errors import CodegenError, ScheduleError, UnschedulableError
 from ..fusion.plan import FusedGroup, FusionPlan
+from ..fusion.stages import rows_apart
 from ..ir.dtypes import float32
 from ..ir.fold import fconst, fold
 from ..ir.graph import placeholders
@@ -188,6 +189,10 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
             f"schedule strategy 'rolling': the plan has {len(plan.groups)} fused groups; the "
             "rolling kernel lowers one group (one loop over one reduction axis)")
     g = plan.groups[0]
+    apart = rows_apart(plan)
+    if apart is not None:
+        raise UnschedulableError(f"schedule strategy 'rolling': {apart}; the kernels block "
+                                 "over rows, so it runs as a pass of its own")
     if len(g.axes) != 1:
         raise CodegenError(
             f"group 0 ({', '.join(m.name for m in g.members)}) reduces over {len(g.axes)} "

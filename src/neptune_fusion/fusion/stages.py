@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import CodegenError
 from ..ir import build
 from ..ir.dtypes import float32
 from ..ir.graph import placeholders
@@ -80,18 +79,17 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
     made: dict[Placeholder, Compute] = {}     # intermediate -> the pass output filling it
     while True:
         p = make_plan(rest)
-        if len(p.groups) <= 1 or len(passes) >= max_passes:
+        if not p.groups or len(passes) >= max_passes or \
+                (len(p.groups) == 1 and rows_apart(p) is None):
             break
         g = p.groups[0]
         order = list(reversed(p.context))      # outermost spatial variable first
         mapping: dict[Expr, Expr] = {}
         computes = []
         for m in g.members:
+            # no spatial axis (a full reduction to one value): a 0-d intermediate, which
+            # the pipeline compiles with a unit row (fusion/scalars.py)
             axes = tuple(v for v in order if v in m.node.free_vars)
-            if not axes:
-                raise CodegenError(
-                    f"reduction {m.name} of a multi-pass plan has no spatial axis (a full "
-                    "reduction to one value); the kernels block over a row axis")
             name = fresh_name(m.name, taken)
             body: Expr = m.node
             if body.dtype.name in _NARROW:
@@ -106,9 +104,12 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
         passes.append(Pass(len(passes), tuple(computes), tuple(placeholders(computes))))
         rest = [_rebuilt(o, body, ax, mapping)
                 for o, body, ax in zip(rest, p.bodies, p.out_axes)]
-    # outputs that are exactly an intermediate are that intermediate
+    # outputs that are exactly an intermediate are that intermediate; the rest make the
+    # last pass -- one per set of rows when no reduction is left (maps of intermediates
+    # over different rows, as a row output beside a 0-d one, share no kernel)
     results: list[tuple[int, int] | None] = []
-    last: list[Compute] = []
+    keys: list = []
+    last: list[list[Compute]] = []
     where = {ph: (k, n) for ph, k, n in inter}
     for o, dt in zip(rest, final_dtypes):
         ph = _alias(o)
@@ -117,11 +118,35 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
             continue
         if o.dtype != dt:
             o = Compute(o.name, o.shape, o.axes, build.cast(o.body, dt), o.uid)
-        results.append((len(passes), len(last)))
-        last.append(o)
-    if last:
-        passes.append(Pass(len(passes), tuple(last), tuple(placeholders(last))))
+        key = frozenset(o.axes) if not p.groups else None
+        if key not in keys:
+            keys.append(key)
+            last.append([])
+        k = keys.index(key)
+        results.append((len(passes) + k, len(last[k])))
+        last[k].append(o)
+    for outs_ in last:
+        passes.append(Pass(len(passes), tuple(outs_), tuple(placeholders(outs_))))
     return Staging(tuple(passes), tuple(inter), tuple(results))  # type: ignore[arg-type]
+
+
+def rows_apart(p) -> str | None:
+    """Why plan ``p``'s first group cannot share one kernel with the outputs' rows, or
+    None: the kernels block over a row axis that every member depends on and every
+    output has. A member that no output row depends on (``y[i] = x[i] - max_r x[r]``) or
+    an output without the members' rows (a row output ``lse[i]`` beside the loss
+    ``sum_i lse[i]`` that inlines it) makes that group a pass of its own."""
+    if not p.groups or not any(p.out_axes):
+        return None
+    members = p.groups[0].members
+    for m in members:
+        if not set(p.context) & m.node.free_vars:
+            return f"{m.name} reduces to a value that no output row depends on"
+    rows = set(p.context).intersection(*(m.node.free_vars for m in members))
+    for o, axes in zip(p.outputs, p.out_axes):
+        if not rows & set(axes):
+            return f"output {o.name} has none of the rows {members[0].name} is reduced per"
+    return None
 
 
 def _rebuilt(o: Compute, body: Expr, axes: tuple[IndexVar, ...], mapping: dict) -> Compute:

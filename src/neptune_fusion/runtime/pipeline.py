@@ -298,6 +298,13 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
                                      "as several passes (fusion/axes.py); "
                                      "require_single_pass=True refuses them")
         return _staged(builder, auto, sched, store, top_k, log, axis_staging(list(outs)))
+    from ..fusion.scalars import has_scalars, unit_rows
+    if has_scalars(outs):   # a 0-d compute: a row of one (fusion/scalars.py)
+        from .scalars import ScalarOutputs
+        inner = compile(unit_rows(outs), inputs, schedule=schedule, name=kname,
+                        cache=cache, log=log, top_k=top_k,
+                        require_single_pass=require_single_pass, **options)
+        return ScalarOutputs(inner, outs, single)
     if not auto and sched.strategy == "library":   # any plan: the product is cuBLAS's
         return builder.build(sched)
     try:
@@ -343,10 +350,14 @@ def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log,
         if staging.single_pass:   # nothing to split (no reduction at all): today's error
             from ..codegen.lower import check_single_pass
             check_single_pass(whole.plan)
+    from ..fusion.maps import has_reduction
+    from ..fusion.scalars import has_scalars
     kernels = []
     for ps in staging.passes:
         name = f"{whole.name}_pass{ps.index}"
-        if nested:
+        # a reduction no output row depends on (``x[i, j] / sum_r x[r, 0]``) is a pass
+        # with a 0-d output, and the outputs then a map: compile() handles both
+        if nested or has_scalars(ps.outputs) or not has_reduction(ps.outputs):
             kernels.append(compile(list(ps.outputs), list(ps.inputs), name=name,
                                    schedule="auto" if auto else sched,
                                    cache=store or False, log=log, top_k=top_k))
