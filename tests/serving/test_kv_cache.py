@@ -143,6 +143,9 @@ def test_boundary_tiles_keep_the_narrow_dot(layout, n):
     assert "input_precision" not in src and "tl.float32), 0.0)" not in src
     for loop in src.split("    for j0")[1:]:   # the key loops
         assert loop.split("# ")[0].count("tl.exp2(") == 2   # the rescale and P
+    if layout == "paged":   # a pointer per key (64-bit once per key), the page id clamped
+        assert "kT = tl.load(k_rows[None, :] + offs_c[:, None])" in src
+        assert "block_table >= 0" not in src and "tl.minimum(tl.maximum(block_table" in src
 
 
 @pytest.mark.parametrize("layout", ["ragged", "paged"])

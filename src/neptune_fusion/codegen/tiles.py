@@ -132,13 +132,21 @@ class TileOps:
             cover *= self.prog.split.col_blocks     # a combine cut over columns: all of them
         return not (isinstance(ext, int) and ext == cover)
 
-    def address(self, tensor, indices) -> tuple[str, Expr, Expr | None]:
+    def address(self, tensor, indices, axes: tuple[str, ...] | None = None
+                ) -> tuple[str, Expr, Expr | None]:
         """``tensor[indices]`` as a base pointer (the scalar indices folded in, int64),
-        a tile offset (IR, invariant part first) and a mask (IR, or None)."""
+        a tile offset (IR, invariant part first) and a mask (IR, or None).
+
+        With ``axes`` (a load's layout), gathered indices (paged KV's
+        ``k[table[b, j // 16], h, j % 16, c]``) go into the base instead: a pointer per
+        element of the axes they span (``k_rows``, one 64-bit product per key, not per
+        element of the tile), broadcast to ``axes``; the tile offset stays 32-bit, as a
+        contiguous tile's does (about 3 % of the paged decode kernel on the H200)."""
         arg = self.args[tensor]
         scalar: list[Expr] = []
         inv: list[Expr] = []
         var: list[Expr] = []
+        gath: list[Expr] = []
         mask: Expr | None = None
         last = len(indices) - 1
         for d, idx in enumerate(indices):
@@ -161,22 +169,21 @@ class TileOps:
                         "index tiles with bare variables (or gather: a load, // or % by "
                         "a constant)")
                 # a gathered index (paged KV: ``k[table[b, j // 16], h, j % 16, c]``):
-                # a per-element offset; outside the dimension it is masked (reads 0),
-                # never dereferenced -- a bad page id cannot fault
-                term = fold(Cast(idx, int64))
-                term = term if d == last else Binary("mul", term, arg.stride(d))
-                (var if self.is_variant(term) else inv).append(term)
+                # a per-element offset; one that may fall outside the dimension is
+                # clamped into it (an element of the tensor is read, never one past it:
+                # a bad page id cannot fault; the reference calls such a read undefined)
                 for x in sorted(idx.free_vars, key=lambda x: x.uid):
                     xa = self.roles.get(x)    # a tile past its axis' end (boundary tiles)
                     if xa is not None and xa.role != "grid" and self.needs_mask(xa):
                         cond = Binary("lt", x, extent_expr(xa.extent))
                         mask = cond if mask is None else Binary("and", mask, cond)
+                term = fold(Cast(idx, int64))
                 rng = index_range(idx)
                 ext = tensor.shape[d]
                 if rng is None or not isinstance(ext, int) or rng[0] < 0 or rng[1] >= ext:
-                    cond = Binary("and", Binary("ge", idx, Const(0, idx.dtype)),
-                                  Binary("lt", idx, extent_expr(ext)))
-                    mask = cond if mask is None else Binary("and", mask, cond)
+                    top = fold(Binary("sub", extent_expr(ext), Const(1, int64)))
+                    term = Binary("minimum", Binary("maximum", term, Const(0, int64)), top)
+                gath.append(term if d == last else Binary("mul", term, arg.stride(d)))
             else:
                 # 64-bit: batch * stride overflows int32 on large tensors
                 term = fold(Cast(idx, int64))
@@ -192,7 +199,29 @@ class TileOps:
                 got = blk.bind(f"{arg.name}_base", f"{base} + {off.code}")
                 blk.remember(key, got)
             base = got
+        if gath and axes is not None and len(self.tile_roles(sum_of(gath))) < len(axes):
+            base = self._gathered_base(arg.name, base, sum_of(gath), axes)
+        else:
+            for term in gath:
+                (var if self.is_variant(term) else inv).append(term)
         return base, fold(sum_of(inv + var) if inv or var else Const(0, int64)), mask
+
+    def _gathered_base(self, name: str, base: str, rows: Expr, axes) -> str:
+        """``base + rows`` bound once as a tensor of pointers over the axes ``rows``
+        spans, broadcast to ``axes`` (see :meth:`address`)."""
+        blk = self.hoist if (self.hoist is not None and not self.is_variant(rows)) \
+            else self.cur
+        prev, self.cur = self.cur, blk
+        try:
+            off = self.value(fold(rows))
+            key = ("rows", base, fold(rows))
+            got = blk.lookup(key)
+            if got is None:
+                got = blk.bind(f"{name}_rows", f"{base} + {wrap(off.code, off.prec, ADD)}")
+                blk.remember(key, got)
+        finally:
+            self.cur = prev
+        return self.expand(Val(got, off.axes, "i64"), axes)
 
     def _split_index(self, idx: Expr, extent) -> tuple[Expr, Expr | None]:
         """``(tile variable, scalar)`` when ``idx`` is a sum of one bare tile variable and
@@ -276,7 +305,7 @@ class TileOps:
                 if order == shared[1]:
                     return Val(name, axes, kind)
                 return Val(f"tl.trans({name})", axes, kind)
-        base, offset, mask = self.address(e.tensor, e.indices)
+        base, offset, mask = self.address(e.tensor, e.indices, axes)
         if where is not None:
             mask = where if mask is None else Binary("and", mask, where)
         off = self.value(offset, axes)

@@ -12,8 +12,9 @@ except :func:`check_values`, which needs them on the host:
 * values (a length above the cache, a page id outside the pool) are checked when the
   tensors are on the CPU (no device sync to pay) or when ``NEPTUNE_FUSION_VALIDATE=1``
   (a host sync per call: not for CUDA-graph capture). Otherwise a page id outside the
-  pool reads zeros (the kernel masks every gathered index to its dimension, it never
-  faults) and a length above the cache counts only the keys the cache has.
+  pool reads a page inside it (the kernel clamps every gathered index into its
+  dimension: an undefined result, never a fault) and a length above the cache counts
+  only the keys the cache has.
 """
 
 from __future__ import annotations
