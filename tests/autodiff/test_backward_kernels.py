@@ -108,6 +108,20 @@ def test_each_tile_is_loaded_once_per_iteration(head_dim):
                 assert f"= tl.trans({name}T" in body, body
 
 
+def test_each_kernel_launches_its_longest_row_blocks_first():
+    """Causal d_q: the last query rows visit the most key tiles, so the row blocks run
+    last to first. d_k, d_v: the *first* key rows visit the most query tiles (their loop
+    runs from the diagonal to the end), so the natural order is the heaviest first; it
+    was reversed (the inner bound ``full_hi`` reads the row), leaving the longest
+    programs for the grid's tail."""
+    kernels, _ = build_backward(_Forward(64), False)
+    reverse = "pid_row = tl.num_programs(0) - 1 - tl.program_id(0)"
+    for k, want in ((kernels.dq, True), (kernels.dkv, False)):
+        _, ranked = _h200_best(k)
+        src = "\n".join(g.source for g in k.kernel_of(ranked[0].schedule).kernels)
+        assert (reverse in src) is want, src
+
+
 def test_the_backward_source_script_prints_both_kernels(capsys):
     """``benchmarks/backward_source.py`` (for the lead's dumps on the GPU machine)."""
     import importlib.util

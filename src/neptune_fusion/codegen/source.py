@@ -331,12 +331,20 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
 
 
 def heaviest_first(prog: TileProgram) -> bool:
-    """Whether the row blocks run last to first: when the loop's upper bound grows with
+    """Whether the row blocks run last to first: when the loop's upper end grows with
     the row (a causal mask: the last rows visit the most tiles), launching the longest
     programs first leaves short ones for the tail of the grid (on the H200 1-3 % on
-    causal prefill, 2026-12-01-h200-hopper). Any order computes the same."""
-    return prog.split is None and any(x is I_LAST for name, e in prog.bounds
-                                      if name.endswith("hi") for x in walk(e))
+    causal prefill, 2026-12-01-h200-hopper). The upper end is the bound that closes a
+    phase's last loop, not an inner one: the key rows of attention's d_k, d_v loop from
+    their diagonal to the end (``full_hi`` reads ``full_lo``, which grows with the row,
+    but ``hi`` is the extent), so their *first* blocks are the longest and the natural
+    order is already heaviest first. Any order computes the same."""
+    if prog.split is not None:
+        return False
+    bound = dict(prog.bounds)
+    starts = {(s.phase, s.lo) for s in prog.segments}
+    ends = [bound.get(s.hi) for s in prog.segments if (s.phase, s.hi) not in starts]
+    return any(x is I_LAST or x is I_FIRST for e in ends if e is not None for x in walk(e))
 
 
 def _grouped_ids(prog: TileProgram, pre: Block, low: Lowerer) -> None:
