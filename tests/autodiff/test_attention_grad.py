@@ -238,20 +238,6 @@ def test_attention_backward_of_a_fully_masked_row_is_zero():
     assert torch.isfinite(got[1].grad).all() and torch.isfinite(got[2].grad).all()
 
 
-def test_a_ragged_cache_with_grad_is_still_refused():
-    q, k, v, _ = _inputs("plain", dtype=torch.float32, n=1)
-    with pytest.raises(nf.FeedError, match="requires grad"):
-        nf.attention(q.requires_grad_(), k, v, kv_lens=torch.tensor([3], dtype=torch.int32),
-                     cache=AttentionCache(store=False))
-
-
-def test_return_lse_with_grad_is_still_refused():
-    q, k, v, _ = _inputs("plain", dtype=torch.float32)
-    with pytest.raises(nf.FeedError, match="requires grad"):
-        nf.attention(q.requires_grad_(), k, v, return_lse=True,
-                     cache=AttentionCache(store=False))
-
-
 @pytest.mark.parametrize("case", ["gqa", "alibi"])
 def test_a_compiled_training_step_through_the_op(case):
     """torch.compile(fullgraph=True) of a loss over nf.attention, then backward: the

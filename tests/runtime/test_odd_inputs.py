@@ -205,11 +205,14 @@ def test_requires_grad_is_refused_unless_grad_mode_is_off():
     q, k, v = (randn(1, 2, 4, 8, seed=s) for s in range(3))
     cache = AttentionCache(store=False)
     qg = q.clone().requires_grad_()
-    # attention is differentiable (tests/autodiff); its return_lse form is not
+    # attention is differentiable (tests/autodiff); over a paged cache it is not
     assert attention(qg, k, v, cache=cache).grad_fn is not None
+    pool = torch.cat([k[0], k[0]]).reshape(2, 2, 4, 8).repeat(1, 1, 4, 1)   # pages of 16
     with pytest.raises(FeedError, match=r"argument 0 \('q'\) requires grad.*no backward "
                                         r"yet.*torch.no_grad\(\).*detach\(\)"):
-        attention(qg, k, v, cache=cache, return_lse=True)
+        attention(qg[:, :, :1], pool, pool, cache=cache,
+                  kv_lens=torch.tensor([5], dtype=torch.int32),
+                  block_table=torch.tensor([[1]], dtype=torch.int32))
     with torch.no_grad():
         close(attention(qg, k, v, cache=cache), sdpa64(q, k, v))
     close(attention(qg.detach(), k, v, cache=cache), sdpa64(q, k, v))

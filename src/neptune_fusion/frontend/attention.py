@@ -465,7 +465,8 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
               mask_mod: Callable | None = None, scale: float | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
               buffers: Mapping | None = None, cache: AttentionCache | None = None,
-              schedule=None, return_lse: bool = False, kv_lens=None, block_table=None):
+              schedule=None, return_lse: bool = False, kv_lens=None, block_table=None,
+              sinks=None):
     """Attention of (B, Hq, N, D) ``q`` over (B, Hkv, M, D) ``k`` and (B, Hkv, M, Dv) ``v``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
@@ -485,12 +486,26 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     ``block_table`` (int32, ``(B, max_pages)``) makes ``k`` and ``v`` page pools
     ``(num_pages, Hkv, page_size, D)``. Both are read by the kernels on the device: new
     lengths or pages compile nothing and sync nothing.
+
+    ``sinks`` (a float tensor ``(Hq,)``): attention sinks, one more logit per query head
+    with a zero value row (gpt-oss); merged into each row's state after the kernel
+    (:mod:`.sinks`), eager only; differentiable, the sinks included.
     """
-    # differentiable: eager, no ragged or paged cache (those keep refusing grad)
-    if not return_lse and kv_lens is None and block_table is None \
-            and _wants_grad(q, k, v) and not torch_ops.compiling():
+    if sinks is not None:
+        from .sinks import check_sinks, merge_sinks
+        check_sinks(sinks, q)
+        if torch_ops.compiling():
+            raise FeedError("attention: sinks= is not traced by torch.compile or "
+                            "torch.export yet; call it eagerly")
+        o, lse = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, scale=scale,
+                           enable_gqa=enable_gqa, q_offset=q_offset, buffers=buffers,
+                           cache=cache, schedule=schedule, return_lse=True,
+                           kv_lens=kv_lens, block_table=block_table)
+        return merge_sinks(o, lse, sinks, return_lse)
+    # differentiable: eager, a contiguous cache (a paged one keeps refusing grad)
+    if block_table is None and _wants_grad(q, k, v) and not torch_ops.compiling():
         return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                               buffers, cache, schedule)
+                               buffers, cache, schedule, return_lse, kv_lens)
     if return_lse:
         if torch_ops.compiling():
             raise FeedError("attention: return_lse=True is not traced by torch.compile or "
@@ -511,19 +526,21 @@ def _wants_grad(q, k, v) -> bool:
 
 
 def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
-                    cache, schedule):
+                    cache, schedule, return_lse: bool = False, kv_lens=None):
     """:func:`attention` with a ``grad_fn`` (docs/autodiff.md): the forward kernel with
-    the row log-sum-exp, the backward derived from its definition."""
+    the row log-sum-exp, the backward derived from its definition; with ``return_lse``
+    the log-sum-exp is a differentiable output too. ``kv_lens`` (a ragged contiguous
+    cache) is an input of both, not differentiated."""
     from . import attention_grad
     cache = cache if cache is not None else DEFAULT_CACHE
 
     def run(q, k, v, bufs):
         setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa,
-                                  q_offset, bufs, cache, schedule, lse=True)
+                                  q_offset, bufs, cache, schedule, kv_lens, lse=True)
         o, lse = setup.kernel(*tensors)
         return o, lse, setup.kernel, tensors
     bufs = _check_buffers(buffers)
-    return attention_grad.apply(run, cache.backward, q, k, v, bufs)
+    return attention_grad.apply(run, cache.backward, q, k, v, bufs, return_lse)
 
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
@@ -674,14 +691,15 @@ class _OpEntry:
         ``neptune_fusion::attention_backward`` op's real implementation)."""
         import torch
         kw = self.kw
-        if any(self.has):
-            raise FeedError("attention: no gradient with kv_lens or block_table (a serving "
+        lens, table = self._kv(tensors)
+        if table is not None:
+            raise FeedError("attention: no gradient with block_table (a paged serving "
                             "cache); see docs/autodiff.md")
         q, k, v = (t.detach().requires_grad_() for t in tensors[:3])
         with torch.enable_grad():
             o = _differentiable(q, k, v, kw["score_mod"], kw["mask_mod"], kw["scale"],
                                 kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
-                                kw["cache"], kw["schedule"])
+                                kw["cache"], kw["schedule"], kv_lens=lens)
             return list(torch.autograd.grad(o, (q, k, v), grad))
 
     def fake(self, tensors) -> list:

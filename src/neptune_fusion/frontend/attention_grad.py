@@ -3,7 +3,14 @@ kernels compiled from the derived backward programs (:mod:`..autodiff.attention`
 
 The forward runs the forward kernel with ``return_lse``; saved for the backward are
 ``q, k, v``, the output ``o`` and the row log-sum-exp ``lse`` (float32, B x H x N):
-O(B * H * N) beyond the inputs and output, never an N x M tensor. The backward kernel is
+O(B * H * N) beyond the inputs and output, never an N x M tensor.
+
+With ``return_lse=True`` the row log-sum-exp is a second differentiable output. Its
+cotangent needs no kernel of its own: ``d lse_i / d s_ij = p_ij``, so it adds
+``d_lse_i p_ij`` to FlashAttention-2's ``dS_ij = p_ij (dP_ij - delta_i)``, which is the
+same expression with ``delta_i - d_lse_i`` in place of ``delta_i`` (the derived kernels
+read ``delta`` as an input). This is what a merge of partial states needs (attention
+sinks, ring attention): their gradient reaches ``o`` and ``lse``. The backward kernel is
 derived from the forward kernel's own definition and compiled with ``nf.compile`` once
 per forward kernel (kept by the :class:`~.attention.AttentionCache`). The buffers (ALiBi
 slopes, ...) get no gradient; one that requires grad is refused up front.
@@ -15,7 +22,7 @@ import functools
 from collections.abc import Callable
 
 from ..autodiff.attention import attention_backward
-from ..errors import FeedError
+from ..errors import DerivativeError, FeedError
 
 INF = float("inf")
 
@@ -33,11 +40,18 @@ class BackwardKernels:
     def __init__(self, dq, dkv, delta=None) -> None:
         self.dq, self.dkv, self.delta = dq, dkv, delta
 
-    def __call__(self, q, k, v, o, d_o, lse, *bufs):
+    def __call__(self, q, k, v, o, d_o, lse, *bufs, d_lse=None):
+        """``d_lse``: the cotangent of the row log-sum-exp, or None (module docstring)."""
         if self.delta is None:
+            if d_lse is not None:
+                raise DerivativeError("attention: the gradient of the log-sum-exp needs "
+                                      "delta = rowsum(d_o * o) as its own operator, and "
+                                      "this definition's backward computes it inside")
             tensors = (q, k, v, o, d_o, lse, *bufs)
         else:
             [delta] = self.delta(o, d_o)
+            if d_lse is not None:
+                delta = delta - d_lse.reshape(delta.shape).to(delta.dtype)
             tensors = (q, k, v, d_o, lse, delta, *bufs)
         [dq] = self.dq(*tensors)
         dk, dv = self.dkv(*tensors)
@@ -74,38 +88,51 @@ def _function():
     import torch
 
     class AttentionFunction(torch.autograd.Function):
-        """``o = attention(q, k, v)``; backward: the derived programs' kernels."""
+        """``o = attention(q, k, v)`` (and its row log-sum-exp with ``with_lse``);
+        backward: the derived programs' kernels."""
 
         @staticmethod
-        def forward(ctx, run: Callable, backward: Callable, names, q, k, v, *bufs):
+        def forward(ctx, run: Callable, backward: Callable, names, with_lse: bool, q, k, v,
+                    *bufs):
             o, lse, kernel, tensors = run(q, k, v, dict(zip(names, bufs)))
+            # tensors: the kernel's inputs, q, k, v, the buffers (and kv_lens, not an
+            # input of this Function: the caller's ``run`` holds it)
             ctx.save_for_backward(*tensors, o, lse)
             ctx.kernel, ctx.backward, ctx.shapes = kernel, backward, (q.shape, k.shape,
                                                                      v.shape)
-            return o.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+            ctx.n_bufs = len(bufs)
+            ctx.set_materialize_grads(False)   # an unused output's cotangent stays None
+            out = o.reshape(q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+            if not with_lse:
+                return out
+            row_lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2])
+            return out, row_lse
 
         @staticmethod
-        def backward(ctx, d_out):
+        def backward(ctx, d_out, d_lse=None):
             *tensors, o, lse = ctx.saved_tensors
             qin, k, v, *bufs = tensors
+            qs, ks, vs = ctx.shapes
+            if d_out is None and d_lse is None:
+                return (None,) * (7 + ctx.n_bufs)
             kern, group = ctx.backward(ctx.kernel)
-            d_o = d_out.reshape(o.shape).to(o.dtype).contiguous()
+            d_o = torch.zeros_like(o) if d_out is None else \
+                d_out.reshape(o.shape).to(o.dtype).contiguous()
             # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
             lse = lse.masked_fill(lse == -INF, INF)
-            dq, dk, dv = kern(qin, k, v, o, d_o, lse, *bufs)
-            qs, ks, vs = ctx.shapes
+            dq, dk, dv = kern(qin, k, v, o, d_o, lse, *bufs, d_lse=d_lse)
             if group > 1:   # GQA: the group's query heads' gradients into the shared head
                 dk = dk.reshape(ks[0], ks[1], group, *ks[2:]).sum(2)
                 dv = dv.reshape(vs[0], vs[1], group, *vs[2:]).sum(2)
-            return (None, None, None, dq.reshape(qs), dk.reshape(ks), dv.reshape(vs),
-                    *([None] * len(bufs)))
+            return (None, None, None, None, dq.reshape(qs), dk.reshape(ks), dv.reshape(vs),
+                    *([None] * ctx.n_bufs))
 
     return AttentionFunction
 
 
-def apply(run: Callable, backward: Callable, q, k, v, bufs: dict):
-    """``o`` with a ``grad_fn``. ``run(q, k, v, bufs) -> (o, lse, kernel, tensors)`` is the
-    forward (``tensors``: the forward kernel's inputs); ``backward(kernel)`` gives
-    ``(backward kernel, group)``."""
+def apply(run: Callable, backward: Callable, q, k, v, bufs: dict, with_lse: bool = False):
+    """``o`` (``(o, lse)`` with ``with_lse``) with a ``grad_fn``. ``run(q, k, v, bufs) ->
+    (o, lse, kernel, tensors)`` is the forward (``tensors``: the forward kernel's inputs);
+    ``backward(kernel)`` gives ``(backward kernel, group)``."""
     check_buffers(bufs)
-    return _function().apply(run, backward, tuple(bufs), q, k, v, *bufs.values())
+    return _function().apply(run, backward, tuple(bufs), with_lse, q, k, v, *bufs.values())
