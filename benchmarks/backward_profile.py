@@ -7,13 +7,8 @@ first, its eager time (``do_bench`` with the L2 flushed, as the suite times it) 
 GPU time of every kernel it launches (torch.profiler, mean per call); for
 neptune-fusion also the registers and spills of each compiled Triton kernel.
 
-With ``--orders``, neptune-fusion alone, once per order in which the loop bodies
-lower their state updates: ``program`` (the program's order, as before 2026-12-02) and
-``fewest`` (``codegen.source.state_order``: the update needing the fewest new reductions
-first), each with a fresh in-memory kernel cache.
-
 Usage (GPU): ``python benchmarks/backward_profile.py [--ops PF-Causal,PF-GQA]
-[--seqs 4096] [--providers neptune,flex,sdpa] [--orders] [--json OUT.jsonl]``.
+[--seqs 4096] [--providers neptune,flex,sdpa] [--json OUT.jsonl]``.
 Results: benchmarks/results/2026-12-02-h200-backward.
 """
 from __future__ import annotations
@@ -51,51 +46,12 @@ def compiled_kernels() -> list[dict]:
     return out
 
 
-def ordered_step(op, x, order: str):
-    """The neptune provider's step with a fresh kernel cache, its loop bodies lowered in
-    ``order`` (``program``: ``state_order`` patched to the identity while it runs, the
-    backward's compilation included)."""
-    import contextlib
-
-    from neptune_fusion.bench.providers.backward import step
-    from neptune_fusion.bench.workloads import attention_options
-    from neptune_fusion.codegen import source
-    from neptune_fusion.frontend.attention import AttentionCache
-    from neptune_fusion.ops import attention
-    cache = AttentionCache(store=False)
-    options = attention_options(op, x.k.shape[2], x.q.device)
-    plain = source.__dict__.setdefault("_fewest_first", source.state_order)
-
-    @contextlib.contextmanager
-    def patched():
-        if order == "program":
-            source.state_order = lambda roots: list(range(len(roots)))
-        try:
-            yield
-        finally:
-            source.state_order = plain
-
-    got = step(lambda: attention(x.q, x.k, x.v, cache=cache, **options), x,
-               f"neptune-fusion, state order {order}")
-
-    def fn():
-        with patched():
-            return got.fn()
-
-    def forward():
-        with patched():
-            return got.forward()
-    return type(got)(fn, forward, got.note)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ops", default="PF-Causal,PF-GQA")
     ap.add_argument("--seqs", default="4096")
     ap.add_argument("--providers", default="neptune,flex,sdpa")
     ap.add_argument("--json", default="")
-    ap.add_argument("--orders", action="store_true",
-                    help="neptune-fusion under both state orders (program, fewest)")
     a = ap.parse_args()
     dtype = torch.float16
     timer = gpu_timer(25, 100)
@@ -107,11 +63,8 @@ def main() -> None:
             ref = reference_gradients(op, x)
             flex_error = None
             names = [n for n in ("flex", "sdpa", "neptune") if n in a.providers.split(",")]
-            if a.orders:
-                names = ["neptune:program", "neptune:fewest"]
             for name in names:
-                step = PREPARE[name](op, x, ctx) if ":" not in name else \
-                    ordered_step(op, x, name.split(":")[1])
+                step = PREPARE[name](op, x, ctx)
                 if not hasattr(step, "fn"):
                     print(f"{op.name} {seq} {name}: unsupported ({step})", flush=True)
                     continue

@@ -185,7 +185,7 @@ def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> 
         low = Lowerer(prog, local, block, pre, state_params | {TILE_START, TILE_END},
                       guard=guard, uses=count_uses([e for _, e in body]),
                       hints=dict(zip([a for a, _ in seg.hints], [n for _, n in seg.hints])))
-        news = lower_states(low, body)
+        news = [low.lower(e, force=f"{s.name}_new") for s, e in body]
         if prog.schedule.count_visits:   # a phase's one tile, as its loop would count it
             block.emit(f"tl.atomic_add(visits_ptr + (pid_row * tl.num_programs(1) + "
                        f"{'pid_grid' if prog.grid else '0'}) * 2 + {0 if guard else 1}, 1)")
@@ -417,43 +417,13 @@ def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hin
         low = Lowerer(prog, local, body, pre, state_params | {TILE_START, TILE_END},
                       guard=seg.guard,
                       uses=count_uses(roots), hints=hints)
-        news = lower_states(low, seg.body)
+        news = [low.lower(e, force=f"{s.name}_new") for s, e in seg.body]
         if prog.schedule.count_visits:
             slot = 0 if seg.masked else 1
             body.emit(f"tl.atomic_add(visits_ptr + (pid_row * tl.num_programs(1) + "
                       f"{'pid_grid' if prog.grid else '0'}) * 2 + {slot}, 1)")
         targets = ", ".join(s.name for s, _ in seg.body)
         body.emit(f"{targets} = {', '.join(v.code for v in news)}")
-
-
-def state_order(roots) -> list[int]:
-    """The order a loop body lowers its state updates in: next, the update whose tile
-    reductions read the fewest reductions not lowered yet (the scores' ``q . k``, a
-    tile maximum, ``dP``; ties: the program's order). What an update needs alone is then
-    made as late as possible, so fewer tiles are live at once: attention's d_k, d_v loop
-    issues ``d_v += p^T d_o`` (from ``p``, which both need) before it makes ``dP`` for
-    ``d_k`` -- FlashAttention-2's and FlexAttention's order -- where it made ``dP``
-    first. A forward's ``m, o, l`` keep their order (``o`` and ``l`` read the same)."""
-    heavy = [{n for r in walk(e) if isinstance(r, Reduce) for n in walk(r.body)
-              if isinstance(n, Reduce)} for e in roots]
-    done: set = set()
-    left, order = list(range(len(roots))), []
-    while left:
-        k = min(left, key=lambda i: (len(heavy[i] - done), i))
-        order.append(k)
-        left.remove(k)
-        done |= heavy[k]
-    return order
-
-
-def lower_states(low: Lowerer, body) -> list[Val]:
-    """``low.lower`` of each ``(state, update)`` of ``body`` in :func:`state_order`;
-    the values in ``body``'s order."""
-    got: dict[int, Val] = {}
-    for k in state_order([e for _, e in body]):
-        s, e = body[k]
-        got[k] = low.lower(e, force=f"{s.name}_new")
-    return [got[k] for k in range(len(body))]
 
 
 def _as_state(prog: TileProgram, s, v: Val) -> str:
