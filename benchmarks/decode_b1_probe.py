@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--splits", default="16,32", help="with --grid: split counts")
     ap.add_argument("--tiles", default="64,128", help="with --grid: key tiles")
     ap.add_argument("--ws", default="4/3,8/3,8/4", help="with --grid: warps/stages pairs")
+    ap.add_argument("--gather", type=int, default=0,
+                    help="Schedule.gather_stages of the explicit schedules (0: plain loops)")
     a = ap.parse_args()
     torch.manual_seed(0)
     for p in points(False, a.points.split(",")):
@@ -170,12 +172,13 @@ def main() -> None:
             ks, w, st = a.schedule.split("/")
             k, bn = ks.split("x")
             fixed = Schedule(block_m=16, block_n=int(bn), num_warps=int(w),
-                             num_stages=int(st), strategy="split", splits=int(k))
+                             num_stages=int(st), strategy="split", splits=int(k),
+                             gather_stages=a.gather)
         runs = [(m, fixed) for m in a.modes.split(",")]
         if a.grid and (not a.grid_points or p.name in a.grid_points.split(",")):
             ws = [tuple(int(v) for v in t.split("/")) for t in a.ws.split(",")]
             runs += [("base", Schedule(block_m=16, block_n=bn, num_warps=w, num_stages=st,
-                                       strategy="split", splits=k))
+                                       strategy="split", splits=k, gather_stages=a.gather))
                      for k, bn, (w, st) in itertools.product(
                          [int(v) for v in a.splits.split(",")],
                          [int(v) for v in a.tiles.split(",")], ws)]
