@@ -14,6 +14,7 @@ from neptune_fusion.errors import UnschedulableError
 from neptune_fusion.fusion.library import library_form
 from neptune_fusion.runtime.auto import AutoKernel
 from neptune_fusion.runtime.library import LibraryKernel
+from neptune_fusion.schedule import cost as cost_model
 from neptune_fusion.schedule.cost import library_estimate
 from neptune_fusion.schedule.schedule import Schedule
 from neptune_fusion.schedule.space import CPU, H200, Problem
@@ -177,3 +178,48 @@ def test_inlined_left_side_becomes_its_own_compute():
     for seed, sizes in enumerate(({"N": 29, "D": 33, "K": 17}, {"N": 3, "D": 64, "K": 5})):
         _check(kernel, [out], [x, w, W], _tensors([x, w, W], sizes, torch.bfloat16, seed),
                torch.bfloat16)
+
+
+def test_a_large_product_is_tuned_as_the_library_form_alone(monkeypatch):
+    """On a GPU the tuner measures the library form beside fused tiles, but alone for a
+    product of >= 2 * 2048^3 FLOP (fused GEMM candidates cost seconds of compile and lost
+    by 1.5-4.6x at 4096^3); when the library candidate fails, the fused tiles are
+    measured after all. The CUDA branch is reached with a stand-in device."""
+    from types import SimpleNamespace
+
+    from neptune_fusion.errors import CodegenError
+    from neptune_fusion.runtime import auto
+    from neptune_fusion.schedule import space
+    from neptune_fusion.schedule.cost import library_alone
+    big = Problem(rows=4096, loop=4096, programs=1, inner=0, col=4096)
+    assert library_alone(big)
+    assert not library_alone(Problem(rows=1024, loop=1024, programs=1, inner=0, col=1024))
+    assert not library_alone(Problem(rows=4096, loop=32768, programs=1, inner=0, col=1,
+                                     contraction=False))
+    outs, inputs = CHAINS["rmsnorm-matmul"].build("float32")
+    tensors = _tensors(inputs, {"N": 19, "D": 33, "K": 20}, torch.float32, 6)
+    plain = auto.check_inputs
+
+    def on_a_gpu(name, ins, ts):
+        sizes, _ = plain(name, ins, ts)
+        return sizes, SimpleNamespace(type="cuda")
+    monkeypatch.setattr(auto, "check_inputs", on_a_gpu)
+    monkeypatch.setattr(space, "device_of", lambda dev: H200)
+    for alone, fails in ((True, False), (True, True), (False, False)):
+        monkeypatch.setattr(cost_model, "LIBRARY_ALONE_FLOP", 1.0 if alone else 1e30)
+        kernel = nf.compile(outs, inputs, cache=False)
+        asked = []
+
+        def measure(cands, *a, fails=fails, asked=asked):
+            asked.append([c.schedule.strategy for c in cands])
+            if fails and asked[-1] == ["library"]:
+                raise CodegenError("every candidate schedule failed")
+            return auto.Choice(cands[0].schedule, "measured")
+        monkeypatch.setattr(kernel, "_measure", measure)
+        kernel._choose(tensors)
+        if alone and not fails:
+            assert asked == [["library"]]
+        elif alone:
+            assert asked[0] == ["library"] and "rolling" in asked[1]
+        else:
+            assert len(asked) == 1 and asked[0][-1] == "library" and len(asked[0]) > 1

@@ -215,7 +215,7 @@ class AutoKernel:
 
     def _choose(self, tensors):
         from ..runtime.disk_cache import canonical_json
-        from ..schedule.cost import rank
+        from ..schedule.cost import library_alone, rank
         from ..schedule.space import candidates, device_of
         from .problem import problem_of
         sizes, tdev = check_inputs(self.name, self.inputs, tensors)
@@ -235,10 +235,19 @@ class AutoKernel:
                                    f"{device.name} for this shape")
             if tdev.type == "cuda":
                 # the library form is another vehicle, not another tile: always measured,
-                # next to half as many fused tiles (each fused GEMM compiles for seconds)
+                # next to half as many fused tiles (each fused GEMM compiles for seconds),
+                # alone for a large product (cost.library_alone), the fused tiles then
+                # only if it fails
                 fused = ranked[: max(1, self.top_k // 2)] if library else \
                     ranked[: self.top_k]
-                choice = self._measure(fused + library, tensors, sizes, key)
+                choice = None
+                if library and library_alone(problem):
+                    try:
+                        choice = self._measure(library, tensors, sizes, key)
+                    except CodegenError:
+                        choice = None
+                if choice is None:
+                    choice = self._measure(fused + library, tensors, sizes, key)
             else:
                 choice = self._first_buildable(ranked + library, key)
             if self._store is not None:

@@ -375,6 +375,19 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
 
 # ------------------------------------------------ a contraction in the vendor library
 LIBRARY_EFFICIENCY = 0.95   # cuBLAS's share of the measured matmul ceiling at large tiles
+# A product of at least this many FLOP is tuned as the library form alone: at 4096^3
+# (1.4e11) the library won over the best fused tile by 1.5x in bf16 and 4.6x in float32
+# on the H200 (2026-11-30-h200-chains-3), and each fused GEMM candidate costs seconds of
+# compile. Below it (where no measurement says who wins) fused tiles are measured too.
+LIBRARY_ALONE_FLOP = 2.0 * 2048 ** 3
+
+
+def library_alone(problem: Problem) -> bool:
+    """Whether a product the library can run is large enough to tune as the library form
+    alone (:data:`LIBRARY_ALONE_FLOP`); a failing library candidate still falls back to
+    the fused tiles."""
+    flops = 2.0 * problem.programs * problem.rows * problem.loop * max(problem.col, 1)
+    return problem.contraction and flops >= LIBRARY_ALONE_FLOP
 
 
 def library_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
