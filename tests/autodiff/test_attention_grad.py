@@ -78,16 +78,22 @@ def reference(q, k, v, hq, hkv, score_mod, mask_mod, slopes, scale):
     return s.softmax(-1) @ v.repeat_interleave(hq // hkv, 1)
 
 
+def reference_forward(ctx, spec, *tensors):
+    """``(o, lse)`` of ``spec``'s definition by the float64 reference, with what the
+    backward needs kept on ``ctx``."""
+    outs, ins = attention_definition(spec)
+    feeds = {p.name: t.detach().numpy() for p, t in zip(ins, tensors)}
+    o, lse = evaluate_unfused(outs, feeds)
+    ctx.program, ctx.feeds, ctx.o, ctx.lse = (outs, ins), feeds, o, lse
+    return torch.from_numpy(o), torch.from_numpy(lse)
+
+
 class ReferenceAttention(torch.autograd.Function):
     """The definition and its derived backward, evaluated by the float64 reference."""
 
     @staticmethod
     def forward(ctx, spec, q, k, v, *bufs):
-        outs, ins = attention_definition(spec)
-        feeds = {p.name: t.detach().numpy() for p, t in zip(ins, (q, k, v, *bufs))}
-        o, lse = evaluate_unfused(outs, feeds)
-        ctx.program, ctx.feeds, ctx.o, ctx.lse = (outs, ins), feeds, o, lse
-        return torch.from_numpy(o)
+        return reference_forward(ctx, spec, q, k, v, *bufs)[0]
 
     @staticmethod
     def backward(ctx, d_out):

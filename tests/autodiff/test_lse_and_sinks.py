@@ -17,11 +17,18 @@ import torch
 
 import neptune_fusion as nf
 from neptune_fusion.autodiff.attention import attention_backward
-from neptune_fusion.frontend.attention import AttentionCache, attention_definition
+from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.frontend.sinks import merge_sinks
 from neptune_fusion.reference.evaluate import evaluate_unfused
 
-from .test_attention_grad import CASES, INF, _inputs, _spec, reference_scores
+from .test_attention_grad import (
+    CASES,
+    INF,
+    _inputs,
+    _spec,
+    reference_forward,
+    reference_scores,
+)
 
 
 class ReferenceAttentionLse(torch.autograd.Function):
@@ -30,11 +37,7 @@ class ReferenceAttentionLse(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, spec, q, k, v, *bufs):
-        outs, ins = attention_definition(spec)
-        feeds = {p.name: t.detach().numpy() for p, t in zip(ins, (q, k, v, *bufs))}
-        o, lse = evaluate_unfused(outs, feeds)
-        ctx.program, ctx.feeds, ctx.o, ctx.lse = (outs, ins), feeds, o, lse
-        return torch.from_numpy(o), torch.from_numpy(lse)
+        return reference_forward(ctx, spec, q, k, v, *bufs)
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
