@@ -174,3 +174,13 @@ def test_bad_sinks_are_refused_by_name(bad, match):
     q, k, v, _ = _inputs("causal", dtype=torch.float32)
     with pytest.raises(nf.FeedError, match=match):
         nf.attention(q, k, v, sinks=bad(q), cache=AttentionCache(store=False))
+
+
+def test_sinks_under_torch_compile_say_eager_only():
+    q, k, v, _ = _inputs("causal", dtype=torch.float32)
+    sinks, cache = torch.zeros(q.shape[1]), AttentionCache(store=False)
+    fn = torch.compile(lambda q: nf.attention(q, k, v, sinks=sinks, cache=cache),
+                       backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="sinks= is not traced by torch.compile"):
+        fn(q)
