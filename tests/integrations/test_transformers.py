@@ -303,3 +303,22 @@ def test_docs_example_runs():
     code = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
     assert len(code) == 1
     exec(compile(code[0], str(doc), "exec"), {})
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_oss"])
+def test_a_training_step_matches_eager_attention(name):
+    """nf.attention is differentiable: one loss.backward() of a tiny model gives every
+    parameter's gradient as transformers' eager attention does -- gpt-oss's sinks too
+    (merged after the kernel with sinks= when they require grad)."""
+    ids = torch.tensor([[5, 9, 2, 7, 3, 8, 11, 4, 6, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]])
+    grads = {}
+    for impl in ("eager", "neptune_fusion"):
+        model = _model(name)
+        model.train()
+        model.set_attn_implementation(impl)
+        model(ids, labels=ids).loss.backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["neptune_fusion"].keys() == grads["eager"].keys()
+    assert any("sinks" in n for n in grads["eager"]) == (name == "gpt_oss")
+    for n, want in grads["eager"].items():
+        assert _rel(grads["neptune_fusion"][n], want) < 1e-4, n

@@ -27,7 +27,13 @@ dropped, a view of K and V.)
 Sinks (gpt-oss). A sink is one more logit per head with a zero value row: softmax over
 ``[scores, sink]``. It is added as a key at index 0 whose score is ``s_aux[h]`` (the
 ``score_mod``) and which every query sees (the ``mask_mod``), with zero key and value
-rows prepended -- exact, at the price of a copy of K and V per call.
+rows prepended -- exact, at the price of a copy of K and V per call. When the sinks want
+a gradient (training: ``s_aux`` requires grad, grad mode on, eager), the call passes them
+as ``nf.attention(..., sinks=s_aux)`` instead, merged after the kernel (differentiable,
+the sinks included; docs/autodiff.md).
+
+Training. ``nf.attention`` is differentiable, so a model trains with this attention in
+eager mode (gradients of every parameter match transformers' eager attention; tests).
 
 Padding. A 2-d padding mask with a masked key travels as a (B, M) buffer read by the
 ``mask_mod``; its shape is part of the kernel's shape class, so each key length compiles
@@ -216,8 +222,9 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 
 
     if dropout:
-        raise UnsupportedAttention(f"neptune_fusion attention: dropout={dropout} (training) "
-                                   "is not supported; the kernels have no backward yet")
+        raise UnsupportedAttention(f"neptune_fusion attention: dropout={dropout} is not "
+                                   "supported (the fused kernel applies no dropout); set the "
+                                   "model's attention_dropout to 0")
     if kwargs.get("output_attentions"):
         raise UnsupportedAttention("neptune_fusion attention: output_attentions=True needs "
                                    "the attention weights, which the fused kernel never forms")
@@ -272,7 +279,15 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         key, value, m = key[:, :, :valid], value[:, :, :valid], valid
         if padding is not None:
             padding = padding[:, :valid]
-    sinks = s_aux is not None
+    if s_aux is not None and (s_aux.dim() != 1 or s_aux.shape[0] != query.shape[1]):
+        raise UnsupportedAttention(f"neptune_fusion attention: s_aux has shape "
+                                   f"{tuple(s_aux.shape)}; one sink per query head "
+                                   f"({query.shape[1]},) is supported")
+    # training (the sinks want a gradient, eager): the sinks merged after the kernel
+    # (nf.attention's sinks=); else a zero key in front whose score is the sink
+    trained = s_aux is not None and s_aux.requires_grad and torch.is_grad_enabled() \
+        and not _tracing()
+    sinks = s_aux is not None and not trained
     shift = 1 if sinks else 0
     if padding is not None:
         pad = padding.to(device=query.device, dtype=torch.int32)
@@ -282,10 +297,6 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             pad = pad.expand(query.shape[0], -1)
         bufs["padding"] = pad.contiguous()
     if sinks:
-        if s_aux.dim() != 1 or s_aux.shape[0] != query.shape[1]:
-            raise UnsupportedAttention(f"neptune_fusion attention: s_aux has shape "
-                                       f"{tuple(s_aux.shape)}; one sink per query head "
-                                       f"({query.shape[1]},) is supported")
         bufs["sinks"] = s_aux.detach().to(device=query.device, dtype=torch.float32)
         zk = key.new_zeros(key.shape[0], key.shape[1], 1, key.shape[3])
         zv = value.new_zeros(value.shape[0], value.shape[1], 1, value.shape[3])
@@ -295,7 +306,12 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
             query.shape[1] != key.shape[1])
     if kv_lens is not None:
         kv_lens = kv_lens + shift
-    out = _attend(module, what, query, key, value, bufs or None, kv_lens)
+    if trained:
+        from ..frontend.attention import attention
+        out = attention(query, key, value, buffers=bufs or None, kv_lens=kv_lens,
+                        sinks=s_aux.to(query.device), **_keywords(what, kv_lens))
+    else:
+        out = _attend(module, what, query, key, value, bufs or None, kv_lens)
     return out.transpose(1, 2).contiguous(), None
 
 
