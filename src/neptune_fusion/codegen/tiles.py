@@ -209,12 +209,13 @@ class TileOps:
     def _gathered_base(self, name: str, base: str, rows: Expr, axes) -> str:
         """``base + rows`` bound once as a tensor of pointers over the axes ``rows``
         spans, broadcast to ``axes`` (see :meth:`address`)."""
+        rows = fold(rows)
         blk = self.hoist if (self.hoist is not None and not self.is_variant(rows)) \
             else self.cur
         prev, self.cur = self.cur, blk
         try:
-            off = self.value(fold(rows))
-            key = ("rows", base, fold(rows))
+            off = self.value(rows)
+            key = ("rows", base, rows)
             got = blk.lookup(key)
             if got is None:
                 got = blk.bind(f"{name}_rows", f"{base} + {wrap(off.code, off.prec, ADD)}")

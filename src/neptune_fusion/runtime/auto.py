@@ -244,8 +244,8 @@ class AutoKernel:
                 if library and library_alone(problem):
                     try:
                         choice = self._measure(library, tensors, sizes, key)
-                    except CodegenError:
-                        choice = None
+                    except CodegenError:   # every library trial failed: the fused tiles
+                        pass
                 if choice is None:
                     choice = self._measure(fused + library, tensors, sizes, key)
             else:
