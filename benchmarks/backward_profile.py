@@ -37,7 +37,9 @@ def compiled_kernels() -> list[dict]:
     """Registers and spills of every Triton kernel neptune-fusion compiled so far."""
     out = []
     for obj in gc.get_objects():
-        if isinstance(obj, Kernel):
+        # type(), not isinstance: a dead weakref.proxy among the objects raises on
+        # attribute access (ReferenceError)
+        if issubclass(type(obj), Kernel):
             for ck in obj._compiled.values():
                 out.append({"kernel": ck.name, "schedule": str(obj.schedule),
                             "regs": getattr(ck, "n_regs", None),

@@ -11,6 +11,8 @@ output compared with the automatic choice's. Forms (combine with ``+``):
 * ``swap``: the boundary (masked) loop moved before the interior one;
 * ``drop``: the boundary loop deleted (only right when the key length is a multiple of
   BLOCK_N and there is no mask, as for PF-Global at the sizes run);
+* ``spec``: the sizes specialised (``static_sizes``: no ``do_not_specialize``);
+* ``iflast``: the last boundary loop inside ``if lo < hi:`` (backward_variants.py);
 * ``ws``: the interior loop warp-specialised, ``tl.range(..., warp_specialize=True)``
   (needs ``--tma``, the schedule's tensor-descriptor loads);
 * ``heavy``: row blocks launched last to first (now what the emitter does for causal
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 GUARD = 'm_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)'
 FORWARD = "pid_row = tl.program_id(0)"
@@ -37,6 +40,11 @@ def edit(src: str, form: str) -> str:
         return src
     if "noguard" in parts:
         src = src.replace(GUARD, "m_run = m_new", 1)
+    if "spec" in parts:
+        src = re.sub(r"@triton\.jit\(do_not_specialize=\[[^\]]*\]\)", "@triton.jit", src)
+    if "iflast" in parts:
+        from backward_variants import wrap_last_loop
+        src = wrap_last_loop(src)
     if "heavy" in parts:
         src = src.replace(FORWARD, REVERSE)
     if "light" in parts:
