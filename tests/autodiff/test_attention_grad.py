@@ -192,6 +192,26 @@ def test_attention_gradients_float32_against_float64(case, n):
                                    msg=lambda m, name=name: f"d_{name}: {m}")
 
 
+def test_causal_gradients_at_lengths_on_and_off_the_tile_multiple():
+    """The d_k, d_v kernel is compiled per class of lengths (``static_sizes``) and runs
+    its ragged-tail loop only when the query length is not a multiple of BLOCK_N
+    (``LOOP_EVEN``): one cache serves 64 (a multiple of every tile) and 70 correctly."""
+    cache = AttentionCache(store=False)
+    for n in (64, 70, 64):
+        q, k, v, slopes = _inputs("causal", dtype=torch.float32, seed=n, n=n, m=n, d=KD)
+        got = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = _attention("causal", *got, slopes, cache, n)
+        d_o = torch.randn_like(o)
+        o.backward(d_o)
+        want = [t.double().requires_grad_() for t in (q, k, v)]
+        hq, hkv, sm, mm, _ = CASES["causal"]
+        ref = reference(*want, hq, hkv, sm, mm, slopes.double(), 0.7)
+        ref.backward(d_o.double())
+        for name, g, w in zip("qkv", got, want):
+            torch.testing.assert_close(g.grad.double(), w.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name, n=n: f"n={n} d_{name}: {m}")
+
+
 def test_a_fully_masked_row_gets_zero_gradient():
     """Row 0 has no key: lse = -inf, passed as +inf, so p = 0 and no gradient flows. (On
     the reference: the compiled backward of this mask crashes the CPU interpreter today,

@@ -207,3 +207,27 @@ def test_only_the_output_column_extent_is_specialised():
     assert reuse_key(kinds, (4096, 17)) == reuse_key(kinds, (32, 4000))
     assert reuse_key(kinds, (4096, 17)) != reuse_key(kinds, (4095, 17))
     assert reuse_key(kinds, (1, 17)) != reuse_key(kinds, (3, 17))
+
+
+def test_static_sizes_specialises_every_size_and_keys_steps_by_their_class():
+    """``static_sizes``: no ``do_not_specialize``; a launch step (whose launcher keeps one
+    compiled kernel) is never shared by two lengths Triton compiles apart -- here the
+    loop length M, which shapes no output, in and out of the multiple-of-16 class."""
+    import torch
+    n, m = nf.sizes("N M")
+    x = nf.placeholder((n, m), "float32", name="x")
+    k = nf.reduce_axis(m, "k")
+    mx = nf.compute((n,), lambda i: nf.max(x[i, k], k), name="mx")
+    den = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - mx[i]), k), name="den")
+    loose = nf.compile([den], block_m=1, block_n=16, num_warps=1)
+    tight = nf.compile([den], block_m=1, block_n=16, num_warps=1, static_sizes=True)
+    assert "do_not_specialize=['N', 'M']" in loose.source
+    assert "do_not_specialize" not in tight.source
+    assert tight.kernels[0].spec.specialized == ("N", "M")
+    for kern, steps in ((loose, 1), (tight, 2)):
+        whole = torch.randn(3, 64, dtype=torch.float32)
+        for cols in (32, 48, 29):   # one row stride: the steps differ by M alone
+            xs = whole[:, :cols]
+            want = torch.exp(xs.double() - xs.double().amax(1, keepdim=True)).sum(1)
+            torch.testing.assert_close(kern(xs)[0].double(), want, rtol=1e-5, atol=1e-6)
+        assert kern.steps_kept == steps, kern.schedule

@@ -140,6 +140,9 @@ class Segment:
     hints: tuple[tuple[Expr, str], ...] = ()   # readable names for values of the body
     guard: bool = False        # tiles may cross the end of the loop axis: check j < extent
     phase: int = 0             # updates the state of this phase's accumulators only
+    # the ragged tail alone (tiles past the loop length's last multiple of BLOCK_N, no
+    # other mask bounds it): empty when the length is a multiple of BLOCK_N
+    tail: bool = False
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Const, Expr, Load, Reduce
+from ..ir.nodes import Const, Expr, Load, Reduce, Size
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names
@@ -44,8 +44,21 @@ class KernelArg:
     """One parameter of the generated kernel and where its value comes from."""
 
     name: str
-    kind: str      # tensor | stride | size | block | flag | tma | visits
+    kind: str      # tensor | stride | size | block | flag | tma | visits | even
     ref: object    # TensorArg | (TensorArg, dim) | Size | Axis | None
+
+
+EVEN = "LOOP_EVEN"
+
+
+def even_tail(prog: TileProgram) -> bool:
+    """Whether the kernel takes ``LOOP_EVEN`` (a constexpr: the loop length is a multiple
+    of BLOCK_N) and runs its ragged-tail loop only when it is False: with
+    ``static_sizes`` (a compiled kernel per class of lengths anyway) and a tail loop over
+    a symbolic length. The empty loop is not free: its pipeline prologue and code cost
+    the backward's d_k, d_v kernel 4 % on the H200 (docs/autodiff.md)."""
+    return prog.schedule.static_sizes and isinstance(prog.loop.extent, Size) and \
+        any(s.tail for s in prog.segments)
 
 
 def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
@@ -59,6 +72,8 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
         out.append(KernelArg("visits_ptr", "visits", None))
     out.extend(KernelArg(name, "block", ax) for name, ax in prog.blocks())
     out.append(KernelArg("INTERPRET", "flag", None))
+    if even_tail(prog):   # the runtime says whether the loop length divides into tiles
+        out.append(KernelArg(EVEN, "even", prog.loop.extent))
     if prog.schedule.tma:   # the runtime says per call whether descriptors may be used
         out.append(KernelArg("TMA", "tma", None))
     return tuple(out)
@@ -246,7 +261,10 @@ def unspecialized_sizes(prog: TileProgram) -> frozenset:
     columns, a softmax's row -- and vectorises only when Triton knows the extent is a
     multiple of 16. Measured on an H200 (bf16 RMSNorm -> matmul, 4096^3, symbolic sizes):
     1.00 ms unspecialised, 0.32 ms specialised. Decode kernels have no symbolic column,
-    so they compile exactly as before."""
+    so they compile exactly as before. A schedule with ``static_sizes`` specialises every
+    size (none here)."""
+    if prog.schedule.static_sizes:
+        return frozenset()
     col = prog.col.extent if prog.col is not None else None
     return frozenset(s for s in prog.sizes if s is not col)
 
@@ -265,7 +283,8 @@ def _signature_groups(args: tuple[KernelArg, ...]) -> list[str]:
     groups: list[list[str]] = []
     prev = ""
     for a in args:
-        text = f"{a.name}: tl.constexpr" if a.kind in ("block", "flag", "tma") else a.name
+        text = f"{a.name}: tl.constexpr" if a.kind in ("block", "flag", "tma", "even") \
+            else a.name
         same = groups and (a.kind == "stride" or (a.kind == prev and a.kind != "tensor"))
         if same:
             groups[-1].append(text)
@@ -397,11 +416,20 @@ def _loop_range(prog: TileProgram, seg, lo: str, hi: str) -> str:
 def _segment(prog, seg, bounds, loops: Block, pre: Block, env, state_params, hints) -> None:
     """One loop of ``seg``: ``pre`` takes what does not change in it, ``state_params`` are
     the state it (or a later phase) updates."""
-    lo, hi = bounds[seg.lo], bounds[seg.hi]
     kind = "boundary tiles (masked)" if seg.masked else "interior tiles (no masks)"
     if prog.phases > 1:
         kind = f"phase {seg.phase}, {kind}"
     loops.comment(f"{kind}: {seg.lo} <= {prog.loop.name} < {seg.hi}")
+    if seg.tail and even_tail(prog):   # compiled out when the length divides evenly
+        with loops.nested(f"if not {EVEN}:") as inner:
+            _segment_loop(prog, seg, bounds, inner, pre, env, state_params, hints)
+    else:
+        _segment_loop(prog, seg, bounds, loops, pre, env, state_params, hints)
+
+
+def _segment_loop(prog, seg, bounds, loops: Block, pre: Block, env, state_params,
+                  hints) -> None:
+    lo, hi = bounds[seg.lo], bounds[seg.hi]
     j0 = loops.names.fresh(f"{prog.loop.name}0")
     with loops.nested(f"for {j0} in {_loop_range(prog, seg, lo, hi)}:") as body:
         offs = f"offs_{prog.loop.name}"

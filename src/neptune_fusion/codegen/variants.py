@@ -137,9 +137,10 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     def masked(e: Expr) -> Expr:
         return fold(rewrite(e, guarded), rules)
 
-    def segment(lo: str, hi: str, fn, is_masked: bool) -> Segment:
+    def segment(lo: str, hi: str, fn, is_masked: bool, tail: bool = False) -> Segment:
         return Segment(lo, hi, is_masked, tuple((s, fn(e)) for s, e in body),
-                       tuple((fn(k), n) for k, n in hints), guard=is_masked and not even)
+                       tuple((fn(k), n) for k, n in hints), guard=is_masked and not even,
+                       tail=tail)
 
     if not schedule.partition:
         bounds = (("lo", Const(0, row.dtype)), ("hi", ext))
@@ -154,8 +155,9 @@ def build_segments(body: tuple[tuple[StateVar, Expr], ...], hints, row: IndexVar
     if part.has_lower:
         segs.append(segment("lo", "full_lo", masked, True))
     segs.append(segment("full_lo" if part.has_lower else "lo", "full_hi", interior, False))
-    if not even or any(c.upper for c in part.exact):
-        segs.append(segment("full_hi", "hi", masked, True))
+    upper = any(c.upper for c in part.exact)
+    if not even or upper:   # with no upper bound but the length's: the ragged tail
+        segs.append(segment("full_hi", "hi", masked, True, tail=not upper))
     used = [n for n in ("lo", "hi", "full_lo", "full_hi")
             if any(n in (s.lo, s.hi) for s in segs)]
     notes = (f"loop partition: {len(part.gating)} gating and {len(part.exact)} interior "

@@ -183,14 +183,15 @@ class AutoKernel:
 
     def _library(self, problem, device) -> list:
         """The estimate of ``strategy="library"`` (a list of one) when the output is a
-        product the vendor library can run (fusion/library.py), else ``[]``."""
+        product the vendor library can run (fusion/library.py) and its materialised
+        operand is no larger than the kernel's tensors (cost.library_fits), else ``[]``."""
         from dataclasses import replace
 
         from ..fusion.library import library_form
-        from ..schedule.cost import library_estimate
+        from ..schedule.cost import library_estimate, library_fits
         if self._library_ok is None:
             self._library_ok = library_form(list(self.outputs)) is not None
-        if not self._library_ok:
+        if not self._library_ok or not library_fits(problem):
             return []
         s = replace(self.base, strategy="library", splits=1, block_col=0)
         return [library_estimate(problem, s, device)]

@@ -283,12 +283,16 @@ class Kernel:
     def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
         """Kernel ``k``'s launch step for these inputs: shared by every signature with the
         same device, input strides, values of the sizes that shape the outputs, grid and
-        tile extents, and 32-bit-ness of the size arguments (which Triton types by it)."""
+        tile extents, 32-bit-ness of the size arguments (which Triton types by it) and, of
+        the sizes Triton specialises on, whether each is 1 and a multiple of 16, and the
+        ``LOOP_EVEN`` constexpr (the class whose compiled kernel the launcher keeps)."""
         spec = self.specs[k]
         shaping, size_args = self._shaping[k]
         key = (k, device, tuple(t.stride() for t in tensors),
                tuple(sizes[n] for n in shaping),
-               tuple(-2 ** 31 <= sizes[n] < 2 ** 31 for n in size_args))
+               tuple(-2 ** 31 <= sizes[n] < 2 ** 31 for n in size_args),
+               tuple((sizes[n] == 1, sizes[n] % 16 == 0) for n in spec.specialized),
+               tuple(_value(a[1], sizes) % a[2] == 0 for a in spec.args if a[0] == "even"))
         step = self._steps.get(key)
         if step is None:
             step = self._new_step(k, spec, sizes, device, tensors)
@@ -335,6 +339,8 @@ class Kernel:
                 args.append((_CONST, min(block, a[2]) if len(a) > 2 else block))
             elif kind == "tma":
                 args.append((_CONST, tma_strides(tensors)))
+            elif kind == "even":
+                args.append((_CONST, _value(a[1], sizes) % a[2] == 0))
             else:
                 args.append((_CONST, interpret))
         tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))

@@ -37,6 +37,7 @@ class KernelSpec:
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
     #                            ("visits",) ("block", int)
     #                            ("block_ext", ext[, cap]) ("flag",) ("tma",)
+    #                            ("even", ext, block_n)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -72,7 +73,8 @@ class KernelSpec:
         if not spec.name.isidentifier():   # it names the kernel function and its module
             raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
                                "identifier")
-        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma"}
+        kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma",
+                 "even"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
         return spec
@@ -128,6 +130,8 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
                                 ("block_ext", ax.extent.name, ax.chunk))
             elif a.kind == "tma":
                 args.append(("tma",))
+            elif a.kind == "even":   # ("even", length, BLOCK_N): length % BLOCK_N == 0
+                args.append(("even", a.ref.name, prog.schedule.block_n))
             else:
                 args.append(("flag",))
         s = prog.schedule

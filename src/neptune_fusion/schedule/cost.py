@@ -390,6 +390,17 @@ def library_alone(problem: Problem) -> bool:
     return problem.contraction and flops >= LIBRARY_ALONE_FLOP
 
 
+def library_fits(problem: Problem) -> bool:
+    """Whether the library form may be offered at all: it writes its computed left
+    operand (rows x reduction) to memory, which must be no larger than the tensors the
+    kernel reads and writes. A norm's rows before a projection are the size of its input;
+    attention's scores are not (the backward's ``d_q = dS . k`` would write the rows x
+    keys ``dS``: 1 GiB at S = 4096 with 32 heads, 0.35x the fused kernel's speed on the
+    H200, and never an S x T tensor is the backward's memory rule: docs/autodiff.md)."""
+    left = problem.programs * max(problem.rows, 1) * max(problem.loop, 1) * problem.itemsize
+    return not problem.tensor_bytes or left <= problem.tensor_bytes
+
+
 def library_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     """``strategy="library"``: the computed left operand written by one row pass (read
     the rows, write the operand), then ``torch.matmul`` reading it and the right operand

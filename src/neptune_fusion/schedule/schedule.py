@@ -63,6 +63,13 @@ class Schedule:
       ``num_stages`` (Triton places a load addressed by a load a stage later:
       docs/codegen.md, "Loads"); the search space sets it where one program per
       multiprocessor must hide the latency alone;
+    * ``static_sizes``: Triton specialises the kernel on its symbolic sizes (whether each
+      is 1 and whether a multiple of 16), as for a static shape: at most a few compiled
+      kernels per shape class instead of one for every length. Off (default), only the
+      output column's extent is specialised (codegen/source.unspecialized_sizes), so a
+      decode loop's growing key length reuses one compiled kernel; on where the lengths
+      are fixed per step and measurement says it pays (the backward's ``d_k, d_v``
+      kernel: docs/autodiff.md);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -81,6 +88,7 @@ class Schedule:
     block_col: int = 0
     tma: bool = False
     gather_stages: int = 0
+    static_sizes: bool = False
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -123,7 +131,7 @@ class Schedule:
         if self.tma and self.strategy != "rolling":
             raise ScheduleError(f"schedule: tma=True needs strategy='rolling', got "
                                 f"{self.strategy!r}")
-        for name in ("exp2", "partition", "fast_tanh", "count_visits", "tma"):
+        for name in ("exp2", "partition", "fast_tanh", "count_visits", "tma", "static_sizes"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
                                     f"got {getattr(self, name)!r}")
