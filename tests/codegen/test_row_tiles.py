@@ -137,3 +137,58 @@ def test_attention_keeps_its_column_whole():
     [o], ins = plain_attention("N", "M", 32)
     kern = nf.compile(o, list(ins), schedule=Schedule(block_m=16, block_n=16), cache=False)
     assert kern.program.col.chunk is None
+
+
+def _one_tile_branch(src: str) -> str:
+    """The code of a kernel's one-tile branch (``if M <= BLOCK_N:``), or all of it."""
+    if "<= BLOCK_N:" not in src:
+        return src
+    start = src.index("<= BLOCK_N:")
+    end = src.find("\n    else:", start)
+    return src[start:end if end > 0 else None]
+
+
+@pytest.mark.parametrize("d", [29, 64])   # a masked tile (29 of 64) and an exact one
+def test_persistent_softmax_computes_one_exponential_per_element(d):
+    """``exp(x - m) / l``: the sum ``l`` computed the exponential of every element already;
+    the epilogue reads it (``codegen/reuse.py``) instead of computing a second one, and
+    the result matches float64 (through ``_check``)."""
+    kern = _check("softmax", d, Schedule(block_m=2, block_n=64, num_warps=2, num_stages=1))
+    one = _one_tile_branch(kern.source)
+    assert one.count("tl.exp2(") == 2 and "tl.exp(" not in one, one   # + one per row
+    assert "l_new = tl.sum(p, 1)" in one, one
+    looped = _check("softmax", d, Schedule(block_m=2, block_n=16, num_warps=2, num_stages=1))
+    assert "tl.exp(" in looped.source   # a looped epilogue reads x again: its own exp
+
+
+def test_the_shared_exponential_keeps_non_finite_rows_as_the_loop_gives_them():
+    """Rows of -inf (no element), with +inf or NaN: the one-tile kernel (shared
+    exponential) and the looped one give the same NaN, infinity and zero pattern."""
+    outs, _ = _chain("softmax", 40)
+    ins = placeholders(outs)
+    x = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 3
+    x[1, :] = float("-inf")
+    x[2, 3] = float("inf")
+    x[3, 7] = float("nan")
+    got = [nf.compile(outs[0], ins, schedule=Schedule(block_m=1, block_n=bn, num_warps=1,
+                                                      num_stages=1), cache=False)(x)
+           for bn in (64, 8)]
+    for t in got:
+        assert t[0].isfinite().all() and t[4].isfinite().all()
+    for f in (torch.isnan, torch.isinf, lambda t: t == 0):
+        assert torch.equal(f(got[0]), f(got[1]))
+    fin = got[0].isfinite()
+    torch.testing.assert_close(got[0][fin], got[1][fin], rtol=1e-5, atol=1e-7)
+
+
+def test_the_exponential_identity_holds_on_every_special_value():
+    """``exp2(a - m) = exp2(a - g(m)) * exp2(g(m) - m)``, ``g(m) = m if |m| < inf else 0``
+    (reuse.py's rewrite), in float32 for a and m finite, infinite and NaN: equal, NaN
+    where the left side is."""
+    vals = torch.tensor([-3.5, 0.0, 2.25, float("inf"), float("-inf"), float("nan")])
+    a, m = torch.meshgrid(vals, vals, indexing="ij")
+    g = torch.where(m.abs() < float("inf"), m, torch.zeros_like(m))
+    left = torch.exp2(a - m)
+    right = torch.exp2(a - g) * torch.exp2(g - m)
+    assert torch.equal(left.isnan(), right.isnan())
+    assert torch.equal(left[~left.isnan()], right[~left.isnan()])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Const, Expr, Load, Reduce, Size
+from ..ir.nodes import Binary, Const, Expr, Load, Reduce, Size
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names
@@ -36,6 +36,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
+from .reuse import share_exponentials
 from .triton_ops import ATOM, PROD_HELPERS, literal, tl_dtype, wrap
 
 
@@ -190,15 +191,28 @@ def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> 
         start.update({TILE_START: zero, LOOP_LO: zero})
         bodies.append((seg, tuple((s, fold(substitute(e, start))) for s, e in seg.body)))
     outputs = _on_the_tile(prog)
+    on_loop = outputs is not prog.outputs   # the epilogue's column is the loop axis
+    if prog.schedule.exp2:   # the epilogue reads the updates' exponentials (reuse.py)
+        ext_e = Const(loop.extent, loop.var.dtype) if isinstance(loop.extent, int) \
+            else loop.extent
+        outputs = share_exponentials(
+            outputs, {s.param: e for _, body in bodies for s, e in body},
+            [e for _, body in bodies for _, e in body],
+            Binary("lt", loop.var, ext_e) if guard else None)
     # the tile's loads first, in the block every phase and the epilogue see
     exprs = [e for _, body in bodies for _, e in body] + [o.body for o in outputs]
     loads = Lowerer(prog, local, into, pre, state_params, guard=guard)
     for x in _tile_loads(exprs, loop.var):
         loads.lower(x)
+    # each phase's block sees the ones before it, and the epilogue sees them all: its
+    # values (an exponential per element) are read, not recomputed
+    uses = count_uses(exprs)
+    prev = into
     for seg, body in bodies:
-        block = Block(into.names, into.level, parent=into)
+        block = Block(into.names, into.level, parent=prev)
+        prev = block
         low = Lowerer(prog, local, block, pre, state_params | {TILE_START, TILE_END},
-                      guard=guard, uses=count_uses([e for _, e in body]),
+                      guard=guard, uses=uses,
                       hints=dict(zip([a for a, _ in seg.hints], [n for _, n in seg.hints])))
         news = [low.lower(e, force=f"{s.name}_new") for s, e in body]
         if prog.schedule.count_visits:   # a phase's one tile, as its loop would count it
@@ -210,8 +224,8 @@ def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> 
         block.emit(f"{', '.join(s.name for s, _ in body)} = "
                    f"{', '.join(_as_state(prog, s, v) for (s, _), v in zip(body, news))}")
         into.extend(block)
-    post = Block(into.names, into.level, parent=into)
-    if outputs is prog.outputs:
+    post = Block(into.names, into.level, parent=prev)
+    if not on_loop:
         _epilogue(prog, post, pre, local, state_params, outputs)
     else:
         post.comment("epilogue: outputs from the final state and the tile")
