@@ -144,6 +144,31 @@ def test_exp2_rule_refuses_a_producer_read_outside_exp():
     assert accs[0].scaled == 1.0 and not any("domain" in n for n in notes)
 
 
+@pytest.mark.parametrize("bn", [16, 64])   # looped (ragged last tile) and one tile
+def test_a_maximum_output_is_exact_beside_its_exp_consumers(bn):
+    """``[max_k x, sum_k exp(x - max)]``: the maximum is an output, so it is not kept in
+    the exp2 domain (``m2 / log2 e`` is off by an ulp; amax's backward, which counts the
+    elements equal to it, then found none and gave NaN gradients through the
+    torch.compile backend). Bit-equal to ``torch.amax``; the sum still exp2-fused."""
+    import torch
+
+    import neptune_fusion as nf
+    n = nf.size("N")
+    x = nf.placeholder((n, 50), name="x")
+    k = nf.reduce_axis(50, "k")
+    m = nf.compute((n,), lambda i: nf.max(x[i, k], k), name="m")
+    l = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - m[i]), k), name="l")  # noqa: E741
+    kern = nf.compile([m, l], schedule=Schedule(block_m=1, block_n=bn, num_warps=1),
+                      cache=False)
+    assert "tl.exp2(" in kern.source and not any("m kept in the exp2" in r
+                                                   for r in kern.program.rules)
+    xs = torch.randn(64, 50, generator=torch.Generator().manual_seed(0)) * 3
+    got_m, got_l = kern(xs)
+    assert torch.equal(got_m, xs.amax(1))
+    want = torch.exp(xs.double() - xs.double().amax(1, keepdim=True)).sum(1)
+    torch.testing.assert_close(got_l.double(), want, rtol=1e-5, atol=0)
+
+
 def test_a_fused_prod_consumer_lowers(rng):
     """prod_k exp(x * r / 4) with r = max: the product state, repaired, in one loop."""
     import numpy as np

@@ -193,14 +193,52 @@ def test_untranslatable_op_inside_a_chain(op):
     assert left and op in str(left[0]), str(ex)
 
 
-def test_graph_that_needs_a_backward_goes_whole_to_the_rest():
-    x = _x().requires_grad_()
-    g = nf.jit(lambda x: torch.softmax(x, -1), rest="eager")
-    y = g(x)
-    y.sum().backward()
-    assert torch.allclose(y, torch.softmax(x, -1)) and x.grad is not None
-    ex = g.explain(x)
-    assert not ex.fused and "backward" in ex.left[0].reason
+def test_a_chain_reading_another_fused_chain():
+    """RMSNorm -> matmul, then log-softmax of the product: two regions, the second reading
+    the first's kernel result (whose graph node needs the shape the first region's output
+    had: it had none, and the second region was refused for "no tensor metadata")."""
+    def fn(x, w):
+        r = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return torch.log_softmax(r @ w, -1)
+    gen = torch.Generator().manual_seed(4)
+    _check(fn, (torch.randn(8, 24, generator=gen), torch.randn(24, 40, generator=gen)),
+           fused=2)
+
+
+@pytest.mark.parametrize("name, fused", [
+    ("rmsnorm-matmul", True), ("log-softmax", True), ("softmax", True), ("variance", True),
+    # the training forward saves x - mean beside the output: outputs of two shapes the
+    # compiler refuses together (reported), so the region stays with the rest
+    ("layernorm-matmul", False)])
+def test_a_training_graph_fuses_its_forward_and_its_gradients_match_float64(name, fused):
+    """Inputs that require grad: AOTAutograd splits forward and backward from the
+    original ops; the forward's chains are fused (every value the backward saves is a
+    kernel output), the backward runs as it is. Outputs and every input's gradient
+    against float64 autograd of the same plain function."""
+    chain = bench_chains.CHAINS[name]
+    args = bench_chains.make_inputs(chain, chain.smoke, torch.float32, "cpu")
+    torch._dynamo.reset()
+    g = nf.jit(chain.plain, rest="eager")
+    xs = [a.clone().requires_grad_() for a in args]
+    out = _as_tuple(g(*xs))
+    gen = torch.Generator().manual_seed(1)
+    cot = [torch.randn(o.shape, generator=gen) for o in out]
+    torch.autograd.backward(out, cot)
+    ref = [a.double().requires_grad_() for a in args]
+    want = _as_tuple(chain.plain(*ref))
+    torch.autograd.backward(want, [c.double() for c in cot])
+    tol = 1e-4 if name == "variance" else 2e-5
+    for y, w in zip(out, want):
+        scale = max(1.0, float(w.detach().abs().max()))
+        assert float((y.double() - w).abs().max()) <= tol * scale
+    for a, r in zip(xs, ref):
+        scale = max(1.0, float(r.grad.abs().max()))
+        assert float((a.grad.double() - r.grad).abs().max()) <= 10 * tol * scale, a.shape
+    [report] = g.backend.reports
+    assert bool(report.fused) is fused, report
+    assert any(x.ops == ("the backward graph",) for x in report.left), report
+    if not fused:
+        assert any("the compiler refused it" in x.reason for x in report.left), report
 
 
 def test_log_and_registration(monkeypatch, capsys):

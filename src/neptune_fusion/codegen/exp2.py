@@ -12,7 +12,9 @@ consumers only as ``m*L`` can then be *kept* in the scaled domain: carry ``m2 = 
 
 Legality: after the rewrite, no consumer may read the producer other than through
 ``m*L`` (checked on the IR: the producer is substituted as ``m2 / L`` and every
-occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``.
+occurrence must cancel). Outputs that read the producer's final value get ``m2 / L``,
+within an ulp of ``m``; a producer that is itself an output is not scaled, so that
+output is the exact maximum.
 
 In a phased program the rule applies to every phase's templates; a later phase reads a
 producer kept in the scaled domain as ``m2 / L`` (the final value, like an output), which
@@ -35,7 +37,7 @@ from dataclasses import replace
 
 from ..algebra.synth import moved, running
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Binary, Const, Expr, Param, Unary, Where
+from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
 from ..ir.traverse import rewrite, substitute, walk
 from .lower import rederive
 from .program import Accumulator, Output, TileProgram
@@ -177,6 +179,11 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
             ) -> tuple[tuple[Accumulator, ...], tuple[Output, ...], tuple[str, ...]]:
     """Apply the rule (see module docstring); returns the notes of what was applied."""
     candidates = {p for a in accs for p in a.producers if accs[p].op in ("max", "min")}
+    # a maximum that is itself an output stays exact: read back from the scaled domain
+    # (m2 / log2 e) it is off by an ulp, and a reader comparing it with the input --
+    # amax's backward counts the elements equal to it -- finds none (0 / 0: NaN)
+    candidates -= {p for p in candidates if any(
+        _bare(o.body) == accs[p].state[0].param for o in outputs)}
     while True:
         # a later phase reads a scaled producer's final value: m2 / L, like an output
         src = _finals_read(accs, _finals(accs, candidates))
@@ -202,6 +209,13 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
     finals = _finals(accs, candidates)
     outs = tuple(replace(o, body=fold(substitute(o.body, finals))) for o in outputs)
     return tuple(new), outs, tuple(notes)
+
+
+def _bare(e: Expr) -> Expr:
+    """``e`` without the casts around it."""
+    while isinstance(e, Cast):
+        e = e.x
+    return e
 
 
 def _finals(accs: tuple[Accumulator, ...], scaled: set[int]) -> dict:

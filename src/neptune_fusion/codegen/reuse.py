@@ -13,20 +13,19 @@ epilogue computed the exponential a second time. This rule rewrites an output's
 
 whose first factor is the update's own tile value (the code generator's CSE reads it
 instead of computing it) and whose second is one value per row. The identity holds in
-IEEE arithmetic for every ``a`` and ``m``: for a finite ``m`` the factor is exactly
-``exp2(0) = 1``; for ``m = -inf`` it is ``inf`` and the first factor ``exp2(a)`` is 0 for
-``a = -inf`` (NaN, as ``exp2(-inf + inf)``) and the first factor of a finite ``a`` times
-``inf`` is inf (as ``exp2(a + inf)``); for ``m = +inf`` the factor is 0 and ``exp2(a)``
-is finite (0, as ``exp2(a - inf)``) or ``inf`` for ``a = inf`` (NaN, as ``exp2(inf -
-inf)``). Only ``a`` differs from the update's: there it may carry the tile's boundary
-mask, ``where(j < n, a, -inf)``, which changes nothing where the epilogue stores (its
-store is masked by the same ``j < n``); any other difference and the output is left as
-it is.
+IEEE arithmetic for every ``a`` and ``m``. For a finite ``m``, ``g(m) = m`` and the
+factor is exactly ``exp2(0) = 1``. For ``m = -inf``, ``g(m) = 0`` and the factor is
+``inf``: ``exp2(a) * inf`` is NaN for ``a = -inf`` (as ``exp2(-inf + inf)``) and inf
+otherwise (as ``exp2(a + inf)``). For ``m = +inf`` the factor is 0: ``exp2(a) * 0`` is 0
+for a finite ``a`` (as ``exp2(a - inf)``) and NaN for ``a = inf`` (as ``exp2(inf -
+inf)``). A NaN on either side gives NaN on both. Only ``a`` may differ from the
+update's: there it may carry the tile's boundary mask, ``where(j < n, a, -inf)``, which
+changes nothing where the epilogue stores (its store is masked by the same ``j < n``);
+any other difference and the output is left as it is.
 
 Measured on an H200 (fp32 softmax over 4096 x 32768, one row of 32768 per program, 32
-warps): 0.382 ms with two exponentials per element (12 registers spilled), 0.298 ms with
-one (none spilled; torch.compile 0.371):
-benchmarks/results/2026-12-02-h200-variants-2.
+warps): 0.382 ms with two exponentials per element (12 registers spilled), 0.301 ms with
+one (none spilled; torch.compile 0.373): benchmarks/results/2026-12-02-h200-softmax-reuse.
 """
 
 from __future__ import annotations

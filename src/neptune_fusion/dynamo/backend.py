@@ -5,8 +5,12 @@
       nf.compile + one trial call --> the region replaced by neptune_fusion::kernel
       --> the rewritten graph to Inductor (compile_fx_inner) or run eagerly
 
-A graph that needs a backward (grad enabled and an input requiring grad) goes to the rest
-whole, untouched: the traced kernel op has no backward yet. Any failure of a region --
+A graph that needs a backward (grad enabled and an input requiring grad) is split by
+AOTAutograd into a forward and a backward graph, both derived from the original ATen ops;
+the forward is fused as an inference graph is -- every value the backward saves is used
+outside its region, so it is one of the kernel's outputs -- and the backward goes to the
+rest as it is (the kernel op needs no derivative: autograd never sees it). Any failure
+of a region --
 no rule, a refused translation, a compiler error, a failed trial call -- leaves that
 region in the graph with the reason in the report; the backend never raises for it.
 """
@@ -112,22 +116,22 @@ class Backend:
     def __call__(self, gm, example_inputs):
         report = GraphReport(len(self.reports))
         self.reports.append(report)
-        if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
-                                           for t in example_inputs):
-            report.left.append(Left((), "needs a backward (an input requires grad): "
-                                    "training graphs are not fused yet", self.rest))
-            self._log(report)
-            return self._rest_whole(gm, example_inputs)
+        training = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
+                                                   for t in example_inputs)
         from torch._dynamo.backends.common import aot_autograd
         swap_sdpa(gm)
 
         def forward(fx, inputs):
             fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
+            if training:
+                report.left.append(Left(("the backward graph",), "AOTAutograd derives "
+                                        "it from the original ops; it is not fused",
+                                        self.rest))
             self._log(report)
             return self._rest_forward(fx, inputs)
 
-        return aot_autograd(fw_compiler=forward, decompositions=self._decompositions())(
-            gm, example_inputs)
+        return aot_autograd(fw_compiler=forward, bw_compiler=self._rest_backward,
+                            decompositions=self._decompositions())(gm, example_inputs)
 
     def _decompositions(self) -> dict:
         """Ours, over Inductor's own when Inductor gets the rest (it refuses a graph that
@@ -141,18 +145,19 @@ class Backend:
         if settings.log_enabled(self.log):
             print(f"[neptune-fusion jit] {report}", file=sys.stderr)
 
-    def _rest_whole(self, gm, example_inputs):
-        if self.rest == "eager":
-            return gm.forward
-        from torch._inductor.compile_fx import compile_fx
-        return compile_fx(gm, example_inputs)
-
     def _rest_forward(self, gm, example_inputs):
         if self.rest == "eager":
             from torch._functorch.aot_autograd import make_boxed_func
             return make_boxed_func(gm.forward)
         from torch._inductor.compile_fx import compile_fx_inner
         return compile_fx_inner(gm, example_inputs)
+
+    def _rest_backward(self, gm, example_inputs):
+        if self.rest == "eager":
+            from torch._functorch.aot_autograd import make_boxed_func
+            return make_boxed_func(gm.forward)
+        from torch._inductor.compile_fx import compile_fx_inner
+        return compile_fx_inner(gm, example_inputs, is_backward=True)
 
 
 def neptune_fusion(gm, example_inputs):

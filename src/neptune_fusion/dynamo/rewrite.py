@@ -34,6 +34,10 @@ def replace_region(graph, region, inputs, casts, kernel) -> None:
         gets = [graph.call_function(operator.getitem, (call, k))
                 for k in range(len(region.outputs))]
     for out, got in zip(region.outputs, gets):
+        # a later region may read this result: its translation needs the shape and dtype
+        # (finish() propagates exact fake values once every region is placed)
+        if "val" in out.meta:
+            got.meta["val"] = out.meta["val"]
         out.replace_all_uses_with(got)
 
 

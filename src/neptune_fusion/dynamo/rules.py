@@ -291,7 +291,8 @@ def _table() -> dict:
     for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
         t[op] = Rule("elementwise", _masked_fill)
     for op in (aten._to_copy.default, prims.convert_element_type.default,
-               aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default):
+               aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default,
+               aten.detach.default):   # a training forward detaches what it saves
         t[op] = Rule("elementwise", _same)
     for op in (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
                aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,

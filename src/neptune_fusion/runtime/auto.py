@@ -207,7 +207,7 @@ class AutoKernel:
             "sizes": sorted([s.name, next_pow2(v)] for s, v in sizes.items()),
             "base": {k: v for k, v in self.base.to_dict().items()
                      if k in ("exp2", "partition", "fast_tanh", "fp32_precision",
-                              "count_visits")},
+                              "count_visits", "static_sizes")},
             "device": device.name, "sms": device.sms,
             "versions": {"neptune_fusion": __version__, "code": code_version(),
                          "triton": triton.__version__,
