@@ -207,9 +207,9 @@ def test_a_chain_reading_another_fused_chain():
 
 @pytest.mark.parametrize("name, fused", [
     ("rmsnorm-matmul", True), ("log-softmax", True), ("softmax", True), ("variance", True),
-    # the training forward saves x - mean beside the output: outputs of two shapes the
-    # compiler refuses together (reported), so the region stays with the rest
-    ("layernorm-matmul", False)])
+    # the training forward saves x - mean and rsqrt(var) beside the projection: maps of
+    # the statistics over the row's width, a pass of their own (fusion/stages.py)
+    ("layernorm-matmul", True)])
 def test_a_training_graph_fuses_its_forward_and_its_gradients_match_float64(name, fused):
     """Inputs that require grad: AOTAutograd splits forward and backward from the
     original ops; the forward's chains are fused (every value the backward saves is a

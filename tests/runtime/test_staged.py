@@ -356,3 +356,39 @@ def test_random_chains_compile_fused_or_not(tree, producer, consumer, seed):
     got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in ("x", "y")))
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-4,
                                atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_maps_over_other_axes_beside_a_projection_get_passes_of_their_own():
+    """LayerNorm -> matmul with ``x - mean`` (row width D) and ``rsqrt(var)`` (width 1)
+    as outputs too -- what a training forward saves: the projection's pass has its columns
+    (E), so the maps of the statistics run as passes of their own (they sat in the
+    projection's pass: "output sub does not have the row axis j"), and the one that
+    divides by D without reading a tensor of width D takes ``x`` for its size."""
+    n, d, e = nf.sizes("N D E")
+    x = nf.placeholder((n, d), name="x")
+    w = nf.placeholder((d, e), name="w")
+
+    def mean(i):
+        r = nf.reduce_axis(d, "r")
+        return nf.sum(x[i, r], r) / nf.cast(d, "float32")
+
+    def rstd(i):
+        r = nf.reduce_axis(d, "r1")
+        return nf.rsqrt(nf.sum((x[i, r] - mean(i)) ** 2, r) / nf.cast(d, "float32") + 1e-5)
+
+    def proj(i, j):
+        c = nf.reduce_axis(d, "c")
+        return nf.sum((x[i, c] - mean(i)) * rstd(i) * w[c, j], c)
+    outs = [nf.compute((n, d), lambda i, c: x[i, c] - mean(i), name="centred"),
+            nf.compute((n, 1), lambda i, c: rstd(i), name="rstd"),
+            nf.compute((n, e), proj, name="y")]
+    kern = nf.compile(outs, [x, w], cache=False)
+    assert isinstance(kern, StagedKernel)
+    gen = torch.Generator().manual_seed(2)
+    xs, ws = torch.randn(5, 29, generator=gen) * 2 + 1, torch.randn(29, 7, generator=gen)
+    got = kern(xs, ws)
+    xd = xs.double()
+    mu = xd.mean(1, keepdim=True)
+    rs = torch.rsqrt(((xd - mu) ** 2).mean(1, keepdim=True) + 1e-5)
+    for g, want in zip(got, (xd - mu, rs, (xd - mu) * rs @ ws.double())):
+        torch.testing.assert_close(g.double(), want, rtol=2e-5, atol=2e-5)

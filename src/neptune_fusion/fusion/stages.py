@@ -5,7 +5,9 @@ plan has more than one fused group, it takes the first group (lowest pass: it re
 other group's reductions), makes each of its members an output of a new *pass program*
 over the members' spatial axes, and replaces every use of those reductions in the rest by
 a load of a new placeholder holding them (an *intermediate*). The rest is planned again.
-The last pass program holds the last group and the program's outputs. For
+The last pass program holds the last group and the outputs that read it (or share its
+outputs' axes); every other output, a map of intermediates, gets a pass per set of axes.
+For
 ``t = sum_j tanh(x[i, j] - max_j x[i, j])`` (``tanh`` proves no repair)::
 
     before:  t[i] = sum(tanh(x[i, j] - max(x[i, j], j)), j)
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 from ..ir import build
 from ..ir.dtypes import float32
 from ..ir.graph import placeholders
-from ..ir.nodes import Compute, Expr, IndexVar, Load, Placeholder, fresh_uid
-from ..ir.traverse import substitute
+from ..ir.nodes import Compute, Expr, IndexVar, Load, Placeholder, Reduce, Size, fresh_uid
+from ..ir.traverse import substitute, walk
 
 
 @dataclass(frozen=True)
@@ -105,29 +107,51 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
         rest = [_rebuilt(o, body, ax, mapping)
                 for o, body, ax in zip(rest, p.bodies, p.out_axes)]
     # outputs that are exactly an intermediate are that intermediate; the rest make the
-    # last pass -- one per set of rows when no reduction is left (maps of intermediates
-    # over different rows, as a row output beside a 0-d one, share no kernel)
+    # last pass -- one per set of axes when no reduction is left (maps of intermediates
+    # over different rows, as a row output beside a 0-d one, share no kernel), and with
+    # the last group the outputs that read it or share its outputs' axes, a pass per set
+    # of axes for the other maps (LayerNorm's x - mean beside a projection of another
+    # width: the group's kernel has the projection's columns, not the row's)
     results: list[tuple[int, int] | None] = []
     keys: list = []
     last: list[list[Compute]] = []
     where = {ph: (k, n) for ph, k, n in inter}
-    for o, dt in zip(rest, final_dtypes):
+    reads = [any(isinstance(x, Reduce) for x in walk(body)) for body in p.bodies]
+    group_axes = {frozenset(ax) for ax, r in zip(p.out_axes, reads) if r}
+    for o, dt, ax, r in zip(rest, final_dtypes, p.out_axes, reads):
         ph = _alias(o)
         if ph is not None and made[ph].dtype == dt:
             results.append(where[ph])
             continue
         if o.dtype != dt:
             o = Compute(o.name, o.shape, o.axes, build.cast(o.body, dt), o.uid)
-        key = frozenset(o.axes) if not p.groups else None
+        key = None if p.groups and (r or frozenset(ax) in group_axes) else frozenset(o.axes)
         if key not in keys:
             keys.append(key)
             last.append([])
         k = keys.index(key)
         results.append((len(passes) + k, len(last[k])))
         last[k].append(o)
+    program_inputs = placeholders(outs)
     for outs_ in last:
-        passes.append(Pass(len(passes), tuple(outs_), tuple(placeholders(outs_))))
+        passes.append(Pass(len(passes), tuple(outs_), _pass_inputs(outs_, program_inputs)))
     return Staging(tuple(passes), tuple(inter), tuple(results))  # type: ignore[arg-type]
+
+
+def _pass_inputs(outs, program_inputs) -> tuple[Placeholder, ...]:
+    """The placeholders ``outs`` read, and then a program input for each symbolic size
+    they use that none of those has in its shape (a map of intermediates that divides by
+    the row's width ``D`` reads no tensor of width ``D``; the kernel binds sizes from its
+    inputs' shapes, so it takes one, unread)."""
+    ins = list(placeholders(outs))
+    bound = {s for p in ins for s in p.shape if isinstance(s, Size)}
+    used = {x for o in outs for x in walk(o.body) if isinstance(x, Size)}
+    used |= {s for o in outs for s in o.shape if isinstance(s, Size)}
+    for s in sorted(used - bound, key=lambda s: s.name):
+        carrier = next((p for p in program_inputs if s in p.shape), None)
+        if carrier is not None and carrier not in ins:
+            ins.append(carrier)
+    return tuple(ins)
 
 
 def rows_apart(p) -> str | None:
