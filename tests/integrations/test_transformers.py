@@ -298,6 +298,31 @@ def test_layer_against_float64(window, softcap, sink, pad):
         assert not torch.allclose(plain, want, rtol=1e-3, atol=1e-4)
 
 
+def test_decode_with_sinks_merges_them_and_copies_no_cache():
+    """gpt-oss decode (a few queries at the end of the cache): the sinks are merged after
+    the kernel (``sinks=``), not prepended as a zero key (a copy of the whole cache per
+    step). The first call of a signature runs the general call, the second prepares it
+    (the prepared call merges in place), the third runs the prepared call: each against
+    float64."""
+    g = torch.Generator().manual_seed(7)
+    sinks = torch.randn(6, generator=g)
+    from transformers.masking_utils import causal_mask_function
+    st = nft.mask_structure(2, 2, 11, q_offset=9, kv_offset=0,
+                            mask_function=causal_mask_function, attention_mask=None)
+
+    class Module:
+        is_causal = True
+    layer = Module()
+    for step in range(3):
+        q = torch.randn(2, 6, 2, 16, generator=g)
+        k, v = torch.randn(2, 2, 11, 16, generator=g), torch.randn(2, 2, 11, 16, generator=g)
+        out, _ = nft.attention_forward(layer, q, k, v, st, scaling=0.3, s_aux=sinks)
+        want = _reference(q, k, v, 0.3, None, None, sinks, 9, torch.ones(2, 11, dtype=bool))
+        assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5), step
+    [prepared] = layer._nf_prepared.values()
+    assert prepared and prepared._lse is not None   # prepared, with the sinks merged
+
+
 def test_docs_example_runs():
     doc = Path(__file__).resolve().parents[2] / "docs" / "transformers.md"
     code = re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)

@@ -44,6 +44,36 @@ def test_prepared_matches_float64_on_fresh_data(hq, n, sched):
     assert not torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("hq,n,sched", [(4, 1, SPLIT), (2, 3, ROLL)])
+def test_prepared_with_sinks_matches_float64(hq, n, sched):
+    """``sinks=`` (gpt-oss's decode through the Hugging Face integration): the prepared
+    kernel writes the row log-sum-exp, each call merges the sinks it is given into the
+    output in place. Against float64 softmax over ``[scores, sink]`` with a zero value
+    row, on fresh data and fresh sinks per call; without sinks the general path."""
+    m, cache = 37, AttentionCache()
+    kw = dict(mask_mod=ops.Causal(), q_offset="end", enable_gqa=True, schedule=sched,
+              cache=cache)
+    shapes = ((1, hq, n, 16), (1, 2, m, 16), (1, 2, m, 16))
+    q, k, v = (randn(*s, seed=x, dtype=torch.float32) for x, s in enumerate(shapes))
+    prepared = nf.prepare_attention(q, k, v, sinks=torch.zeros(hq), **kw)
+    g = hq // 2
+    for seed in (10, 20):
+        q, k, v = (randn(*s, seed=seed + x, dtype=torch.float32)
+                   for x, s in enumerate(shapes))
+        sinks = randn(hq, seed=seed + 5, dtype=torch.float32) * 2
+        got = prepared(q, k, v, sinks=sinks)
+        assert got is prepared.output
+        kk, vv = (t.double().repeat_interleave(g, 1) for t in (k, v))
+        s = q.double() @ kk.transpose(-1, -2) / 4.0
+        i = torch.arange(n)[:, None] + (m - n)
+        s = s.masked_fill(torch.arange(m)[None, :] > i, float("-inf"))
+        s = torch.cat([s, sinks.double().view(1, hq, 1, 1).expand(1, hq, n, 1)], -1)
+        want = torch.softmax(s, -1)[..., :m] @ vv
+        assert rel(got, want) < 1e-5
+        assert rel(nf.attention(q, k, v, sinks=sinks, **kw), want) < 1e-5
+    assert rel(prepared(q, k, v), reference(q, k, v, keep=_keep, offset=m - n)) < 1e-5
+
+
 def test_prepared_with_a_buffer():
     slopes = torch.tensor([0.5, 0.25], dtype=torch.float32)
     q, k, v = randn(1, 2, 1, 16, seed=1), randn(1, 2, 30, 16, seed=2), randn(1, 2, 30, 16,

@@ -9,9 +9,11 @@ FlashInfer's plan/run split, for our kernels: a serving loop prepares once per b
 (with fixed-size caches and lengths on the device, one preparation serves every step).
 
 The output tensor is allocated once and returned by every call, overwritten by the next
-(copy it to keep it). Inputs whose signature differs (another shape, stride, dtype,
-device or alignment, or an input that requires grad) take the general path,
-:func:`~.attention.attention` with the same keywords: a new tensor, correct, slower.
+(copy it to keep it). With ``sinks=`` (attention sinks, :mod:`.sinks`) the kernel also
+writes each row's log-sum-exp and the call merges the sinks into the output in place.
+Inputs whose signature differs (another shape, stride, dtype, device or alignment, or an
+input that requires grad) take the general path, :func:`~.attention.attention` with the
+same keywords: a new tensor, correct, slower.
 """
 
 from __future__ import annotations
@@ -21,29 +23,31 @@ from collections.abc import Callable, Mapping
 from ..errors import FeedError
 from ..runtime import torch_ops
 from ..runtime.prepared import PreparedLaunch
+from .sinks import check_sinks, merge_sinks_into
 
 
 class PreparedAttention:
-    """``prepared(q, k, v, buffers=None, kv_lens=None, block_table=None)``: attention on
-    inputs of the prepared signature (see the module docstring); ``buffers``, ``kv_lens``
-    and ``block_table`` as given to :func:`prepare_attention` (with new values: a serving
-    loop writes new lengths and pages into the same tensors, or passes others of the same
-    signature)."""
+    """``prepared(q, k, v, buffers=None, kv_lens=None, block_table=None, sinks=None)``:
+    attention on inputs of the prepared signature (see the module docstring);
+    ``buffers``, ``kv_lens``, ``block_table`` and ``sinks`` as given to
+    :func:`prepare_attention` (with new values: a serving loop writes new lengths and
+    pages into the same tensors, or passes others of the same signature)."""
 
-    __slots__ = ("_launch", "_out", "_names", "_kv", "_general")
+    __slots__ = ("_launch", "_out", "_names", "_kv", "_general", "_lse")
 
     def __init__(self, launch: PreparedLaunch, out, names: tuple[str, ...],
-                 kv: tuple[bool, bool], general: Callable) -> None:
+                 kv: tuple[bool, bool], general: Callable, lse=None) -> None:
         self._launch, self._out, self._names, self._general = launch, out, names, general
-        self._kv = kv
+        self._kv, self._lse = kv, lse
 
     def __call__(self, q, k, v, buffers: Mapping | None = None, kv_lens=None,
-                 block_table=None):
+                 block_table=None, sinks=None):
         if torch_ops.compiling():   # traced: the op, as nf.attention is
-            return self._general(q, k, v, buffers, kv_lens, block_table)
+            return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
         if (kv_lens is not None, block_table is not None) != self._kv \
+                or (sinks is not None) != (self._lse is not None) \
                 or (self._names and buffers is None):   # the general path says what is off
-            return self._general(q, k, v, buffers, kv_lens, block_table)
+            return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
         tensors = [q, k, v]
         if self._names:
             tensors += [buffers[n] for n in self._names]
@@ -52,7 +56,10 @@ class PreparedAttention:
         if block_table is not None:
             tensors.append(block_table)
         if self._launch(tensors) is None:
-            return self._general(q, k, v, buffers, kv_lens, block_table)
+            return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
+        if self._lse is not None:
+            check_sinks(sinks, q)
+            return merge_sinks_into(self._out, self._lse, sinks)
         return self._out
 
     @property
@@ -63,17 +70,23 @@ class PreparedAttention:
 
 def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
                       enable_gqa: bool = False, q_offset=None, buffers=None, cache=None,
-                      schedule=None, kv_lens=None, block_table=None) -> PreparedAttention:
+                      schedule=None, kv_lens=None, block_table=None,
+                      sinks=None) -> PreparedAttention:
     """Bind :func:`~.attention.attention` with these keywords to the signature of ``q``,
     ``k``, ``v`` (and ``buffers``): checks, tunes and allocates now; returns a
     :class:`PreparedAttention` whose calls only compare the signature and launch. CUDA
     tensors only, 16-byte aligned, last dimension contiguous; a
-    :class:`~neptune_fusion.errors.FeedError` says which requirement failed."""
+    :class:`~neptune_fusion.errors.FeedError` says which requirement failed. ``sinks``:
+    per-head sink logits (``(Hq,)``, as ``nf.attention``'s): the kernel writes each row's
+    log-sum-exp too, and every call merges the sinks it is given into the output."""
     from .attention import _resolve, attention
+    if sinks is not None:
+        check_sinks(sinks, q)
     kw = dict(score_mod=score_mod, mask_mod=mask_mod, scale=scale, enable_gqa=enable_gqa,
               q_offset=q_offset, cache=cache, schedule=schedule)
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                              buffers, cache, schedule, kv_lens, block_table)
+                              buffers, cache, schedule, kv_lens, block_table,
+                              lse=sinks is not None)
     names = tuple(buffers) if buffers else ()
     kvs = [(n, t) for n, t in (("kv_lens", kv_lens), ("block_table", block_table))
            if t is not None]
@@ -88,11 +101,13 @@ def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
     kern = kern.kernel_for(*tensors) if hasattr(kern, "kernel_for") else kern
     launch = PreparedLaunch(kern, tensors, given)
     out = launch.outputs[0]
+    lse = launch.outputs[1] if sinks is not None else None
     if setup.packed:
         out = out.reshape(q.shape[0], q.shape[1], 1, v.shape[3])
+        lse = None if lse is None else lse.reshape(q.shape[0], q.shape[1], 1)
 
-    def general(q, k, v, buffers, kv_lens, block_table):
+    def general(q, k, v, buffers, kv_lens, block_table, sinks):
         return attention(q, k, v, buffers=buffers, kv_lens=kv_lens, block_table=block_table,
-                         **kw)
+                         sinks=sinks, **kw)
     return PreparedAttention(launch, out, names, (kv_lens is not None,
-                                                  block_table is not None), general)
+                                                  block_table is not None), general, lse)

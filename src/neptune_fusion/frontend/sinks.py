@@ -39,6 +39,16 @@ def check_sinks(sinks, q) -> None:
                         "on one device")
 
 
+def merge_sinks_into(o, lse, sinks):
+    """:func:`merge_sinks` written into ``o`` (a prepared call's output, overwritten by
+    every call anyway): the same float32 arithmetic, rounded to ``o``'s dtype once.
+    Returns ``o``."""
+    import torch
+    wide = torch.promote_types(o.dtype, torch.float32)
+    factor = torch.sigmoid(lse.to(wide) - sinks.to(wide).view(1, -1, 1))
+    return o.mul_(factor.unsqueeze(-1))
+
+
 def merge_sinks(o, lse, sinks, return_lse: bool):
     """``o`` (B, Hq, N, Dv) and its row ``lse`` (B, Hq, N) merged with the per-head sink
     logits (module docstring); ``(o', lse')`` with ``return_lse``. ``o'`` keeps ``o``'s

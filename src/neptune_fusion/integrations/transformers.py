@@ -25,12 +25,16 @@ an offset given as an int, takes the host path: the empty slots past the last qu
 dropped, a view of K and V.)
 
 Sinks (gpt-oss). A sink is one more logit per head with a zero value row: softmax over
-``[scores, sink]``. It is added as a key at index 0 whose score is ``s_aux[h]`` (the
-``score_mod``) and which every query sees (the ``mask_mod``), with zero key and value
-rows prepended -- exact, at the price of a copy of K and V per call. When the sinks want
-a gradient (training: ``s_aux`` requires grad, grad mode on, eager), the call passes them
-as ``nf.attention(..., sinks=s_aux)`` instead, merged after the kernel (differentiable,
-the sinks included; docs/autodiff.md).
+``[scores, sink]``. A decode step (at most 16 queries) and a call whose sinks want a
+gradient (training: ``s_aux`` requires grad, grad mode on) pass them as
+``nf.attention(..., sinks=s_aux)`` (or a prepared call's ``sinks=``): the kernel writes
+each row's log-sum-exp and the sinks are merged after it (``o * sigmoid(lse - sink)``,
+one pass over the small output; differentiable, the sinks included: docs/autodiff.md).
+A prefill, and anything traced by torch.compile, adds the sink as a key at index 0
+whose score is ``s_aux[h]`` (the ``score_mod``) and which every query sees (the
+``mask_mod``), with zero key and value rows prepended: a copy of K and V per call, less
+than the merge's pass over the output when there are more queries than keys per KV head
+(GQA), and traceable. (The zero key at every decode step copied the whole cache.)
 
 Training. ``nf.attention`` is differentiable, so a model trains with this attention in
 eager mode (gradients of every parameter match transformers' eager attention; tests).
@@ -283,11 +287,13 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         raise UnsupportedAttention(f"neptune_fusion attention: s_aux has shape "
                                    f"{tuple(s_aux.shape)}; one sink per query head "
                                    f"({query.shape[1]},) is supported")
-    # training (the sinks want a gradient, eager): the sinks merged after the kernel
-    # (nf.attention's sinks=); else a zero key in front whose score is the sink
+    # training (the sinks want a gradient, eager) and decode: the sinks merged after the
+    # kernel (nf.attention's sinks=); else a zero key in front whose score is the sink
     trained = s_aux is not None and s_aux.requires_grad and torch.is_grad_enabled() \
         and not _tracing()
-    sinks = s_aux is not None and not trained
+    merged = s_aux is not None and not _tracing() and (
+        trained or query.shape[2] <= _PREPARED_MAX_QUERIES)
+    sinks = s_aux is not None and not merged
     shift = 1 if sinks else 0
     if padding is not None:
         pad = padding.to(device=query.device, dtype=torch.int32)
@@ -311,7 +317,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         out = attention(query, key, value, buffers=bufs or None, kv_lens=kv_lens,
                         sinks=s_aux.to(query.device), **_keywords(what, kv_lens))
     else:
-        out = _attend(module, what, query, key, value, bufs or None, kv_lens)
+        out = _attend(module, what, query, key, value, bufs or None, kv_lens,
+                      s_aux.detach().to(query.device, torch.float32) if merged else None)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -319,10 +326,11 @@ _PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not pr
 _PREPARED_PER_LAYER = 8      # prepared calls a layer keeps (oldest dropped first)
 
 
-def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
+def _attend(module, what: tuple, query, key, value, bufs, kv_lens, sinks=None):
     """``nf.attention`` for a layer: ``what`` = (causal, window, shift, padding, softcap,
-    sinks, scale, gqa). A decode step (at most 16 queries) runs a call prepared once per
-    layer and input signature (:func:`neptune_fusion.prepare_attention`: a signature
+    sinks, scale, gqa); ``sinks``: the sink logits to merge after the kernel, or None. A
+    decode step (at most 16 queries) runs a call prepared once per layer and input
+    signature (:func:`neptune_fusion.prepare_attention`: a signature
     compare and the kernels' own launchers, no per-call checks or allocation): at once
     with a static cache's device lengths (``kv_lens``: every step has the same shapes),
     and on a signature's second sighting without them (a sliding-window cache of fixed
@@ -332,12 +340,12 @@ def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
     from ..frontend.attention import attention
     from ..runtime.prepared import cheap_signature
     if query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
-        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, sinks=sinks,
                          **_keywords(what, kv_lens))
     tensors = (query, key, value, *(bufs or {}).values(), *(() if kv_lens is None
                                                             else (kv_lens,)))
     table = module.__dict__.setdefault("_nf_prepared", {})
-    sig = (what, tuple(bufs or ()), cheap_signature(tensors))
+    sig = (what, tuple(bufs or ()), sinks is not None, cheap_signature(tensors))
     prepared = table.get(sig)
     if prepared is None:
         first = sig not in table and kv_lens is None
@@ -345,16 +353,17 @@ def _attend(module, what: tuple, query, key, value, bufs, kv_lens):
             from ..frontend.prepared import prepare_attention
             try:
                 prepared = prepare_attention(query, key, value, buffers=bufs,
-                                             kv_lens=kv_lens, **_keywords(what, kv_lens))
+                                             kv_lens=kv_lens, sinks=sinks,
+                                             **_keywords(what, kv_lens))
             except FeedError:   # not preparable (a strided view): the general call always
                 prepared = False
         if sig not in table and len(table) >= _PREPARED_PER_LAYER:
             table.pop(next(iter(table)))
         table[sig] = prepared   # None: seen once
     if not prepared:
-        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens,
+        return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, sinks=sinks,
                          **_keywords(what, kv_lens))
-    return prepared(query, key, value, bufs, kv_lens)
+    return prepared(query, key, value, bufs, kv_lens, sinks=sinks)
 
 
 def _keywords(what: tuple, kv_lens) -> dict:
