@@ -55,7 +55,7 @@ def share_exponentials(outputs, finals: dict, body_exprs, mask: Expr | None):
         for param, (arg, rest) in shared.items():
             if terms.get(param) != -1.0:
                 continue
-            others = {t: c for t, c in terms.items() if t is not param and t != param}
+            others = {t: c for t, c in terms.items() if t != param}
             if (others, const) == rest:
                 guard = safe_expr("max", param)
                 hits.append(param)
@@ -76,7 +76,8 @@ def _update_exponentials(finals: dict, body_exprs, mask: Expr | None) -> dict:
     updates whose argument is ``a' - g(m')``, ``m'`` the new value of the max or min
     state ``m`` and ``a'`` (unmasked: ``where(mask, a, -inf)`` read as ``a``) a sum of
     terms ``a``."""
-    by_value = {e: p for p, e in finals.items()}
+    # g(m') of each state's new value m' (the same form for max and min) -> the state
+    guards = {safe_expr("max", e): p for p, e in finals.items()}
     out = {}
     for e in body_exprs:
         for x in walk(e):
@@ -86,11 +87,10 @@ def _update_exponentials(finals: dict, body_exprs, mask: Expr | None) -> dict:
             for t, c in terms.items():
                 if c != -1.0:
                     continue
-                param = next((by_value[v] for v in by_value
-                              if t == safe_expr("max", v)), None)
+                param = guards.get(t)
                 if param is None:
                     continue
-                rest = [(u, k) for u, k in terms.items() if u is not t and u != t]
+                rest = [(u, k) for u, k in terms.items() if u != t]
                 plain = _unmasked(rest, mask)
                 if plain is not None:
                     out.setdefault(param, (x.x, (plain, const)))

@@ -39,14 +39,20 @@ def check_sinks(sinks, q) -> None:
                         "on one device")
 
 
-def merge_sinks_into(o, lse, sinks):
-    """:func:`merge_sinks` written into ``o`` (a prepared call's output, overwritten by
-    every call anyway): the same float32 arithmetic, rounded to ``o``'s dtype once.
-    Returns ``o``."""
+def _weights(o, lse, sinks):
+    """``(lse, sink, weight)`` in ``o``'s arithmetic width (float32, float64 for float64
+    inputs): the row weight ``sigmoid(lse - sink)`` of the merge (module docstring)."""
     import torch
     wide = torch.promote_types(o.dtype, torch.float32)
-    factor = torch.sigmoid(lse.to(wide) - sinks.to(wide).view(1, -1, 1))
-    return o.mul_(factor.unsqueeze(-1))
+    lse, sink = lse.to(wide), sinks.to(wide).view(1, -1, 1)
+    return lse, sink, torch.sigmoid(lse - sink)
+
+
+def merge_sinks_into(o, lse, sinks):
+    """:func:`merge_sinks` written into ``o`` (a prepared call's output, overwritten by
+    every call anyway): the same arithmetic, rounded to ``o``'s dtype once. Returns
+    ``o``."""
+    return o.mul_(_weights(o, lse, sinks)[2].unsqueeze(-1))
 
 
 def merge_sinks(o, lse, sinks, return_lse: bool):
@@ -54,10 +60,8 @@ def merge_sinks(o, lse, sinks, return_lse: bool):
     logits (module docstring); ``(o', lse')`` with ``return_lse``. ``o'`` keeps ``o``'s
     dtype, the arithmetic is float32 (float64 for float64 inputs)."""
     import torch
-    wide = torch.promote_types(o.dtype, torch.float32)
-    sink = sinks.to(wide).view(1, -1, 1)
-    lse = lse.to(wide)
-    out = (o.to(wide) * torch.sigmoid(lse - sink).unsqueeze(-1)).to(o.dtype)
+    lse, sink, weight = _weights(o, lse, sinks)
+    out = (o.to(lse.dtype) * weight.unsqueeze(-1)).to(o.dtype)
     if not return_lse:
         return out
     return out, torch.logaddexp(lse, sink.expand_as(lse))
