@@ -1,8 +1,9 @@
 """Time a chain of the chain suite at explicit schedules, with edits of its source.
 
-A measurement tool for row-reduction code generation (docs/chains.md): for each chain
+A measurement tool for row-reduction code generation (docs/codegen.md): for each chain
 of ``neptune_fusion.bench.chains`` named, each dtype and each ``--tiles`` schedule
-(rolling, rows x loop tile x warps x stages), it compiles the chain with that schedule,
+(rolling, rows x loop tile x warps x stages [x row programs per multiprocessor]), it
+compiles the chain with that schedule,
 rewrites the generated source by each *form*, checks the output against the unedited
 kernel's and times it, beside torch.compile of the chain's plain PyTorch in the same
 process. Prints registers and spills of every compiled kernel. Forms:
@@ -12,7 +13,11 @@ process. Prints registers and spills of every compiled kernel. Forms:
 A tile of more than 16 warps (beyond the search space) is built at 16 and launched at
 its own count.
 * ``reusep``: in the one-tile (persistent) branch, the epilogue's ``exp(x - max)`` read
-  from the exponential the sum computed (one exponential per element instead of two).
+  from the exponential the sum computed (one exponential per element instead of two);
+* ``constexpr``: the sizes ``N, M`` made compile-time constants (every mask against them
+  can fold);
+* ``nomask``: the one-tile branch's masks deleted (legal only when the tile is exactly
+  the row and the rows divide the row tile, as in the suite's shapes).
 
 Usage (GPU): ``python benchmarks/chain_variants.py --chains softmax,log-softmax
 --dtypes float32,bfloat16 --tiles 1x32768x16x1,1x32768x32x1 --forms asis,reusep``.
@@ -36,6 +41,16 @@ def edit(src: str, form: str) -> str:
         head = _SUM.sub(lambda m: f"{m['ind']}p_tile = {m['p']}\n"
                         f"{m['ind']}l_new = tl.sum(p_tile, 1)\n", head, count=1)
         src = _EXP.sub("p_tile", head, count=1) + sep + tail
+    elif form == "constexpr":
+        src = src.replace("(do_not_specialize=['N'])", "")
+        src = src.replace("    N, M,\n", "    N: tl.constexpr, M: tl.constexpr,\n")
+    elif form == "nomask":
+        head, sep, tail = src.partition("    else:\n")
+        head = head.replace(", mask=i_in[:, None] & (offs_k < M)[None, :], other=0.0)", ")")
+        head = head.replace(", mask=i_in[:, None] & (offs_k < M)[None, :])", ")")
+        head = re.sub(r"tl\.where\(\(offs_k < M\)\[None, :\], (.*), float\(\"-inf\"\)\)\n",
+                      r"\1\n", head)
+        src = head + sep + tail
     return src + f"\n# form {form}\n"
 
 
@@ -78,9 +93,10 @@ def main() -> None:
             t_compile = do_bench(lambda f=plain, a=xs: f(*a))
             outs, ins = chain.build(dt)
             for tile in args.tiles.split(","):
-                bm, bn, w, st = map(int, tile.split("x"))
+                bm, bn, w, st, *rp = map(int, tile.split("x"))
                 # more warps than the space offers (16): built at 16, launched at w
-                s = Schedule(block_m=bm, block_n=bn, num_warps=min(w, 16), num_stages=st)
+                s = Schedule(block_m=bm, block_n=bn, num_warps=min(w, 16), num_stages=st,
+                             row_programs=rp[0] if rp else 0)
                 for form in args.forms.split(","):
                     current["form"] = form
                     rec = dict(chain=chain.name, dtype=dt, tile=tile, form=form,

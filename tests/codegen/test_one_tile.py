@@ -107,15 +107,22 @@ def test_symbolic_length_branches_at_run_time(name):
     for d in (1, 29, 32, 33, 70):
         kern = _run(outs, sched, 3, d, seed=d)
     src = kern.source
-    one, rest = src.split("\n    if M <= BLOCK_N:\n")[1].split("\n    else:\n")
+    exact, rest = src.split("\n    if ONE_TILE == 2:\n")[1].split("\n    elif ONE_TILE == 1:\n")
+    one, rest = rest.split("\n    else:\n")
     assert one.count("tl.load(") == 1 and "for " not in one
+    assert exact.count("tl.load(") == 1 and "for " not in exact
+    assert "offs_k < M" not in exact and "offs_k < M" in one   # exact: no masks on k
     assert rest.count("tl.load(") > 1 and "for " in rest
 
 
-def test_a_symbolic_reduction_that_reads_nothing_after_keeps_its_loops():
-    """log-sum-exp reads x in the loop only: no branch (nothing to save)."""
+def test_a_symbolic_reduction_that_reads_nothing_after_branches_too():
+    """log-sum-exp reads x in the loop only: no read to save, but the one tile starts from
+    the empty state (no repair) and an exact tile drops its masks, so it branches too."""
     prog = _program(logsumexp(), PERSISTENT)
-    assert prog.one_tile == ""
+    assert prog.one_tile == "runtime"
+    src = _run(logsumexp(), PERSISTENT, 3, 64).source
+    exact = src.split("if ONE_TILE == 2:")[1].split("elif ONE_TILE == 1:")[0]
+    assert "alpha" not in exact and "offs_k < M" not in exact and "for " not in exact
 
 
 def test_the_one_tile_starts_from_the_empty_state():
@@ -174,3 +181,51 @@ def test_the_epilogue_stores_from_the_tile():
     src = _run(softmax(33), PERSISTENT, 3, 33).source
     assert re.search(r"tl\.store\(y_ptr \+ .*offs_k\[None, :\]", src)
     assert "tl.arange(0, BLOCK_J)" not in src
+
+
+WALK = replace(PERSISTENT, row_programs=1)
+
+
+@pytest.mark.parametrize("name", sorted(CHAINS))
+@pytest.mark.parametrize("rows", [1, 2, 5, 9])     # fewer, as many and more row blocks
+@pytest.mark.parametrize("d", [29, 64, 70])        # masked tile, exact tile, the loops
+def test_a_persistent_grid_walks_the_row_blocks(name, rows, d):
+    """``row_programs``: the launch caps the row grid (2 programs per "multiprocessor"
+    on the interpreter, so 9 rows in blocks of 2 are walked 3 deep); every row block is
+    computed once, against float64, with the next block's tile loaded ahead."""
+    _run(CHAINS[name](), WALK, rows, d, seed=rows * 100 + d)
+    _run(CHAINS[name](d), WALK, rows, d, seed=rows * 100 + d + 1)   # a static length
+
+
+def test_the_walk_loads_the_next_row_block_ahead():
+    outs = softmax()
+    src = nf.compile(outs[0], placeholders(outs), schedule=WALK, cache=False).source
+    exact = src.split("if ONE_TILE == 2:")[1].split("elif ONE_TILE == 1:")[0]
+    head, loop = exact.split("for walk in range(tl.program_id(0), tl.cdiv(N, BLOCK_M), "
+                             "tl.num_programs(0)):")
+    assert head.count("tl.load(") == 1 and "offs_i_walk" in head
+    ahead = loop.split("tl.max(")[0]        # the next block's load precedes the arithmetic
+    assert ahead.count("tl.load(") == 1 and "offs_i_next" in ahead
+    assert loop.rstrip().endswith("offs_i_walk, x = offs_i_next, x_2"), loop
+    loops = src.split("\n    else:\n")[1]   # the looped branch keeps a program per block
+    assert "walk" not in loops
+
+
+def test_walking_grid_is_capped_only_when_the_tile_runs():
+    outs = softmax()
+    kern = nf.compile(outs[0], placeholders(outs), schedule=WALK, cache=False)
+    [spec] = kern.specs
+    assert spec.row_programs == 1
+    x = torch.randn(40, 64)
+    kern(x)
+    steps = list(kern._steps.values())
+    assert [s.grid[0] for s in steps] == [2]          # 20 row blocks walked by 2 programs
+    kern(torch.randn(40, 100))                       # the loops: a program per row block
+    assert sorted(s.grid[0] for s in kern._steps.values()) == [2, 20]
+
+
+def test_row_programs_is_checked():
+    with pytest.raises(nf.ScheduleError, match="row_programs"):
+        Schedule(row_programs=-1).check()
+    with pytest.raises(nf.ScheduleError, match="row_programs"):
+        Schedule(row_programs=1, strategy="split", splits=2).check()

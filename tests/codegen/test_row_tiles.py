@@ -140,10 +140,11 @@ def test_attention_keeps_its_column_whole():
 
 
 def _one_tile_branch(src: str) -> str:
-    """The code of a kernel's one-tile branch (``if M <= BLOCK_N:``), or all of it."""
-    if "<= BLOCK_N:" not in src:
+    """The code of a kernel's masked one-tile branch (``elif ONE_TILE == 1:``), or all of
+    it."""
+    if "ONE_TILE == 1:" not in src:
         return src
-    start = src.index("<= BLOCK_N:")
+    start = src.index("ONE_TILE == 1:")
     end = src.find("\n    else:", start)
     return src[start:end if end > 0 else None]
 

@@ -10,6 +10,7 @@ def tanh_sum(
     N, M,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     pid_row = tl.program_id(0)
     i_first = pid_row * BLOCK_M
@@ -19,61 +20,76 @@ def tanh_sum(
     t = tl.full([BLOCK_M], 0.0, tl.float32)
     t_2 = offs_i * x_s0
     i_in = offs_i < N
-    # one tile covers j < M when it fits BLOCK_N: no loop, the tile is loaded once
-    if M <= BLOCK_N:
-        # one tile: j < M <= BLOCK_N, masked
+    # ONE_TILE (constexpr, set at launch): 2 when j < M == BLOCK_N, 1 when M < BLOCK_N (one tile, loaded once), 0 when the loops run
+    if ONE_TILE == 2:
+        # one tile: j < M == BLOCK_N, unmasked
         offs_j = tl.arange(0, BLOCK_N)
-        x = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
-        max0_new = tl.max(tl.where((offs_j < M)[None, :], x, float("-inf")), 1)
+        x = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
+        max0_new = tl.max(x, 1)
         max0 = max0_new
         x_2 = x - max0[:, None]
         if INTERPRET:
             tanh = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
         else:
             tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_2], dtype=tl.float32, is_pure=True, pack=1)
-        t_new = tl.sum(tl.where((offs_j < M)[None, :], tanh, 0.0), 1)
+        t_new = tl.sum(tanh, 1)
         t = t_new
+        # epilogue: outputs from the final state
+        tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)
+    elif ONE_TILE == 1:
+        # one tile: j < M <= BLOCK_N, masked
+        offs_j = tl.arange(0, BLOCK_N)
+        x_3 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
+        max0_new_2 = tl.max(tl.where((offs_j < M)[None, :], x_3, float("-inf")), 1)
+        max0 = max0_new_2
+        x_4 = x_3 - max0[:, None]
+        if INTERPRET:
+            tanh_2 = 1.0 - 2.0 / (tl.exp2(x_4 * 2.8853900817779268) + 1.0)
+        else:
+            tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_4], dtype=tl.float32, is_pure=True, pack=1)
+        t_new_2 = tl.sum(tl.where((offs_j < M)[None, :], tanh_2, 0.0), 1)
+        t = t_new_2
         # epilogue: outputs from the final state
         tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)
     else:
         # phase 0, interior tiles (no masks): lo <= j < full_hi
         for j0 in range(0, j_full_hi, BLOCK_N):
             offs_j = j0 + tl.arange(0, BLOCK_N)
-            x_3 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-            max0_tile = tl.max(x_3, 1)
-            max0_new_2 = tl.maximum(max0, max0_tile)
-            max0 = max0_new_2
+            x_5 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
+            max0_tile = tl.max(x_5, 1)
+            max0_new_3 = tl.maximum(max0, max0_tile)
+            max0 = max0_new_3
         # phase 0, boundary tiles (masked): full_hi <= j < hi
         for j0_2 in range(j_full_hi, M, BLOCK_N):
             offs_j = j0_2 + tl.arange(0, BLOCK_N)
-            x_4 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
-            max0_tile_2 = tl.max(tl.where((offs_j < M)[None, :], x_4, float("-inf")), 1)
-            max0_new_3 = tl.maximum(max0, max0_tile_2)
-            max0 = max0_new_3
+            x_6 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
+            max0_tile_2 = tl.max(tl.where((offs_j < M)[None, :], x_6, float("-inf")), 1)
+            max0_new_4 = tl.maximum(max0, max0_tile_2)
+            max0 = max0_new_4
         # phase 1: max0 final from here
         # phase 1, interior tiles (no masks): lo <= j < full_hi
         for j0_3 in range(0, j_full_hi, BLOCK_N):
             offs_j = j0_3 + tl.arange(0, BLOCK_N)
-            x_5 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-            x_6 = x_5 - max0[:, None]
-            if INTERPRET:
-                tanh_2 = 1.0 - 2.0 / (tl.exp2(x_6 * 2.8853900817779268) + 1.0)
-            else:
-                tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_6], dtype=tl.float32, is_pure=True, pack=1)
-            t_tile = tl.sum(tanh_2, 1)
-            t_new_2 = t + t_tile
-            t = t_new_2
-        # phase 1, boundary tiles (masked): full_hi <= j < hi
-        for j0_4 in range(j_full_hi, M, BLOCK_N):
-            offs_j = j0_4 + tl.arange(0, BLOCK_N)
-            x_7 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
+            x_7 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
             x_8 = x_7 - max0[:, None]
             if INTERPRET:
                 tanh_3 = 1.0 - 2.0 / (tl.exp2(x_8 * 2.8853900817779268) + 1.0)
             else:
                 tanh_3 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_8], dtype=tl.float32, is_pure=True, pack=1)
-            t_tile_2 = tl.sum(tl.where((offs_j < M)[None, :], tanh_3, 0.0), 1)
-            t_new_3 = t + t_tile_2
+            t_tile = tl.sum(tanh_3, 1)
+            t_new_3 = t + t_tile
             t = t_new_3
+        # phase 1, boundary tiles (masked): full_hi <= j < hi
+        for j0_4 in range(j_full_hi, M, BLOCK_N):
+            offs_j = j0_4 + tl.arange(0, BLOCK_N)
+            x_9 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
+            x_10 = x_9 - max0[:, None]
+            if INTERPRET:
+                tanh_4 = 1.0 - 2.0 / (tl.exp2(x_10 * 2.8853900817779268) + 1.0)
+            else:
+                tanh_4 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_10], dtype=tl.float32, is_pure=True, pack=1)
+            t_tile_2 = tl.sum(tl.where((offs_j < M)[None, :], tanh_4, 0.0), 1)
+            t_new_4 = t + t_tile_2
+            t = t_new_4
         # epilogue: outputs from the final state
         tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)

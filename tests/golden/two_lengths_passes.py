@@ -12,6 +12,7 @@ def nf_t_pass0(
     N, M,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     pid_row = tl.program_id(0)
     i_first = pid_row * BLOCK_M
@@ -21,28 +22,50 @@ def nf_t_pass0(
     a = tl.full([BLOCK_M], 0.0, tl.float32)
     t = offs_i * x_s0
     i_in = offs_i < N
-    # interior tiles (no masks): lo <= j < full_hi
-    for j0 in range(0, j_full_hi, BLOCK_N):
-        offs_j = j0 + tl.arange(0, BLOCK_N)
+    # ONE_TILE (constexpr, set at launch): 2 when j < M == BLOCK_N, 1 when M < BLOCK_N (one tile, loaded once), 0 when the loops run
+    if ONE_TILE == 2:
+        # one tile: j < M == BLOCK_N, unmasked
+        offs_j = tl.arange(0, BLOCK_N)
         x = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-        m_tile = tl.max(x, 1)
-        m_new = tl.maximum(m, m_tile)
-        a_tile = tl.sum(x, 1)
-        a_new = a + a_tile
+        m_new = tl.max(x, 1)
+        a_new = tl.sum(x, 1)
         m, a = m_new, a_new
-    # boundary tiles (masked): full_hi <= j < hi
-    for j0_2 in range(j_full_hi, M, BLOCK_N):
-        offs_j = j0_2 + tl.arange(0, BLOCK_N)
-        j_in = offs_j < M
-        x_2 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None] & j_in[None, :], other=0.0)
-        m_tile_2 = tl.max(tl.where(j_in[None, :], x_2, float("-inf")), 1)
-        m_new_2 = tl.maximum(m, m_tile_2)
-        a_tile_2 = tl.sum(tl.where(j_in[None, :], x_2, 0.0), 1)
-        a_new_2 = a + a_tile_2
+        # epilogue: outputs from the final state
+        tl.store(m2_ptr + offs_i, m.to(tl.float32), mask=i_in)
+        tl.store(a2_ptr + offs_i, a.to(tl.float32), mask=i_in)
+    elif ONE_TILE == 1:
+        # one tile: j < M <= BLOCK_N, masked
+        offs_j = tl.arange(0, BLOCK_N)
+        x_2 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
+        m_new_2 = tl.max(tl.where((offs_j < M)[None, :], x_2, float("-inf")), 1)
+        a_new_2 = tl.sum(tl.where((offs_j < M)[None, :], x_2, 0.0), 1)
         m, a = m_new_2, a_new_2
-    # epilogue: outputs from the final state
-    tl.store(m2_ptr + offs_i, m.to(tl.float32), mask=i_in)
-    tl.store(a2_ptr + offs_i, a.to(tl.float32), mask=i_in)
+        # epilogue: outputs from the final state
+        tl.store(m2_ptr + offs_i, m.to(tl.float32), mask=i_in)
+        tl.store(a2_ptr + offs_i, a.to(tl.float32), mask=i_in)
+    else:
+        # interior tiles (no masks): lo <= j < full_hi
+        for j0 in range(0, j_full_hi, BLOCK_N):
+            offs_j = j0 + tl.arange(0, BLOCK_N)
+            x_3 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
+            m_tile = tl.max(x_3, 1)
+            m_new_3 = tl.maximum(m, m_tile)
+            a_tile = tl.sum(x_3, 1)
+            a_new_3 = a + a_tile
+            m, a = m_new_3, a_new_3
+        # boundary tiles (masked): full_hi <= j < hi
+        for j0_2 in range(j_full_hi, M, BLOCK_N):
+            offs_j = j0_2 + tl.arange(0, BLOCK_N)
+            j_in = offs_j < M
+            x_4 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None] & j_in[None, :], other=0.0)
+            m_tile_2 = tl.max(tl.where(j_in[None, :], x_4, float("-inf")), 1)
+            m_new_4 = tl.maximum(m, m_tile_2)
+            a_tile_2 = tl.sum(tl.where(j_in[None, :], x_4, 0.0), 1)
+            a_new_4 = a + a_tile_2
+            m, a = m_new_4, a_new_4
+        # epilogue: outputs from the final state
+        tl.store(m2_ptr + offs_i, m.to(tl.float32), mask=i_in)
+        tl.store(a2_ptr + offs_i, a.to(tl.float32), mask=i_in)
 
 
 # ---- pass 1 of 2
@@ -60,6 +83,7 @@ def nf_t_pass1(
     N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     INTERPRET: tl.constexpr,
+    ONE_TILE: tl.constexpr,
 ):
     pid_row = tl.program_id(0)
     i_first = pid_row * BLOCK_M
@@ -71,29 +95,57 @@ def nf_t_pass1(
     m = tl.load(m_ptr + offs_i, mask=i_in, other=0.0)
     a = tl.load(a_ptr + offs_i, mask=i_in, other=0.0)
     t_3 = 0.1 * a
-    # interior tiles (no masks): lo <= k < full_hi
-    for k0 in range(0, k_full_hi, BLOCK_N):
-        offs_k = k0 + tl.arange(0, BLOCK_N)
+    # ONE_TILE (constexpr, set at launch): 2 when k < K == BLOCK_N, 1 when K < BLOCK_N (one tile, loaded once), 0 when the loops run
+    if ONE_TILE == 2:
+        # one tile: k < K == BLOCK_N, unmasked
+        offs_k = tl.arange(0, BLOCK_N)
         z = tl.load(z_ptr + (t_2[:, None] + offs_k[None, :]), mask=i_in[:, None], other=0.0)
         x = z - m[:, None]
         if INTERPRET:
             tanh = 1.0 - 2.0 / (tl.exp2(x * 2.8853900817779268) + 1.0)
         else:
             tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
-        t_tile = tl.sum(tanh + t_3[:, None], 1)
-        t_new = t + t_tile
+        t_new = tl.sum(tanh + t_3[:, None], 1)
         t = t_new
-    # boundary tiles (masked): full_hi <= k < hi
-    for k0_2 in range(k_full_hi, K, BLOCK_N):
-        offs_k = k0_2 + tl.arange(0, BLOCK_N)
+        # epilogue: outputs from the final state
+        tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)
+    elif ONE_TILE == 1:
+        # one tile: k < K <= BLOCK_N, masked
+        offs_k = tl.arange(0, BLOCK_N)
         z_2 = tl.load(z_ptr + (t_2[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < K)[None, :], other=0.0)
         x_2 = z_2 - m[:, None]
         if INTERPRET:
             tanh_2 = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
         else:
             tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_2], dtype=tl.float32, is_pure=True, pack=1)
-        t_tile_2 = tl.sum(tl.where((offs_k < K)[None, :], tanh_2 + t_3[:, None], 0.0), 1)
-        t_new_2 = t + t_tile_2
+        t_new_2 = tl.sum(tl.where((offs_k < K)[None, :], tanh_2 + t_3[:, None], 0.0), 1)
         t = t_new_2
-    # epilogue: outputs from the final state
-    tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)
+        # epilogue: outputs from the final state
+        tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)
+    else:
+        # interior tiles (no masks): lo <= k < full_hi
+        for k0 in range(0, k_full_hi, BLOCK_N):
+            offs_k = k0 + tl.arange(0, BLOCK_N)
+            z_3 = tl.load(z_ptr + (t_2[:, None] + offs_k[None, :]), mask=i_in[:, None], other=0.0)
+            x_3 = z_3 - m[:, None]
+            if INTERPRET:
+                tanh_3 = 1.0 - 2.0 / (tl.exp2(x_3 * 2.8853900817779268) + 1.0)
+            else:
+                tanh_3 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_3], dtype=tl.float32, is_pure=True, pack=1)
+            t_tile = tl.sum(tanh_3 + t_3[:, None], 1)
+            t_new_3 = t + t_tile
+            t = t_new_3
+        # boundary tiles (masked): full_hi <= k < hi
+        for k0_2 in range(k_full_hi, K, BLOCK_N):
+            offs_k = k0_2 + tl.arange(0, BLOCK_N)
+            z_4 = tl.load(z_ptr + (t_2[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < K)[None, :], other=0.0)
+            x_4 = z_4 - m[:, None]
+            if INTERPRET:
+                tanh_4 = 1.0 - 2.0 / (tl.exp2(x_4 * 2.8853900817779268) + 1.0)
+            else:
+                tanh_4 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_4], dtype=tl.float32, is_pure=True, pack=1)
+            t_tile_2 = tl.sum(tl.where((offs_k < K)[None, :], tanh_4 + t_3[:, None], 0.0), 1)
+            t_new_4 = t + t_tile_2
+            t = t_new_4
+        # epilogue: outputs from the final state
+        tl.store(t2_ptr + offs_i, t.to(tl.float32), mask=i_in)

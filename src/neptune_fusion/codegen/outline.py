@@ -47,8 +47,9 @@ def outline(prog: TileProgram, bodies: bool = False) -> list[str]:
         lines.append(f"one tile covers {loop.name} < {loop.extent} <= BLOCK_N: each phase's "
                      "update once, no loop; the tile is loaded once")
     elif prog.one_tile == "runtime":
-        lines.append(f"if {loop.extent} <= BLOCK_N: one tile, each phase's update once, no "
-                     "loop, the tile loaded once; else:")
+        lines.append(f"if {loop.extent} <= BLOCK_N (ONE_TILE, set at launch; unmasked when "
+                     "equal): one tile, each phase's update once, no loop, the tile loaded "
+                     "once; else:")
     for seg in prog.segments if prog.one_tile != "static" else ():
         kind = "boundary tiles, masked" if seg.masked else "interior tiles, no masks"
         if prog.phases > 1:

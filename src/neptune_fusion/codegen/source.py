@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
-from ..ir.fold import fconst, fold
+from ..ir.fold import bconst, fconst, fold
 from ..ir.nodes import Binary, Const, Expr, Load, Reduce, Size
 from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
@@ -45,11 +45,13 @@ class KernelArg:
     """One parameter of the generated kernel and where its value comes from."""
 
     name: str
-    kind: str      # tensor | stride | size | block | flag | tma | visits | even
+    kind: str      # tensor | stride | size | block | flag | tma | visits | even | one
     ref: object    # TensorArg | (TensorArg, dim) | Size | Axis | None
 
 
 EVEN = "LOOP_EVEN"
+ONE = "ONE_TILE"
+CONSTEXPR_KINDS = ("block", "flag", "tma", "even", "one")
 
 
 def even_tail(prog: TileProgram) -> bool:
@@ -75,6 +77,8 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
     out.append(KernelArg("INTERPRET", "flag", None))
     if even_tail(prog):   # the runtime says whether the loop length divides into tiles
         out.append(KernelArg(EVEN, "even", prog.loop.extent))
+    if prog.one_tile == "runtime":   # the runtime says whether one tile covers the loop
+        out.append(KernelArg(ONE, "one", prog.loop.extent))
     if prog.schedule.tma:   # the runtime says per call whether descriptors may be used
         out.append(KernelArg("TMA", "tma", None))
     return tuple(out)
@@ -115,9 +119,12 @@ def generate(prog: TileProgram) -> str:
         _one_tile(prog, main, pre, env, state_params)
     elif prog.one_tile == "runtime":
         ext = Lowerer(prog, env, pre, None, frozenset()).value(extent_expr(prog.loop.extent))
-        main.comment(f"one tile covers {prog.loop.name} < {ext.code} when it fits BLOCK_N: "
-                     "no loop, the tile is loaded once")
-        with main.nested(f"if {ext.code} <= BLOCK_N:") as one:
+        main.comment(f"{ONE} (constexpr, set at launch): 2 when {prog.loop.name} < "
+                     f"{ext.code} == BLOCK_N, 1 when {ext.code} < BLOCK_N (one tile, loaded "
+                     "once), 0 when the loops run")
+        with main.nested(f"if {ONE} == 2:") as exact:
+            _one_tile(prog, exact, pre, env, state_params, exact=True)
+        with main.nested(f"elif {ONE} == 1:") as one:
             _one_tile(prog, one, pre, env, state_params)
         with main.nested("else:") as rest:
             _loops(prog, rest, pre, env, state_params, bounds)
@@ -165,53 +172,103 @@ def _loops(prog: TileProgram, into: Block, pre: Block, env, state_params, bounds
         into.extend(b)
 
 
-def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> None:
+def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params,
+              exact: bool = False) -> None:
     """One tile covers the loop axis: each phase's update once, straight-line, from the
     empty state, then the epilogue; the tile's loads are bound once, before any phase,
     and every phase -- and an epilogue whose column is the loop axis itself (softmax's
-    row) -- reads them: the input is read once."""
-    loop = prog.loop
-    ext = Lowerer(prog, env, pre, None, frozenset()).value(extent_expr(loop.extent))
-    guard = not (isinstance(loop.extent, int) and loop.extent == prog.schedule.block_n)
-    into.comment(f"one tile: {loop.name} < {ext.code} <= BLOCK_N" +
-                 (", masked" if guard else ""))
-    offs = f"offs_{loop.name}"
-    into.emit(f"{offs} = tl.arange(0, BLOCK_N)")
-    local = dict(env)
-    local[loop.var] = Val(offs, ("loop",), "i32")
-    local[TILE_START] = local[LOOP_LO] = Val("0", (), "i32")
-    local[TILE_END] = Val(ext.code, (), "i32")
-    zero = Const(0, TILE_START.dtype)
-    bodies = []
-    for k in range(prog.phases):
-        segs = [s for s in prog.segments if s.phase == k]
-        seg = next((s for s in segs if s.masked), segs[0])
-        # the first tile: the state and its position at their starting values, folded
-        start = {s.param: fconst(s.init) for s in prog.phase_state(k)}
-        start.update({TILE_START: zero, LOOP_LO: zero})
-        bodies.append((seg, tuple((s, fold(substitute(e, start))) for s, e in seg.body)))
-    outputs = _on_the_tile(prog)
-    on_loop = outputs is not prog.outputs   # the epilogue's column is the loop axis
-    if prog.schedule.exp2:   # the epilogue reads the updates' exponentials (reuse.py)
-        ext_e = Const(loop.extent, loop.var.dtype) if isinstance(loop.extent, int) \
-            else loop.extent
-        outputs = share_exponentials(
-            outputs, {s.param: e for _, body in bodies for s, e in body},
-            [e for _, body in bodies for _, e in body],
-            Binary("lt", loop.var, ext_e) if guard else None)
+    row) -- reads them: the input is read once. ``exact``: the extent is BLOCK_N (known
+    at launch), so no element is masked. With ``Schedule.row_programs`` the program walks
+    row blocks (:func:`_walk_rows`)."""
+    tile = _TileParts(prog, env, pre, exact)
+    into.comment(f"one tile: {prog.loop.name} < {tile.ext} " +
+                 ("== BLOCK_N, unmasked" if exact else "<= BLOCK_N" +
+                  (", masked" if tile.guard else "")))
+    if walks_rows(prog):
+        _walk_rows(prog, into, tile, env, state_params)
+    else:
+        _tile_body(prog, into, pre, tile, env, state_params)
+
+
+def walks_rows(prog: TileProgram) -> bool:
+    """Whether the one-tile code walks row blocks (``Schedule.row_programs``): a rolling
+    row reduction whose one tile covers the row, with no column programs and no visit
+    counting (which is per program)."""
+    s = prog.schedule
+    return bool(s.row_programs and prog.one_tile and prog.split is None
+                and not (prog.col is not None and prog.col.programs)
+                and not s.count_visits)
+
+
+class _TileParts:
+    """What the one tile computes: each phase's update from the empty state, and the
+    outputs (reading the updates' exponentials: reuse.py)."""
+
+    def __init__(self, prog: TileProgram, env, pre: Block, exact: bool) -> None:
+        loop = prog.loop
+        self.ext = Lowerer(prog, env, pre, None, frozenset()).value(
+            extent_expr(loop.extent)).code
+        self.guard = not exact and not (isinstance(loop.extent, int)
+                                        and loop.extent == prog.schedule.block_n)
+        zero = Const(0, TILE_START.dtype)
+        bodies = []
+        for k in range(prog.phases):
+            segs = [s for s in prog.segments if s.phase == k]
+            seg = next((s for s in segs if s.masked), segs[0])
+            # the first tile: the state and its position at their starting values, folded
+            start = {s.param: fconst(s.init) for s in prog.phase_state(k)}
+            start.update({TILE_START: zero, LOOP_LO: zero})
+            if exact:   # the length guard the masked tiles carry (variants.build_segments)
+                start[Binary("lt", loop.var, loop.extent)] = bconst(True)
+            bodies.append((seg, tuple((s, fold(substitute(e, start))) for s, e in seg.body)))
+        outputs = _on_the_tile(prog)
+        self.on_loop = outputs is not prog.outputs   # the epilogue's column is the loop axis
+        if prog.schedule.exp2:   # the epilogue reads the updates' exponentials (reuse.py)
+            ext_e = Const(loop.extent, loop.var.dtype) if isinstance(loop.extent, int) \
+                else loop.extent
+            outputs = share_exponentials(
+                outputs, {s.param: e for _, body in bodies for s, e in body},
+                [e for _, body in bodies for _, e in body],
+                Binary("lt", loop.var, ext_e) if self.guard else None)
+        self.bodies, self.outputs = bodies, outputs
+        self.exprs = [e for _, body in bodies for _, e in body] + [o.body for o in outputs]
+
+    def local(self, prog: TileProgram, env, row: Val | None = None) -> dict:
+        """``env`` on the tile (the loop axis its offsets), the row axis ``row`` if given."""
+        local = dict(env)
+        local[prog.loop.var] = Val(f"offs_{prog.loop.name}", ("loop",), "i32")
+        local[TILE_START] = local[LOOP_LO] = Val("0", (), "i32")
+        local[TILE_END] = Val(self.ext, (), "i32")
+        if row is not None:
+            local[prog.row.var] = row
+        return local
+
+    def load(self, prog: TileProgram, into: Block, hoist: Block | None, local,
+             state_params) -> None:
+        """The tile's loads, bound in ``into`` (every later block sees them)."""
+        loads = Lowerer(prog, local, into, hoist, state_params, guard=self.guard)
+        for x in _tile_loads(self.exprs, prog.loop.var):
+            loads.lower(x)
+
+
+def _tile_body(prog: TileProgram, into: Block, hoist: Block | None, tile: _TileParts, env,
+               state_params, local: dict | None = None) -> None:
+    """The one tile's loads (unless a block above bound them), updates and epilogue;
+    what does not change along the loop axis is hoisted to ``hoist`` (None: kept here)."""
+    if local is None:   # else the walking rows' first block bound the tile's offsets
+        into.emit(f"offs_{prog.loop.name} = tl.arange(0, BLOCK_N)")
+        local = tile.local(prog, env)
+    guard = tile.guard
     # the tile's loads first, in the block every phase and the epilogue see
-    exprs = [e for _, body in bodies for _, e in body] + [o.body for o in outputs]
-    loads = Lowerer(prog, local, into, pre, state_params, guard=guard)
-    for x in _tile_loads(exprs, loop.var):
-        loads.lower(x)
+    tile.load(prog, into, hoist, local, state_params)
     # each phase's block sees the ones before it, and the epilogue sees them all: its
     # values (an exponential per element) are read, not recomputed
-    uses = count_uses(exprs)
+    uses = count_uses(tile.exprs)
     prev = into
-    for seg, body in bodies:
+    for seg, body in tile.bodies:
         block = Block(into.names, into.level, parent=prev)
         prev = block
-        low = Lowerer(prog, local, block, pre, state_params | {TILE_START, TILE_END},
+        low = Lowerer(prog, local, block, hoist, state_params | {TILE_START, TILE_END},
                       guard=guard, uses=uses,
                       hints=dict(zip([a for a, _ in seg.hints], [n for _, n in seg.hints])))
         news = [low.lower(e, force=f"{s.name}_new") for s, e in body]
@@ -219,18 +276,64 @@ def _one_tile(prog: TileProgram, into: Block, pre: Block, env, state_params) -> 
             block.emit(f"tl.atomic_add(visits_ptr + (pid_row * tl.num_programs(1) + "
                        f"{'pid_grid' if prog.grid else '0'}) * 2 + {0 if guard else 1}, 1)")
         # a value over fewer axes than its state (a count of the row's elements, the
-        # same for every row) is broadcast: both branches of `if D <= BLOCK_N` must give
-        # the state one shape (Triton's compiler checks it; the interpreter does not)
+        # same for every row) is broadcast: every branch of `if ONE_TILE` must give the
+        # state one shape (Triton's compiler checks it; the interpreter does not)
         block.emit(f"{', '.join(s.name for s, _ in body)} = "
                    f"{', '.join(_as_state(prog, s, v) for (s, _), v in zip(body, news))}")
         into.extend(block)
     post = Block(into.names, into.level, parent=prev)
-    if not on_loop:
-        _epilogue(prog, post, pre, local, state_params, outputs)
+    if not tile.on_loop:
+        _epilogue(prog, post, hoist, local, state_params, tile.outputs)
     else:
         post.comment("epilogue: outputs from the final state and the tile")
-        _store_outputs(prog, post, local, state_params, outputs, guard)
+        _store_outputs(prog, post, local, state_params, tile.outputs, guard)
     into.extend(post)
+
+
+def _walk_rows(prog: TileProgram, into: Block, tile: _TileParts, env, state_params) -> None:
+    """``Schedule.row_programs``: a persistent grid. The program walks the row blocks
+    ``program_id(0) + k * num_programs(0)`` and loads the next block's tile (masked past
+    the rows) before this block's arithmetic, so its loads are in flight while this one
+    computes: a double buffer in registers. Measured on the H200 (hand-written probe,
+    bf16 softmax over 4096 x 32768: 0.166 -> 0.142 ms; docs/codegen.md). The blocks here
+    have no parent: every value is lowered against the walking row's offsets, never
+    found among the values the kernel's prologue bound for ``pid_row``."""
+    names, level = into.names, into.level
+    row = prog.row
+    offs = f"offs_{row.name}"
+    cur = Val(names.fresh(f"{offs}_walk"), ("row",), "i32")
+    nxt_row = Val(names.fresh(f"{offs}_next"), ("row",), "i32")
+    n_row = Lowerer(prog, env, into, None, frozenset()).value(extent_expr(row.extent)).code
+    into.comment("a persistent grid: this program walks row blocks pid, pid + P, ...; the "
+                 "next block's tile is loaded before this block's arithmetic")
+    head = Block(names, level)
+    head.emit(f"offs_{prog.loop.name} = tl.arange(0, BLOCK_N)")
+    head.emit(f"{cur.code} = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)")
+    tile.load(prog, head, None, tile.local(prog, env, cur), state_params)
+    into.extend(head)
+    step = names.fresh("walk")
+    ahead = Block(names, level + 1)
+    ahead.emit(f"{nxt_row.code} = {cur.code} + tl.num_programs(0) * BLOCK_M")
+    tile.load(prog, ahead, None, tile.local(prog, env, nxt_row), state_params)
+    body = Block(names, level + 1, parent=head)
+    _tile_body(prog, body, None, tile, env, state_params, tile.local(prog, env, cur))
+    with into.nested(f"for {step} in range(tl.program_id(0), tl.cdiv({n_row}, BLOCK_M), "
+                     "tl.num_programs(0)):") as loop:
+        loop.extend(ahead)
+        loop.extend(body)
+        # every name the first block bound takes its value for the next block
+        pairs = {a: b for a, b in ((_bound(v), _bound(ahead.memo.get(k)))
+                                   for k, v in head.memo.items()) if a and b and a != b}
+        pairs[cur.code] = nxt_row.code
+        pairs = list(pairs.items())
+        loop.emit(f"{', '.join(a for a, _ in pairs)} = {', '.join(b for _, b in pairs)}")
+
+
+def _bound(v) -> str:
+    """The name a CSE entry binds (a value, a pointer base, a shared load), or ''."""
+    name = v.code if isinstance(v, Val) else v if isinstance(v, str) else \
+        v[0] if isinstance(v, tuple) and v and isinstance(v[0], str) else ""
+    return name if name.isidentifier() else ""
 
 
 def _on_the_tile(prog: TileProgram):
@@ -297,8 +400,7 @@ def _signature_groups(args: tuple[KernelArg, ...]) -> list[str]:
     groups: list[list[str]] = []
     prev = ""
     for a in args:
-        text = f"{a.name}: tl.constexpr" if a.kind in ("block", "flag", "tma", "even") \
-            else a.name
+        text = f"{a.name}: tl.constexpr" if a.kind in CONSTEXPR_KINDS else a.name
         same = groups and (a.kind == "stride" or (a.kind == prev and a.kind != "tensor"))
         if same:
             groups[-1].append(text)

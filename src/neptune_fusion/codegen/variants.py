@@ -206,14 +206,15 @@ def partition_loop(prog: TileProgram) -> TileProgram:
 def one_tile(prog: TileProgram) -> str:
     """How a row reduction (no ``tl.dot``) runs when one loop tile covers the loop axis
     (a *persistent* schedule; :attr:`TileProgram.one_tile`): ``"static"`` when the extent
-    is static and at most ``BLOCK_N``; ``"runtime"`` when it is symbolic and the kernel
-    reads its input again after the first loop (a later phase, or an epilogue that loads:
-    softmax), which the one tile saves; else ``""``."""
+    is static and at most ``BLOCK_N``; ``"runtime"`` when it is symbolic (the launch sets
+    the constexpr ``ONE_TILE`` from the length, so only the branch taken is compiled);
+    else ``""``. The one tile reads its input once -- where the kernel reads it again
+    after the first loop (a later phase, softmax's epilogue) that saves a pass -- starts
+    from the empty state (no repairs) and, when the length is exactly BLOCK_N, has no
+    masks on the loop axis."""
     if dot_roles(prog):
         return ""
     ext = prog.loop.extent
     if isinstance(ext, int):
         return "static" if ext <= prog.schedule.block_n else ""
-    rereads = prog.phases > 1 or any(isinstance(x, Load) for o in prog.outputs
-                                     for x in walk(o.body))
-    return "runtime" if rereads else ""
+    return "runtime"

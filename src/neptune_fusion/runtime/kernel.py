@@ -285,14 +285,15 @@ class Kernel:
         same device, input strides, values of the sizes that shape the outputs, grid and
         tile extents, 32-bit-ness of the size arguments (which Triton types by it) and, of
         the sizes Triton specialises on, whether each is 1 and a multiple of 16, and the
-        ``LOOP_EVEN`` constexpr (the class whose compiled kernel the launcher keeps)."""
+        ``LOOP_EVEN`` and ``ONE_TILE`` constexprs (the class whose compiled kernel the
+        launcher keeps)."""
         spec = self.specs[k]
         shaping, size_args = self._shaping[k]
         key = (k, device, tuple(t.stride() for t in tensors),
                tuple(sizes[n] for n in shaping),
                tuple(-2 ** 31 <= sizes[n] < 2 ** 31 for n in size_args),
                tuple((sizes[n] == 1, sizes[n] % 16 == 0) for n in spec.specialized),
-               tuple(_value(a[1], sizes) % a[2] == 0 for a in spec.args if a[0] == "even"))
+               tuple(flag_value(a, sizes) for a in spec.args if a[0] in _FLAGS))
         step = self._steps.get(key)
         if step is None:
             step = self._new_step(k, spec, sizes, device, tensors)
@@ -312,6 +313,13 @@ class Kernel:
         for g in spec.grid:
             grid1 *= _value(g, sizes)
         grid0 = -(-_value(spec.rows, sizes) // spec.block_m)
+        if spec.row_programs and all(flag_value(a, sizes) for a in spec.args
+                                     if a[0] == "one"):   # the one tile walks the rows
+            others = 1
+            for g in spec.grid:
+                others *= _value(g, sizes)
+            slots = spec.row_programs * _multiprocessors(device)
+            grid0 = min(grid0, max(1, -(-slots // max(others, 1))))
         if spec.col_tile:                   # row tiles x column tiles, in program_id(0)
             ext, tile = spec.col_tile
             grid0 *= -(-_value(ext, sizes) // tile)
@@ -339,8 +347,8 @@ class Kernel:
                 args.append((_CONST, min(block, a[2]) if len(a) > 2 else block))
             elif kind == "tma":
                 args.append((_CONST, tma_strides(tensors)))
-            elif kind == "even":
-                args.append((_CONST, _value(a[1], sizes) % a[2] == 0))
+            elif kind in _FLAGS:
+                args.append((_CONST, flag_value(a, sizes)))
             else:
                 args.append((_CONST, interpret))
         tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))
@@ -396,6 +404,29 @@ def _given(t, shape: tuple, dtype, device):
         raise CodegenError(f"out tensor {tuple(t.shape)} {t.dtype} on {t.device}: the "
                            f"output is a contiguous {shape} {dtype} on {device}")
     return t
+
+
+_FLAGS = ("even", "one")
+
+
+def _multiprocessors(device) -> int:
+    """The multiprocessors of a CUDA ``device``; 2 elsewhere (the interpreter runs
+    programs one after another: two programs still walk more than one row block)."""
+    if device.type != "cuda":
+        return 2
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def flag_value(arg: tuple, sizes: dict):
+    """A constexpr the launch sets from the sizes, ``(kind, length, BLOCK_N)``:
+    ``"even"`` (``LOOP_EVEN``): whether the length is a multiple of BLOCK_N; ``"one"``
+    (``ONE_TILE``): 2 when one tile is exactly the length, 1 when it covers a shorter
+    length (masked), 0 when the loops run (codegen/source.generate)."""
+    n = _value(arg[1], sizes)
+    if arg[0] == "even":
+        return n % arg[2] == 0
+    return 2 if n == arg[2] else 1 if n < arg[2] else 0
 
 
 def _value(ext, sizes: dict) -> int:

@@ -43,7 +43,8 @@ from .spec import KernelSpec, ext_of, specs_of
 
 _SUPPORTED = {"float16", "bfloat16", "float32", "int32", "int64"}
 SPEED_RULES = ("exp2", "partition", "fast_tanh", "fp32_precision")
-_TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits")
+_TILE_FIELDS = ("block_m", "block_n", "num_warps", "num_stages", "strategy", "splits",
+                "row_programs")
 
 
 def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:

@@ -37,7 +37,7 @@ class KernelSpec:
     args: tuple[tuple, ...]    # ("tensor", key) ("stride", key, d) ("size", name)
     #                            ("visits",) ("block", int)
     #                            ("block_ext", ext[, cap]) ("flag",) ("tma",)
-    #                            ("even", ext, block_n)
+    #                            ("even", ext, block_n) ("one", ext, block_n)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -47,6 +47,10 @@ class KernelSpec:
     col_tile: tuple = ()
     # the size arguments Triton specialises on (codegen/source.unspecialized_sizes)
     specialized: tuple[str, ...] = ()
+    # Schedule.row_programs of a kernel that walks its row blocks (codegen/source.
+    # walks_rows): the row grid is capped at this many programs per multiprocessor
+    # whenever the one tile runs (no ONE_TILE argument, or ONE_TILE >= 1)
+    row_programs: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,14 +71,15 @@ class KernelSpec:
                 count_visits=bool(d["count_visits"]),
                 col_blocks=int(d.get("col_blocks", 1)),
                 col_tile=tuple(_ext(x) for x in d.get("col_tile", ())),
-                specialized=tuple(str(x) for x in d.get("specialized", ())))
+                specialized=tuple(str(x) for x in d.get("specialized", ())),
+                row_programs=int(d.get("row_programs", 0)))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed kernel spec: {err!r}") from None
         if not spec.name.isidentifier():   # it names the kernel function and its module
             raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
                                "identifier")
         kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma",
-                 "even"}
+                 "even", "one"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
         return spec
@@ -92,7 +97,7 @@ def ext_of(e) -> Ext:
 
 def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
     """The kernel specs of ``programs`` (one per generated kernel, in launch order)."""
-    from ..codegen.source import kernel_args, unspecialized_sizes
+    from ..codegen.source import kernel_args, unspecialized_sizes, walks_rows
     keys = {p: f"in{k}" for k, p in enumerate(inputs)}
 
     def key(t) -> str:
@@ -130,8 +135,8 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
                                 ("block_ext", ax.extent.name, ax.chunk))
             elif a.kind == "tma":
                 args.append(("tma",))
-            elif a.kind == "even":   # ("even", length, BLOCK_N): length % BLOCK_N == 0
-                args.append(("even", a.ref.name, prog.schedule.block_n))
+            elif a.kind in ("even", "one"):   # (kind, length, BLOCK_N): kernel.flag_value
+                args.append((a.kind, a.ref.name, prog.schedule.block_n))
             else:
                 args.append(("flag",))
         s = prog.schedule
@@ -145,5 +150,6 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             col_tile=(ext_of(prog.col.extent), prog.col.block_size)
             if prog.col is not None and prog.col.programs else (),
             specialized=tuple(a.ref.name for a in kernel_args(prog) if a.kind == "size"
-                              and a.ref not in unspecialized_sizes(prog))))
+                              and a.ref not in unspecialized_sizes(prog)),
+            row_programs=s.row_programs if walks_rows(prog) else 0))
     return tuple(specs)

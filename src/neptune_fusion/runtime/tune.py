@@ -243,7 +243,8 @@ def log_trials(title: str, trials: list[Trial], chosen: Schedule, stream=None) -
         table.add_column(col, justify="right" if col.endswith("ms") else "left")
     for t in trials:
         s = t.schedule
-        table.add_row("*" if s == chosen else "", s.strategy, str(s.block_m),
+        table.add_row("*" if s == chosen else "",
+                      s.strategy + (" (walks rows)" if s.row_programs else ""), str(s.block_m),
                       str(s.block_n), str(s.splits), str(s.num_warps), str(s.num_stages),
                       f"{t.predicted_s * 1e3:.4f}",
                       "" if t.measured_s is None else f"{t.measured_s * 1e3:.4f}",

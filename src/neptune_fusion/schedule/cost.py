@@ -29,7 +29,8 @@ of the bandwidth the programs reach -- multiprocessors occupied (programs vs SMs
 bytes in flight per multiprocessor (resident programs x tile bytes x pipelined tiles) --
 plus per-element work, loop iterations, launches and split-k's combine; registers from
 the tile (the loop tile, or the output row tile of a softmax-like epilogue) over the
-threads.
+threads. A persistent schedule that walks the row blocks (``row_programs``) holds the next
+block's raw tile as well and exposes no per-program latency (the next load is in flight).
 """
 
 from __future__ import annotations
@@ -318,6 +319,8 @@ def row_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     threads = 32 * s.num_warps
     col = next_pow2(problem.col) if problem.col > 1 else 0
     live = s.block_m * max(s.block_n, col)
+    if s.row_programs and persistent(problem, s):   # the next block's raw tile as well
+        live += -(-s.block_m * s.block_n * problem.itemsize // 4)
     regs = -(-live // threads) + 32
     smem = 4 * s.block_m * s.num_warps
     per_sm = min(device.smem_per_block // max(smem, 1),
@@ -365,6 +368,8 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     per_sm = progs / min(progs, device.sms)
     exposed = per_sm * (_ROW_TAIL_S + iters * _ROW_ITER_S / min(s.num_stages, iters)) \
         / resident
+    if s.row_programs and persistent(problem, s):
+        exposed = 0.0   # the walk loads the next block while this one computes
     t = max(mem, comp) / wave_eff + exposed + device.launch_s + progs * device.program_s
     if splits > 1:              # the combine kernel: read every split's state, write out
         t += device.launch_s + splits * problem.programs * rows * 2 * 4 / device.bandwidth

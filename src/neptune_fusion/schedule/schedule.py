@@ -70,6 +70,10 @@ class Schedule:
       decode loop's growing key length reuses one compiled kernel; on where the lengths
       are fixed per step and measurement says it pays (the backward's ``d_k, d_v``
       kernel: docs/autodiff.md);
+    * ``row_programs``: 0 (default) launches a program per row block. n > 0, for a row
+      reduction whose one tile covers the row (a persistent schedule): n programs per
+      multiprocessor walk the row blocks, each loading the next block's tile before this
+      one's arithmetic (codegen/source._walk_rows); no effect on other kernels;
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -89,6 +93,7 @@ class Schedule:
     tma: bool = False
     gather_stages: int = 0
     static_sizes: bool = False
+    row_programs: int = 0
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -126,6 +131,12 @@ class Schedule:
         if not isinstance(gs, int) or isinstance(gs, bool) or not 0 <= gs <= 16:
             raise ScheduleError(f"schedule: gather_stages must be an int in [0, 16] (0: "
                                 f"num_stages), got {gs!r}")
+        rp = self.row_programs
+        if not isinstance(rp, int) or isinstance(rp, bool) or not 0 <= rp <= 8:
+            raise ScheduleError(f"schedule: row_programs must be an int in [0, 8] (0: a "
+                                f"program per row block), got {rp!r}")
+        if rp and self.strategy != "rolling":
+            raise ScheduleError(f"schedule: row_programs={rp} needs strategy='rolling'")
         if self.strategy != "split" and self.splits != 1:
             raise ScheduleError(f"schedule: splits={self.splits} needs strategy='split'")
         if self.tma and self.strategy != "rolling":

@@ -319,7 +319,8 @@ def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Sch
     Rolling: BLOCK_M from 1 up (:func:`_row_ms`), BLOCK_N powers of two from
     :data:`ROW_MIN_N` up to the whole row (``next_pow2(loop)``: persistent), 1-16 warps,
     within :func:`tile_budget` (the loop tile and, when the outputs have a column axis,
-    the output row tile); 1 or 2 stages (1 when the loop runs once). Split-k when
+    the output row tile); 1 or 2 stages (1 when the loop runs once); a persistent
+    schedule of a 16-bit input also walking the row blocks (``row_programs=1``). Split-k when
     :func:`wants_split`: BLOCK_M up to the rows, BLOCK_N in :data:`SPLIT_ROW_N`, the split
     counts of :func:`split_counts`; the rolling candidates stay, for the model to weigh.
     An output row past every budget keeps one row per program at 16 warps (it spills);
@@ -356,6 +357,14 @@ def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Sch
                         for w in ROW_WARPS[2:]:
                             add(bm, bn, w, k)
             bm *= 2
+    if problem.itemsize <= 2 and not device.program_s:
+        # a 16-bit row that one tile covers, over at least two row blocks per
+        # multiprocessor: also walked by a persistent grid, the next block's tile in
+        # flight (Schedule.row_programs; the raw tile's registers fit beside the fp32 one)
+        for s in list(out):
+            if s.strategy == "rolling" and persistent(problem, s) and \
+                    -(-problem.rows // s.block_m) * problem.programs >= 2 * device.sms:
+                out.add(replace(s, row_programs=1))
     if not out:     # an output row longer than any budget (softmax over > 32K): it
         for bn in ns:   # spills whatever the loop tile; one row per program, 16 warps
             add(1, bn, ROW_WARPS[-1], 1, tile_budget(ROW_WARPS[-1]))
