@@ -20,6 +20,7 @@ an eager loop (host and GPU time per call, what a decode loop sees). Usage (GPU)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
@@ -37,8 +38,23 @@ def reference(q, k, v, sinks, n, scale):
     return p @ vv
 
 
-def main(argv=None) -> None:
+def merge(layer, q, k, v, sinks, kv_lens, scale):
+    """The sinks merged after the kernel (the per-layer call's decode path)."""
     from neptune_fusion.integrations import transformers as hf
+    what = (True, None, 0, False, None, False, scale, True)
+    return hf._attend(layer, what, q, k, v, None, kv_lens, sinks)
+
+
+def zero_key(layer, q, k, v, sinks, kv_lens, scale):
+    """A zero key and value row in front, its score the sink (a copy of the cache)."""
+    from neptune_fusion.integrations import transformers as hf
+    what = (True, None, 1, False, None, True, scale, True)
+    zk = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+    kz, vz = torch.cat([zk, k], 2), torch.cat([zk, v], 2)
+    return hf._attend(layer, what, q, kz, vz, {"sinks": sinks}, kv_lens + 1)
+
+
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--slots", type=int, default=32768)
     ap.add_argument("--lens", default="4096,32000")
@@ -59,19 +75,11 @@ def main(argv=None) -> None:
     for n in lens:
         kv_lens = torch.tensor([n], device=dev, dtype=torch.int32)
         want = reference(q, k, v, sinks, n, scale)
-        merge_mod, zero_mod = type("Layer", (), {})(), type("Layer", (), {})()
-
-        def merge():
-            what = (True, None, 0, False, None, False, scale, True)
-            return hf._attend(merge_mod, what, q, k, v, None, kv_lens, sinks)
-
-        def zero_key():
-            what = (True, None, 1, False, None, True, scale, True)
-            zk = k.new_zeros(1, hkv, 1, d)
-            kz, vz = torch.cat([zk, k], 2), torch.cat([zk, v], 2)
-            return hf._attend(zero_mod, what, q, kz, vz, {"sinks": sinks}, kv_lens + 1)
-
-        for name, fn in (("merge", merge), ("zero_key", zero_key)):
+        layer = type("Layer", (), {})
+        forms = (("merge", functools.partial(merge, layer(), q, k, v, sinks, kv_lens, scale)),
+                 ("zero_key", functools.partial(zero_key, layer(), q, k, v, sinks, kv_lens,
+                                                scale)))
+        for name, fn in forms:
             rec = {"form": name, "kv_len": n, "slots": slots}
             got = fn()
             fn()
