@@ -16,7 +16,9 @@ output compared with the automatic choice's. Forms (combine with ``+``):
 * ``ws``: the interior loop warp-specialised, ``tl.range(..., warp_specialize=True)``
   (needs ``--tma``, the schedule's tensor-descriptor loads);
 * ``heavy``: row blocks launched last to first (now what the emitter does for causal
-  grids: ``codegen/source.heaviest_first``; ``light`` undoes it).
+  grids: ``codegen/source.heaviest_first``; ``light`` undoes it);
+* ``strides``: every stride argument a compile-time constant (the probe's kernel has its
+  row stride as the constexpr head dim).
 
 Usage (GPU): ``python benchmarks/source_variants.py --ops PF-Global,PF-Causal
 --forms asis,drop,drop+ws --tiles 128x128x4x2,128x128x8x3 --tma --out DIR``.
@@ -49,6 +51,9 @@ def edit(src: str, form: str) -> str:
         src = src.replace(FORWARD, REVERSE)
     if "light" in parts:
         src = src.replace(REVERSE, FORWARD)
+    if "strides" in parts:
+        src = re.sub(r"\b(\w+_s\d+)(?=[,\n])(?!: tl)", r"\1: tl.constexpr",
+                     src[:src.index("):\n")]) + src[src.index("):\n"):]
     if parts & {"swap", "drop"}:
         i0, i1 = src.index("    # interior tiles"), src.index("    # boundary tiles")
         i2 = src.index("    # epilogue")
@@ -78,6 +83,7 @@ def main() -> None:
                    help="block_m x block_n x warps x stages, comma-separated")
     p.add_argument("--seqs", default="4096,16384")
     p.add_argument("--tma", action="store_true", help="schedules with tma=True")
+    p.add_argument("--head-dim", type=int, default=0, help="head dim (default: the op's)")
     p.add_argument("--out", default=".")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -95,13 +101,24 @@ def main() -> None:
         op = ops.OPERATORS[name]
         for seq in map(int, args.seqs.split(",")):
             torch.manual_seed(seq)
-            q = torch.randn(1, op.q_heads, seq, op.head_dim, device="cuda",
-                            dtype=torch.float16)
-            k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim, device="cuda",
-                                dtype=torch.float16) for _ in range(2))
+            d = args.head_dim or op.head_dim
+            # the op's heads at its own head dim; as many heads again per halving of it
+            hq, hkv = (op.q_heads * op.head_dim // d, op.kv_heads * op.head_dim // d)
+            q = torch.randn(1, hq, seq, d, device="cuda", dtype=torch.float16)
+            k, v = (torch.randn(1, hkv, seq, d, device="cuda", dtype=torch.float16)
+                    for _ in range(2))
             current["form"] = "asis"
             ref = ops.run(name, q, k, v)
             t_auto = timed(ops.run, name, q, k, v)
+            if name in ("PF-Global", "PF-Causal") and hq == hkv:   # cuDNN, same process
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                from torch.nn.functional import scaled_dot_product_attention as sdpa
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    t_cudnn = timed(sdpa, q, k, v, is_causal=name == "PF-Causal")
+                print(json.dumps(dict(op=name, seq=seq, head_dim=d, cudnn_ms=t_cudnn,
+                                      auto_ms=t_auto)), flush=True)
+                log.write(json.dumps(dict(op=name, seq=seq, head_dim=d, cudnn_ms=t_cudnn,
+                                          auto_ms=t_auto)) + "\n")
             for tile in args.tiles.split(","):
                 bm, bn, w, st = map(int, tile.split("x"))
                 s = Schedule(block_m=bm, block_n=bn, num_warps=w, num_stages=st,
@@ -109,8 +126,8 @@ def main() -> None:
                 for form in args.forms.split(","):
                     current["form"] = form
                     cache = AttentionCache()   # a fresh kernel: the edit applies
-                    rec = dict(op=name, seq=seq, tile=tile, tma=args.tma, form=form,
-                               auto_ms=t_auto)
+                    rec = dict(op=name, seq=seq, head_dim=d, tile=tile, tma=args.tma,
+                               form=form, auto_ms=t_auto)
                     try:
                         out = ops.run(name, q, k, v, schedule=s, cache=cache)
                         err = (out.float() - ref.float()).abs().max().item()
