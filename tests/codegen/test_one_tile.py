@@ -229,3 +229,20 @@ def test_row_programs_is_checked():
         Schedule(row_programs=-1).check()
     with pytest.raises(nf.ScheduleError, match="row_programs"):
         Schedule(row_programs=1, strategy="split", splits=2).check()
+
+
+@pytest.mark.parametrize("d", [29, 64])
+def test_the_walk_over_a_batch_axis(d):
+    """A batch axis in the grid beside the walked rows: every (batch, row block) once."""
+    B, N = nf.size("B"), nf.size("N")
+    x = nf.placeholder((B, N, d), name="x")
+    k = nf.reduce_axis(d, "k")
+    m = nf.compute((B, N), lambda b, i: nf.max(x[b, i, k], k), name="m")
+    lv = nf.compute((B, N), lambda b, i: nf.sum(nf.exp(x[b, i, k] - m[b, i]), k), name="l")
+    y = nf.compute(x.shape, lambda b, i, j: nf.exp(x[b, i, j] - m[b, i]) / lv[b, i], name="y")
+    kern = nf.compile(y, [x], schedule=WALK, cache=False)
+    assert "walk" in kern.source
+    xs = np.random.default_rng(d).standard_normal((3, 7, d)) * 2.0
+    got = kern(torch.tensor(xs, dtype=torch.float32)).double().numpy()
+    want = np.asarray(nf.evaluate(y, {"x": xs}))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

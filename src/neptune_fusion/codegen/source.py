@@ -321,19 +321,20 @@ def _walk_rows(prog: TileProgram, into: Block, tile: _TileParts, env, state_para
                      "tl.num_programs(0)):") as loop:
         loop.extend(ahead)
         loop.extend(body)
-        # every name the first block bound takes its value for the next block
-        pairs = {a: b for a, b in ((_bound(v), _bound(ahead.memo.get(k)))
-                                   for k, v in head.memo.items()) if a and b and a != b}
+        # every name the first block bound takes its value for the next block (a name
+        # there, or the code the next block left inline: the body reads the name)
+        pairs = {a: b for a, b in ((_code(v), _code(ahead.memo.get(k)))
+                                   for k, v in head.memo.items())
+                 if a.isidentifier() and b and a != b}
         pairs[cur.code] = nxt_row.code
         pairs = list(pairs.items())
         loop.emit(f"{', '.join(a for a, _ in pairs)} = {', '.join(b for _, b in pairs)}")
 
 
-def _bound(v) -> str:
-    """The name a CSE entry binds (a value, a pointer base, a shared load), or ''."""
-    name = v.code if isinstance(v, Val) else v if isinstance(v, str) else \
+def _code(v) -> str:
+    """The code of a CSE entry (a value, a pointer base, a shared load's name), or ''."""
+    return v.code if isinstance(v, Val) else v if isinstance(v, str) else \
         v[0] if isinstance(v, tuple) and v and isinstance(v[0], str) else ""
-    return name if name.isidentifier() else ""
 
 
 def _on_the_tile(prog: TileProgram):
