@@ -185,7 +185,8 @@ def ragged_terms(problem: Problem, per_prog_bytes: float, progs: int,
 
 
 def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
-    """Feasible estimates of ``schedules``, fastest first (ties: the given order).
+    """Feasible estimates of ``schedules``, fastest first (ties: :func:`_tie`, then the
+    given order).
 
     A row reduction's fastest persistent schedule goes first when it is within
     :data:`PERSISTENT_SLACK` of the fastest: what it saves (the loop, the carried state's
@@ -195,7 +196,8 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     (:func:`_splits_first`). Column-tiled
     (GEMM-like) schedules are ranked one per tile shape first (:func:`_shapes_first`)."""
     ests = [estimate(problem, s, device) for s in schedules]
-    ranked = sorted((e for e in ests if e.feasible), key=lambda e: e.seconds)
+    ranked = sorted((e for e in ests if e.feasible),
+                    key=lambda e: (e.seconds, _tie(problem, e.schedule)))
     if ranked and ranked[0].schedule.block_col:
         return _shapes_first(ranked)
     if problem.lengths and problem.contraction:
@@ -209,6 +211,16 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
     return [pers] + [e for e in ranked if e is not pers]
 
 
+
+
+def _tie(problem: Problem, s: Schedule) -> int:
+    """Among schedules the model prices alike: a 128-row attention tile with 8 warps before
+    4 (the model does not tell them apart at head dim 64; measured on the H200, fp16,
+    PF-Global and PF-Causal at 4096 and 16384, 128 x 64 tiles: 8 warps 2-8 % faster,
+    benchmarks/results/2026-12-02-h200-d64-tiles); else the given order."""
+    if problem.contraction and s.strategy == "rolling" and s.block_m >= 128:
+        return -s.num_warps
+    return 0
 
 
 def _splits_first(ranked: list[Estimate]) -> list[Estimate]:
