@@ -50,3 +50,14 @@ def test_dense_ranking_is_pinned(name):
             e.schedule.num_warps, e.schedule.num_stages)
            for e in rank(p, candidates(p, H200), H200)[:4]]
     assert top == TOP4[name]
+
+
+def test_head_dim_64_ties_go_to_eight_warps():
+    """At head dim 64 the model prices 128 x 64 tiles alike at 4 and 8 warps; 8 were
+    measured faster (benchmarks/results/2026-12-02-h200-d64-tiles), so they rank first
+    and the tuner's four measure them."""
+    p = Problem(rows=16384, loop=16384, programs=64, inner=64, col=64,
+                streamed=64 * 16384 * 2 * 64 * 2)
+    top = [(e.schedule.block_m, e.schedule.block_n, e.schedule.num_warps,
+            e.schedule.num_stages) for e in rank(p, candidates(p, H200), H200)[:4]]
+    assert top == [(128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4)]
