@@ -347,3 +347,37 @@ def test_a_training_step_matches_eager_attention(name):
     assert any("sinks" in n for n in grads["eager"]) == (name == "gpt_oss")
     for n, want in grads["eager"].items():
         assert _rel(grads["neptune_fusion"][n], want) < 1e-4, n
+
+
+def test_a_static_cache_builds_kv_lens_once_per_forward(monkeypatch):
+    """The filled length of a static cache is built on the device once, by the mask, and
+    every layer reads that tensor (not three small kernels per layer); the logits are
+    eager attention's."""
+    from transformers import StaticCache
+    model = _model("llama")
+    cfg = model.config
+    assert cfg.num_hidden_layers >= 2
+    ids = torch.randint(1, VOCAB, (1, 5), generator=torch.Generator().manual_seed(3))
+
+    calls = []
+
+    def run():
+        cache = StaticCache(config=cfg, max_cache_len=9)
+        first = model(input_ids=ids, past_key_values=cache, cache_position=torch.arange(5))
+        calls.clear()
+        nxt = model(input_ids=torch.tensor([[4]]), past_key_values=cache,
+                    cache_position=torch.tensor([5]))
+        return first.logits, nxt.logits
+
+    with torch.no_grad():
+        want = run()
+        model.set_attn_implementation(nft.NAME)
+        built = nft._kv_lens
+        monkeypatch.setattr(nft, "_kv_lens", lambda *a: calls.append(a) or built(*a))
+        got = run()
+    assert len(calls) == 1          # the decode step: once, by the mask, not per layer
+    st = nft.mask_structure(2, q_length=3, kv_length=9, q_offset=torch.tensor(4),
+                            kv_offset=0)
+    assert st.kv_lens.dtype == torch.int32 and st.kv_lens.tolist() == [7, 7]
+    for a, b in zip(got, want):
+        assert _rel(a, b) <= 1e-4

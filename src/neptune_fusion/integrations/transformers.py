@@ -65,7 +65,9 @@ class MaskStructure:
     positions before it (transformers' ``kv > q - window``); ``padding``: a (B, kv_length)
     bool tensor (True: attend) or None when nothing is padded; ``q_offset``/``kv_offset``:
     absolute positions of query row 0 and key 0 (ints; ``q_offset`` may be a 0-d device
-    tensor: a static cache's, read by the kernel through ``kv_lens``).
+    tensor: a static cache's, read by the kernel through ``kv_lens``); ``kv_lens``: then
+    the (B,) int32 device tensor ``q_offset + q_length``, built once per forward for
+    every layer (a layer with another batch or query length builds its own).
     """
 
     causal: bool
@@ -75,6 +77,7 @@ class MaskStructure:
     q_offset: object = 0
     kv_offset: int = 0
     padding: object = None
+    kv_lens: object = None
 
     # transformers' code asks a mask for its shape and ndim (e.g. a mask that generate()
     # built is passed to the model again); answer as a (B, 1, q, kv) mask would
@@ -160,9 +163,17 @@ def mask_structure(batch_size: int = 1, q_length: int | None = None, kv_length: 
     # layer writes its keys (before its attention runs): keep a copy of its value now, on
     # the device (attention_forward passes it as kv_lens), when the key offset is 0
     device_offset = _is_tensor(q_offset) and not _is_tensor(kv_offset) and kv_offset == 0
+    kv_lens = _kv_lens(q_offset, int(q_length), int(batch_size)) if device_offset else None
     return MaskStructure(causal, window, int(q_length), int(kv_length),
                          q_offset.clone() if device_offset else int(q_offset),
-                         int(kv_offset), padding)
+                         int(kv_offset), padding, kv_lens)
+
+
+def _kv_lens(q_offset, n: int, batch: int):
+    """(batch,) int32: a static cache's filled length after ``n`` queries at the device
+    offset ``q_offset`` (device ops, no host sync)."""
+    import torch
+    return (q_offset.reshape(()).to(torch.int32) + n).expand(batch).contiguous()
 
 
 def _is_tensor(x) -> bool:
@@ -268,7 +279,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         qo = int(qo)   # a static cache without a causal mask: the host path says no
     if _is_tensor(qo):
         # a static cache, offsets on the device: the filled slots end after the queries
-        kv_lens = (qo.reshape(()).to(torch.int32) + n).expand(query.shape[0]).contiguous()
+        kv_lens = st.kv_lens if st.kv_lens is not None and st.q_length == n and \
+            st.kv_lens.shape[0] == query.shape[0] else _kv_lens(qo, n, query.shape[0])
     elif qo + n != ko + m:
         # a static cache: the keys past the last query are empty slots. A causal mask hides
         # them, so drop them (a view) and the queries are the last keys again. (Keeping them
