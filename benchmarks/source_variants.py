@@ -115,10 +115,10 @@ def main() -> None:
                 from torch.nn.functional import scaled_dot_product_attention as sdpa
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     t_cudnn = timed(sdpa, q, k, v, is_causal=name == "PF-Causal")
-                print(json.dumps(dict(op=name, seq=seq, head_dim=d, cudnn_ms=t_cudnn,
-                                      auto_ms=t_auto)), flush=True)
-                log.write(json.dumps(dict(op=name, seq=seq, head_dim=d, cudnn_ms=t_cudnn,
-                                          auto_ms=t_auto)) + "\n")
+                line = json.dumps(dict(op=name, seq=seq, head_dim=d, cudnn_ms=t_cudnn,
+                                       auto_ms=t_auto))
+                print(line, flush=True)
+                log.write(line + "\n")
             for tile in args.tiles.split(","):
                 bm, bn, w, st = map(int, tile.split("x"))
                 s = Schedule(block_m=bm, block_n=bn, num_warps=w, num_stages=st,

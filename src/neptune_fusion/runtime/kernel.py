@@ -414,8 +414,8 @@ def _multiprocessors(device) -> int:
     programs one after another: two programs still walk more than one row block)."""
     if device.type != "cuda":
         return 2
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    from ..schedule.space import device_of
+    return device_of(device).sms
 
 
 def flag_value(arg: tuple, sizes: dict):
