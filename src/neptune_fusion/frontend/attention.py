@@ -419,6 +419,20 @@ def _check(q, k, v, enable_gqa: bool, paged: bool = False) -> None:
         raise FeedError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
 
 
+def _check_out(out, q, v) -> None:
+    """``out`` of :func:`attention`: a tensor of the result's shape, dtype and device."""
+    import torch
+    if not isinstance(out, torch.Tensor):
+        raise FeedError(f"attention: out must be a torch tensor, got {type(out).__name__}")
+    shape = (*q.shape[:3], v.shape[3]) if q.dim() == 4 and v.dim() == 4 else None
+    if shape is None or tuple(out.shape) != shape:
+        raise FeedError(f"attention: out has shape {tuple(out.shape)}; the result is "
+                        f"(B, Hq, N, Dv) = {shape}")
+    if out.dtype != q.dtype or out.device != q.device:
+        raise FeedError(f"attention: out is {out.dtype} on {out.device}; the result is "
+                        f"{q.dtype} on {q.device} (q's)")
+
+
 def _scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
@@ -466,7 +480,7 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
               enable_gqa: bool = False, q_offset: int | str | None = None,
               buffers: Mapping | None = None, cache: AttentionCache | None = None,
               schedule=None, return_lse: bool = False, kv_lens=None, block_table=None,
-              sinks=None):
+              sinks=None, out=None):
     """Attention of (B, Hq, N, D) ``q`` over (B, Hkv, M, D) ``k`` and (B, Hkv, M, Dv) ``v``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``q_offset`` is the absolute position of query
@@ -490,7 +504,28 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     ``sinks`` (a float tensor ``(Hq,)``): attention sinks, one more logit per query head
     with a zero value row (gpt-oss); merged into each row's state after the kernel
     (:mod:`.sinks`), eager only; differentiable, the sinks included.
+
+    ``out``: a ``(B, Hq, N, Dv)`` tensor of ``q``'s dtype and device, any strides, that
+    receives the result and is returned (e.g. ``o.transpose(1, 2)`` of a ``(B, N, Hq, Dv)``
+    buffer: the layout a model's output projection reads, with no copy afterwards). The
+    kernel writes it directly where it can (eager, one kernel output); elsewhere the
+    result is copied into it. Not with inputs that require grad.
     """
+    if out is not None:
+        _check_out(out, q, v)
+        if _wants_grad(q, k, v):
+            raise FeedError("attention: out= does not support automatic differentiation "
+                            "(q, k or v requires grad); call without out=")
+        direct = sinks is None and not return_lse and not torch_ops.compiling()
+        if direct:
+            return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
+                          buffers, cache, schedule, kv_lens, block_table, out=out)
+        got = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, scale=scale,
+                        enable_gqa=enable_gqa, q_offset=q_offset, buffers=buffers,
+                        cache=cache, schedule=schedule, return_lse=return_lse,
+                        kv_lens=kv_lens, block_table=block_table, sinks=sinks)
+        out.copy_(got[0] if return_lse else got)
+        return (out, got[1]) if return_lse else out
     if sinks is not None:
         from .sinks import check_sinks, merge_sinks
         check_sinks(sinks, q)
@@ -544,17 +579,24 @@ def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, b
 
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-           schedule, kv_lens=None, block_table=None, lse: bool = False):
+           schedule, kv_lens=None, block_table=None, lse: bool = False, out=None):
     """:func:`attention` run now (eagerly; also the op's real implementation). A decode
-    call seen before with this signature launches its bound kernels (frontend/bound.py)."""
+    call seen before with this signature launches its bound kernels (frontend/bound.py).
+    ``out`` (checked, no ``lse``): written by the kernel itself unless the call is a
+    bound or packed decode, whose result is copied into it."""
     if not lse:
         c = cache if cache is not None else DEFAULT_CACHE
         got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                            buffers, c, schedule, kv_lens, block_table, _resolve)
         if got is not None:
-            return got
+            return got if out is None else out.copy_(got)
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                               buffers, cache, schedule, kv_lens, block_table, lse)
+    if out is not None:
+        if setup.packed:
+            got = setup.kernel(*tensors)
+            return out.copy_(got.reshape(out.shape))
+        return setup.kernel(*tensors, out=[out])
     out = setup.kernel(*tensors)
     if lse:  # [o, lse]; packed decode: (B, Hkv, group) rows are the query heads
         o, row_lse = out

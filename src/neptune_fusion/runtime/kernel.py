@@ -179,9 +179,11 @@ class Kernel:
         return getattr(mod, self.kernels[k].name)
 
     def __call__(self, *tensors, out=None):
-        """Run on ``tensors``. ``out``: a list with, per output, a contiguous tensor of its
-        shape and dtype on the inputs' device to write it into, or None (a new tensor);
-        how a multi-pass kernel places its intermediates in one workspace. Traced by
+        """Run on ``tensors``. ``out``: a list with, per output, a tensor of its shape and
+        dtype on the inputs' device to write it into (any strides: the last kernel writes
+        through them, or through a copy when the last dimension is not unit-stride), or
+        None (a new contiguous tensor); how a multi-pass kernel places its intermediates
+        in one workspace. Traced by
         torch.compile or torch.export: one ``neptune_fusion::kernel`` op (torch_ops.py)."""
         if compiling():
             return call_kernel(self, tensors, self._single, out)
@@ -190,7 +192,16 @@ class Kernel:
     def call_signed(self, tensors: tuple, sig: tuple | None, checked=None, out=None):
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
-        got = self._run(self._setup(tensors, sig, checked), tensors, out).outputs
+        if out is not None and not all(o is None or _unit_last(o) for o in out):
+            # the kernels index an output's last dimension with stride 1: such an out
+            # gets a contiguous result, copied into it
+            got = self.call_signed(tensors, sig, checked,
+                                   [o if o is None or _unit_last(o) else None for o in out])
+            got = [got] if self._single else got
+            got = [g if o is None else o if o is g else o.copy_(g) for o, g in zip(out, got)]
+            return got[0] if self._single else got
+        got = self._run(self._setup(tensors, sig, checked, _out_strides(out)), tensors,
+                        out).outputs
         return got[0] if self._single else got
 
     def launch(self, *tensors) -> LaunchResult:
@@ -235,7 +246,8 @@ class Kernel:
             first = run if first is None else first
         return LaunchResult(outs, first[0], first[1])
 
-    def _setup(self, tensors, sig: tuple | None, checked=None) -> _CallSetup:
+    def _setup(self, tensors, sig: tuple | None, checked=None,
+               out_strides: tuple | None = None) -> _CallSetup:
         """The call setup of ``tensors``: cached per (shapes, strides, dtypes, devices).
 
         Everything a launch derives from its inputs besides their data -- bound sizes,
@@ -243,7 +255,11 @@ class Kernel:
         only on that signature, and the full :meth:`_check` passes or fails by it alone,
         so a signature seen before skips both (this was most of the host time per call).
         Tensor subclasses are never cached: their attributes may not be plain data.
+        ``out_strides``: the strides of ``out`` tensors the last kernel writes (None:
+        contiguous outputs), a part of the key.
         """
+        if sig is not None and out_strides is not None:
+            sig = (sig, out_strides)
         setup = self._setups.get(sig) if sig is not None else None
         if setup is not None:
             self._hits += 1
@@ -253,7 +269,9 @@ class Kernel:
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
-        setup = _CallSetup(device, tuple(self._step(k, named, device, tensors)
+        last = len(self.specs) - 1
+        setup = _CallSetup(device, tuple(self._step(k, named, device, tensors,
+                                                    out_strides if k == last else None)
                                          for k in range(len(self.specs))),
                            tuple(f"in{k}" for k in range(len(tensors))), named)
         if sig is not None:  # bounded: e.g. a decode loop's growing M
@@ -280,35 +298,42 @@ class Kernel:
                         device_of(device))
         self._fits.add(key)
 
-    def _step(self, k: int, sizes: dict, device, tensors) -> _Step:
+    def _step(self, k: int, sizes: dict, device, tensors,
+              out_strides: tuple | None = None) -> _Step:
         """Kernel ``k``'s launch step for these inputs: shared by every signature with the
         same device, input strides, values of the sizes that shape the outputs, grid and
         tile extents, 32-bit-ness of the size arguments (which Triton types by it) and, of
         the sizes Triton specialises on, whether each is 1 and a multiple of 16, and the
         ``LOOP_EVEN`` and ``ONE_TILE`` constexprs (the class whose compiled kernel the
-        launcher keeps)."""
+        launcher keeps), and the strides of given ``out`` tensors (None: contiguous)."""
         spec = self.specs[k]
         shaping, size_args = self._shaping[k]
         key = (k, device, tuple(t.stride() for t in tensors),
                tuple(sizes[n] for n in shaping),
                tuple(-2 ** 31 <= sizes[n] < 2 ** 31 for n in size_args),
                tuple((sizes[n] == 1, sizes[n] % 16 == 0) for n in spec.specialized),
-               tuple(flag_value(a, sizes) for a in spec.args if a[0] in _FLAGS))
+               tuple(flag_value(a, sizes) for a in spec.args if a[0] in _FLAGS),
+               out_strides)
         step = self._steps.get(key)
         if step is None:
-            step = self._new_step(k, spec, sizes, device, tensors)
+            step = self._new_step(k, spec, sizes, device, tensors, out_strides)
             remember(self._steps, key, step, _MAX_SETUPS)
         return step
 
-    def _new_step(self, k: int, spec: KernelSpec, sizes: dict, device, tensors) -> _Step:
+    def _new_step(self, k: int, spec: KernelSpec, sizes: dict, device, tensors,
+                  out_strides: tuple | None = None) -> _Step:
         outputs = tuple(_alloc(shape, dt, sizes) for _, shape, dt in spec.outputs)
         out_keys = tuple(key for key, _, _ in spec.outputs)
         # strides of every tensor argument: inputs' from the (signature-fixed) inputs,
-        # outputs' those of a contiguous tensor of their shape (what torch.empty gives)
+        # outputs' those of a contiguous tensor of their shape (what torch.empty gives),
+        # or of the out tensors given to the last kernel
         strides = {f"in{i}": t.stride() for i, t in enumerate(tensors)}
         for kk in range(k + 1):
             for key, shape, _ in self.specs[kk].outputs:
                 strides[key] = _contiguous_strides([_value(x, sizes) for x in shape])
+        if out_strides is not None:
+            strides.update((key, st) for key, st in zip(out_keys, out_strides)
+                           if st is not None)
         grid1 = 1
         for g in spec.grid:
             grid1 *= _value(g, sizes)
@@ -398,12 +423,24 @@ class Kernel:
 
 
 def _given(t, shape: tuple, dtype, device):
-    """An ``out`` tensor, checked: the launch writes it with contiguous strides."""
-    if tuple(t.shape) != shape or t.dtype != dtype or t.device != device \
-            or not t.is_contiguous():
+    """An ``out`` tensor, checked (any strides: the launch step was keyed by them)."""
+    if tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
         raise CodegenError(f"out tensor {tuple(t.shape)} {t.dtype} on {t.device}: the "
-                           f"output is a contiguous {shape} {dtype} on {device}")
+                           f"output is a {shape} {dtype} on {device}")
     return t
+
+
+def _unit_last(t) -> bool:
+    """Whether ``t``'s last dimension has stride 1 (or at most one element)."""
+    return t.dim() == 0 or t.shape[-1] <= 1 or t.stride(-1) == 1
+
+
+def _out_strides(out) -> tuple | None:
+    """The strides of the ``out`` tensors when one is not contiguous (its launch step
+    writes through them), else None (the contiguous strides every step assumes)."""
+    if out is None or all(o is None or o.is_contiguous() for o in out):
+        return None
+    return tuple(None if o is None else tuple(o.stride()) for o in out)
 
 
 _FLAGS = ("even", "one")
