@@ -381,3 +381,25 @@ def test_a_static_cache_builds_kv_lens_once_per_forward(monkeypatch):
     assert st.kv_lens.dtype == torch.int32 and st.kv_lens.tolist() == [7, 7]
     for a, b in zip(got, want):
         assert _rel(a, b) <= 1e-4
+
+
+def test_prefill_writes_the_model_layout_with_no_copy(monkeypatch):
+    """A prefill (more than 16 queries) hands the kernel a transposed (B, S, Hq, D)
+    buffer as ``out=``: the layer returns that buffer itself, no transposing copy."""
+    import neptune_fusion.frontend.attention as fa
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 20, 6, 16, generator=g).transpose(1, 2)   # as the projections give
+    k, v = torch.randn(1, 2, 20, 16, generator=g), torch.randn(1, 2, 20, 16, generator=g)
+    from transformers.masking_utils import causal_mask_function
+    st = nft.mask_structure(1, 20, 20, mask_function=causal_mask_function)
+    given = []
+    real = fa.attention
+    monkeypatch.setattr(fa, "attention", lambda *a, **kw: given.append(kw["out"]) or
+                        real(*a, **kw))
+
+    class Module:
+        is_causal = True
+    out, _ = nft.attention_forward(Module(), q, k, v, st, scaling=0.25)
+    assert out.is_contiguous() and out.data_ptr() == given[0].data_ptr()
+    want = _reference(q, k, v, 0.25, None, None, None, 0, torch.ones(1, 20, dtype=bool))
+    assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5)

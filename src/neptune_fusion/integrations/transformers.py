@@ -349,11 +349,19 @@ def _attend(module, what: tuple, query, key, value, bufs, kv_lens, sinks=None):
     size repeats its shapes; a dynamic cache grows a key per step and never does, so it is
     never prepared for nothing). A prefill, anything traced, and anything not preparable
     run the general call."""
+    import torch
+
     from ..frontend.attention import attention
     from ..runtime.prepared import cheap_signature
     if query.shape[2] > _PREPARED_MAX_QUERIES or _tracing():
+        # eager prefill (no gradient): the kernel writes the (B, S, Hq, D) layout the
+        # caller returns (a transposed view), so no copy follows (1 ms of a Llama-1B
+        # 8192 prefill)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        out = None if _tracing() or sinks is not None or grad else query.new_empty(
+            query.shape[0], query.shape[2], query.shape[1], value.shape[3]).transpose(1, 2)
         return attention(query, key, value, buffers=bufs, kv_lens=kv_lens, sinks=sinks,
-                         **_keywords(what, kv_lens))
+                         out=out, **_keywords(what, kv_lens))
     tensors = (query, key, value, *(bufs or {}).values(), *(() if kv_lens is None
                                                             else (kv_lens,)))
     table = module.__dict__.setdefault("_nf_prepared", {})
