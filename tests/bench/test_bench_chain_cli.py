@@ -27,6 +27,7 @@ def test_chain_smoke_runs_end_to_end(tmp_path):
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["suite"] == "chains" and doc["mode"] == "cpu-smoke"
     assert doc["config"]["dtypes"] == ["float32", "bfloat16"]  # both by default
+    assert doc["config"]["timer"] == "bench"
     status = {(r["chain"], r["dtype"], r["provider"]): r for r in doc["records"]}
     assert len(status) == 3 * 2 * 2
     for dtype in ("float32", "bfloat16"):
@@ -45,6 +46,7 @@ def test_chain_smoke_runs_end_to_end(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "CPU smoke run" in report and "| logsumexp | float32 | 5x33 | 1 |" in report
     assert "| tanh-sum | bfloat16 | 5x33 | several |" in report
+    assert "* times: median of triton's do_bench over eager calls" in report
     # No speed claims on the terminal.
     assert " ms" not in proc.stdout and "TB/s" not in proc.stdout
     assert "CPU smoke run" in proc.stdout
@@ -55,6 +57,7 @@ def test_chain_smoke_runs_end_to_end(tmp_path):
     (["--providers", "flex"], "unknown chain provider(s) flex"),
     (["--dtype", "float16"], "the chain suite takes --dtype float32 or bfloat16"),
     (["--seqs", "64"], "--seqs is for the attention suite"),
+    (["--timer", "graph"], "--timer graph needs a GPU"),
 ])
 def test_chain_usage_errors(args, text, capsys):
     assert main(["--cpu-smoke", "--suite", "chains", *args]) == 2
@@ -64,3 +67,9 @@ def test_chain_usage_errors(args, text, capsys):
 def test_attention_suite_refuses_float32(capsys):
     assert main(["--cpu-smoke", "--dtype", "float32"]) == 2
     assert "the attention suite takes --dtype bfloat16 or float16" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suite", [[], ["--suite", "serving"], ["--backward"]])
+def test_timer_is_an_option_of_the_chain_suite(suite, capsys):
+    assert main(["--cpu-smoke", *suite, "--timer", "bench"]) == 2
+    assert "--timer is an option of the chain suite" in " ".join(capsys.readouterr().out.split())

@@ -23,6 +23,10 @@ from .results import SCHEMA, SCHEMA_VERSION
 from .table import fmt_err, fmt_ratio
 from .timing import Ceilings
 
+TIMERS = {"bench": "median of triton's do_bench over eager calls (L2 cleared before each, "
+                   "launch included)",
+          "graph": "median of CUDA-graph replays (GPU time alone, no launch or host work)"}
+
 CHAIN_TOP_KEYS: tuple[str, ...] = ("schema", "schema_version", "suite", "date", "mode",
                                    "environment", "config", "providers", "ceilings",
                                    "records", "comparisons", "summary")
@@ -186,7 +190,9 @@ def chain_markdown(doc: dict, records: Sequence[ChainRecord],
             "* ratio = other ms / neptune-fusion ms (above 1: neptune-fusion is faster); "
             "% ceiling: bytes moved once (inputs read, outputs written) per second over "
             "the copy ceiling for memory-bound chains, TFLOP/s over the fp16 matmul "
-            "ceiling for the projections; cold compile = first call, both sides cold", ""]
+            "ceiling for the projections; cold compile = first call, both sides cold",
+            f"* times: {TIMERS.get(cfg.get('timer', 'bench'), cfg.get('timer'))}; the "
+            "ceilings with do_bench", ""]
     if not smoke:
         out += ceiling_lines(ceil) + [
                 "## Summary", ""]

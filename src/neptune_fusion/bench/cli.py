@@ -23,6 +23,7 @@ from .providers import OPT_IN, PROVIDER_NAMES
 
 DTYPES = ("bfloat16", "float16")
 CHAIN_DTYPES = ("float32", "bfloat16")
+CHAIN_TIMERS = ("bench", "graph")
 SUITES = ("attention", "chains", "serving")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
@@ -78,6 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "PF-Window; seqs 4096,16384; providers flex,sdpa,neptune)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes on CPU under the Triton interpreter; no speed claims")
+    p.add_argument("--timer", choices=CHAIN_TIMERS, default=None,
+                   help="chain suite: how times are taken, both sides alike: bench "
+                        "(default: do_bench of one eager call, L2 cleared, launch "
+                        "included) or graph (CUDA-graph replay: GPU time alone)")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
     p.add_argument("--no-plots", action="store_true",
@@ -122,6 +127,9 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
 
+    if args.timer is not None and (args.suite != "chains" or args.backward):
+        return _usage_error(console, print_usage, "--timer is an option of the chain suite "
+                            "(--suite chains)")
     if args.backward:
         if args.suite != "attention":
             return _usage_error(console, print_usage,
@@ -186,6 +194,8 @@ def run_chains(args: argparse.Namespace, console, device,
                  f"not {args.dtype}")
     elif args.seqs is not None:
         error = "--seqs is for the attention suite; chain sizes are fixed per chain"
+    elif args.timer == "graph" and args.cpu_smoke:
+        error = "--timer graph needs a GPU (the smoke run's times are wall-clock)"
     else:
         try:
             chains = select_chains(args.ops)
@@ -198,7 +208,8 @@ def run_chains(args: argparse.Namespace, console, device,
     dtypes = (args.dtype,) if args.dtype else CHAIN_DTYPES
     session = ChainSession(chains=chains, dtypes=tuple(getattr(torch, d) for d in dtypes),
                            providers=providers, device=device, smoke=args.cpu_smoke,
-                           warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+                           warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                           timer=args.timer or "bench")
     return _run_session(args, console, session, device, "chains")
 
 
