@@ -17,6 +17,7 @@ Models (bf16, batch 1, a static cache of prompt + steps slots):
 Per (backend, mode): the prefill of ``--prompt`` random tokens (CUDA events, median of
 three after one warm-up that also compiles/tunes) and ``--steps`` greedy decode steps
 (each step's token fed back; the whole loop timed once after a warm-up loop of 8 steps).
+Progress lines with the elapsed time go to stderr.
 ``compile`` is ``torch.compile(model.forward)``, ``graphs`` the same with
 ``mode="reduce-overhead"`` (CUDA graphs, a graph step per call); a backend that fails
 there is recorded with its error, not fatal. Checks: the prefill's last-token logits
@@ -131,18 +132,30 @@ def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> dict:
     t0 = time.perf_counter()
     with torch.no_grad():
         logits = run.prefill()                    # warm-up: compiles, tunes
+        sync(prompt.device)
+        note(f"{impl} {mode}: prefill warm-up done", t0)
+        pre = sorted(timed(run.prefill, prompt.device)[1] for _ in range(3))[1]
+        note(f"{impl} {mode}: prefill {pre:.2f} ms", t0)
         first = logits.argmax(-1, keepdim=True)
         run.decode(8, first)                      # decode warm-up (compiles its graph)
         sync(prompt.device)
         warm_s = time.perf_counter() - t0
-        pre = sorted(timed(run.prefill, prompt.device)[1] for _ in range(3))[1]
+        note(f"{impl} {mode}: decode warm-up done", t0)
         logits = run.prefill()
         toks, dec = timed(lambda: run.decode(steps, logits.argmax(-1, keepdim=True)),
                           prompt.device)
+        note(f"{impl} {mode}: decode {steps / dec * 1e3:.1f} tok/s", t0)
     n = prompt.shape[1]
     return {"impl": impl, "mode": mode, "warmup_s": round(warm_s, 2), "prefill_ms": pre,
             "prefill_tok_s": n / pre * 1e3, "decode_ms": dec, "decode_tok_s": steps / dec * 1e3,
             "logits": logits, "tokens": toks}
+
+
+def note(text: str, t0: float) -> None:
+    """A progress line on stderr: where a slow backend spends its time (a run killed by
+    its time limit still says how far it got)."""
+    import sys
+    print(f"[{time.perf_counter() - t0:7.1f} s] {text}", file=sys.stderr, flush=True)
 
 
 def sync(dev):
