@@ -17,7 +17,12 @@ its own count.
 * ``constexpr``: the sizes ``N, M`` made compile-time constants (every mask against them
   can fold);
 * ``nomask``: the one-tile branch's masks deleted (legal only when the tile is exactly
-  the row and the rows divide the row tile, as in the suite's shapes).
+  the row and the rows divide the row tile, as in the suite's shapes);
+* ``evict``: every line-ending ``tl.load`` marked ``eviction_policy="evict_first"``
+  (Inductor marks its reductions' streamed loads so; measured: no effect,
+  docs/codegen.md).
+
+``--graph`` times by CUDA-graph replay (GPU time alone) instead of ``do_bench``.
 
 Usage (GPU): ``python benchmarks/chain_variants.py --chains softmax,log-softmax
 --dtypes float32,bfloat16 --tiles 1x32768x16x1,1x32768x32x1 --forms asis,reusep``.
@@ -51,6 +56,9 @@ def edit(src: str, form: str) -> str:
         head = re.sub(r"tl\.where\(\(offs_k < M\)\[None, :\], (.*), float\(\"-inf\"\)\)\n",
                       r"\1\n", head)
         src = head + sep + tail
+    elif form == "evict":
+        src = re.sub(r"(tl\.load\(.*)\)$", r'\1, eviction_policy="evict_first")', src,
+                     flags=re.M)
     return src + f"\n# form {form}\n"
 
 
@@ -78,7 +86,10 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--tiles", default="1x32768x16x1")
     p.add_argument("--forms", default="asis")
+    p.add_argument("--graph", action="store_true", help="time by CUDA-graph replay")
     args = p.parse_args()
+    if args.graph:
+        from triton.testing import do_bench_cudagraph as do_bench
     current = {"form": "asis"}
     load = kernel_module.load_kernel_module
     kernel_module.load_kernel_module = \
