@@ -70,6 +70,8 @@ def test_out_with_lse_decode_and_bad_out():
                                                            dtype=torch.float16))
     with pytest.raises(nf.NeptuneError, match="out must be a torch tensor"):
         attention(q, k, v, enable_gqa=True, out=[0])
+    with pytest.raises(nf.NeptuneError, match="out shares memory with v"):
+        attention(q, k, v, enable_gqa=True, out=v.view(-1)[:B * HQ * D].view(B, HQ, 1, D))
     with pytest.raises(nf.NeptuneError, match="does not support automatic"):
         attention(q.clone().requires_grad_(), k, v, enable_gqa=True,
                   out=torch.empty(B, HQ, 1, D))
@@ -92,3 +94,19 @@ def test_compiled_kernel_alternates_out_layouts():
         assert got.data_ptr() == t.data_ptr() and rel(t.t(), ref) < 1e-6
         c = torch.full((29, 33), float("nan"))
         assert rel(kern(xs, out=[c]), ref) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_misaligned_out_takes_the_checked_launch():
+    """An out view that starts off a 16-byte boundary is launched through Triton's
+    dispatch (its unaligned kernel), never the direct launch of the aligned one."""
+    q, k, v = (t.cuda().half() for t in _inputs())
+    ref = reference(q.float().cpu(), k.float().cpu(), v.float().cpu())
+    cache = AttentionCache()
+    aligned = attention(q, k, v, enable_gqa=True, cache=cache)   # binds the direct path
+    flat = torch.full((B * N * HQ * D + 1,), float("nan"), device="cuda", dtype=torch.half)
+    out = flat[1:].view(B, N, HQ, D).transpose(1, 2)
+    got = attention(q, k, v, enable_gqa=True, cache=cache, out=out)
+    assert got.data_ptr() % 16 and rel(got.float().cpu(), ref) < 2e-3
+    assert rel(aligned.float().cpu(), ref) < 2e-3

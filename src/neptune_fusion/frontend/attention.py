@@ -419,11 +419,17 @@ def _check(q, k, v, enable_gqa: bool, paged: bool = False) -> None:
         raise FeedError(f"attention: {hq} query heads are not a multiple of {hkv} kv heads")
 
 
-def _check_out(out, q, v) -> None:
-    """``out`` of :func:`attention`: a tensor of the result's shape, dtype and device."""
+def _check_out(out, q, k, v) -> None:
+    """``out`` of :func:`attention`: a tensor of the result's shape, dtype and device,
+    not in the memory of ``k`` or ``v`` (every program reads them while others write)."""
     import torch
     if not isinstance(out, torch.Tensor):
         raise FeedError(f"attention: out must be a torch tensor, got {type(out).__name__}")
+    for name, t in (("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.device == out.device and \
+                t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
+            raise FeedError(f"attention: out shares memory with {name}; the kernel reads "
+                            f"{name} while it writes out: pass another tensor")
     shape = (*q.shape[:3], v.shape[3]) if q.dim() == 4 and v.dim() == 4 else None
     if shape is None or tuple(out.shape) != shape:
         raise FeedError(f"attention: out has shape {tuple(out.shape)}; the result is "
@@ -512,7 +518,7 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     result is copied into it. Not with inputs that require grad.
     """
     if out is not None:
-        _check_out(out, q, v)
+        _check_out(out, q, k, v)
         if _wants_grad(q, k, v):
             raise FeedError("attention: out= does not support automatic differentiation "
                             "(q, k or v requires grad); call without out=")

@@ -215,7 +215,10 @@ class Kernel:
             with torch.cuda.device(device):  # Triton launches on the current device
                 return self._run(setup, tensors, out)
         by_tensor = dict(zip(setup.keys, tensors))
-        addresses_aligned = aligned(tensors)
+        # a given out tensor counts too (a view may start anywhere): the direct launch
+        # runs the kernel Triton compiled for 16-byte aligned pointers
+        addresses_aligned = aligned(tensors) and (
+            out is None or aligned([o for o in out if o is not None]))
         is_aligned = device.type == "cuda" and addresses_aligned
         # every launch direct: the workspace is one buffer, addressed (launcher.py)
         direct = is_aligned and all(s.launcher is not None and s.launcher.direct is not None
