@@ -24,6 +24,7 @@ import torch
 
 from .. import settings
 from .decomp import decompositions, swap_sdpa
+from .gqa import packing
 from .partition import boundaries, depends_on_itself, has_chain, regions
 from .report import Fused, GraphReport, Left
 from .rewrite import finish, replace_region, trial
@@ -78,10 +79,17 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
             if not has_chain(outs):
                 raise Refused("no dependent reduction chain (a lone reduction or matmul "
                               "is Inductor's job)")
+            packed = packing(outs, phs, inputs,
+                             [tuple(n.meta["val"].shape) for n in region.outputs])
+            if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
+                outs, phs, casts = translate_region(RULES, inputs, region.nodes,
+                                                    region.outputs, packed)
             kernel = nf_compile(outs, phs, name=f"{prefix}_{k}",
                                 fp32_precision=fp32_precision())
-            trial(kernel, inputs, casts)   # compile errors surface here, not in a graph run
-            plan = str(kernel.plan)
+            # compile errors surface here, not in a graph run
+            trial(kernel, inputs, casts, packed)
+            plan = str(kernel.plan) if packed is None else \
+                f"{packed.describe()}\n{kernel.plan}"
         except Refused as err:
             report.left.append(Left(tuple(region.ops), str(err), rest))
             continue
@@ -90,7 +98,7 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                                     f"the compiler refused it: {type(err).__name__}: {err}",
                                     rest))
             continue
-        replace_region(gm.graph, region, inputs, casts, kernel)
+        replace_region(gm.graph, region, inputs, casts, kernel, packed)
         report.fused.append(Fused(f"{prefix}_{k}", tuple(region.ops),
                                   tuple(n.name for n in inputs),
                                   tuple(n.name for n in region.outputs), plan, kernel,

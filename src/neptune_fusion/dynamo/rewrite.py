@@ -14,9 +14,11 @@ import torch
 from ..runtime.torch_ops import KernelEntry, constant_key, handle
 
 
-def replace_region(graph, region, inputs, casts, kernel) -> None:
+def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
     """Insert the call of ``kernel`` on ``inputs`` and make the region's outputs read its
-    results (the region's nodes are then dead, and removed by the caller)."""
+    results (the region's nodes are then dead, and removed by the caller). ``packed``
+    (a :class:`~.gqa.Packing`): its query inputs are passed reshaped to the packed shape
+    and the one result reshaped back."""
     h = handle(KernelEntry, constant_key(kernel))
     order = {n: k for k, n in enumerate(graph.nodes)}
     last = max(region.nodes, key=order.__getitem__)
@@ -29,10 +31,17 @@ def replace_region(graph, region, inputs, casts, kernel) -> None:
             elif _strided_rows(n):   # kernels read rows with unit stride
                 n = graph.call_function(torch.ops.aten.clone.default, (n,),
                                         {"memory_format": torch.contiguous_format})
+            if packed is not None and n in packed.queries:
+                shape = packed.input_shape(tuple(n.meta["val"].shape))
+                n = graph.call_function(torch.ops.aten.reshape.default, (n, list(shape)))
             args.append(n)
         call = graph.call_function(torch.ops.neptune_fusion.kernel.default, (args, h))
         gets = [graph.call_function(operator.getitem, (call, k))
                 for k in range(len(region.outputs))]
+        if packed is not None:   # (B, Hkv, g N, Dv) -> (B, Hq, N, Dv): a view
+            gets = [graph.call_function(torch.ops.aten.reshape.default,
+                                        (g, list(out.meta["val"].shape)))
+                    for g, out in zip(gets, region.outputs)]
     for out, got in zip(region.outputs, gets):
         # a later region may read this result: its translation needs the shape and dtype
         # (finish() propagates exact fake values once every region is placed)
@@ -65,24 +74,28 @@ def finish(gm, example_inputs) -> None:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
 
 
-def trial(kernel, inputs, casts) -> None:
+def trial(kernel, inputs, casts, packed=None) -> None:
     """One eager call of ``kernel`` on random tensors shaped like ``inputs``' fake values
-    (bool inputs cast as passed), outside the fake mode: it compiles (on a GPU: tunes)
-    the shape class now, so a failure leaves the region out instead of failing later."""
+    (bool inputs cast as passed, packed query inputs in their packed shape), outside the
+    fake mode: it compiles (on a GPU: tunes) the shape class now, so a failure leaves the
+    region out instead of failing later."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from ..runtime.torch_ops import KernelEntry
     with unset_fake_temporarily():
-        KernelEntry(kernel).run(_random_like(inputs, casts))
+        KernelEntry(kernel).run(_random_like(inputs, casts, packed))
 
 
-def _random_like(inputs, casts) -> list:
+def _random_like(inputs, casts, packed=None) -> list:
     out = []
     for n in inputs:
         v = n.meta["val"]
+        shape = tuple(v.shape)
+        if packed is not None and n in packed.queries:
+            shape = packed.input_shape(shape)
         if v.dtype.is_floating_point:
-            t = torch.randn(tuple(v.shape), dtype=v.dtype, device=v.device)
+            t = torch.randn(shape, dtype=v.dtype, device=v.device)
         else:
-            t = torch.randint(0, 2, tuple(v.shape), device=v.device).to(v.dtype)
+            t = torch.randint(0, 2, shape, device=v.device).to(v.dtype)
         out.append(t.to(getattr(torch, casts[n])) if n in casts else t)
     return out

@@ -22,6 +22,7 @@ import torch
 
 from ..frontend import lang as nf
 from ..ir import build
+from ..ir.index import simplify
 from ..ir.nodes import Expr, Size
 from .views import Merges, Refused
 
@@ -56,8 +57,9 @@ def meta_of(node) -> tuple[tuple[int, ...], str]:
 class Translator:
     """Translates the nodes of one region, in graph order, with the rule table."""
 
-    def __init__(self, rules: dict) -> None:
+    def __init__(self, rules: dict, packed=None) -> None:
         self.rules = rules
+        self.packed = packed   # a gqa.Packing: query heads of a group as rows, or None
         self.merges = Merges()
         self.vals: dict = {}
         self.sizes: dict[int, Size] = {}
@@ -77,16 +79,26 @@ class Translator:
         elif dtype not in KERNEL_DTYPES:
             raise Refused(f"input {node.name} is {dtype}; kernels take "
                           f"{', '.join(KERNEL_DTYPES)} (and bool)")
-        for n in shape:
+        pk = self.packed if self.packed is not None and node in self.packed.queries \
+            else None
+        kernel_shape = pk.input_shape(shape) if pk is not None else shape
+        for n in kernel_shape:
             if n > 1 and n not in self.sizes:
                 self.sizes[n] = nf.size(f"s{n}")
-        p = nf.placeholder(tuple(self.extent(n) for n in shape),
+        # a packed query input's rows (group x query rows) stay an int extent: its
+        # indices fold back (ir/index.py) only where the range is known
+        p = nf.placeholder(tuple(n if pk is not None and d == 2 else self.extent(n)
+                                 for d, n in enumerate(kernel_shape)),
                            self.casts.get(node, dtype), name=f"in_{node.name}")
         self.placeholders.append(p)
         as_bool = node in self.casts
 
-        def load(idx, p=p):
-            e = p[tuple(idx)] if shape else p[()]
+        def load(idx, p=p, pk=pk):
+            idx = tuple(idx)
+            if pk is not None:   # query head h, row n -> (h // g, (h % g) * N + n)
+                h, n = idx[1], idx[2]
+                idx = (idx[0], h // pk.group, (h % pk.group) * pk.rows + n, *idx[3:])
+            e = p[idx] if shape else p[()]
             return e != 0 if as_bool else e
 
         self.vals[node] = Val(shape, dtype, load)
@@ -141,14 +153,25 @@ class Translator:
         if v.dtype not in KERNEL_DTYPES:
             raise Refused(f"output {node.name} is {v.dtype}; kernels write "
                           f"{', '.join(KERNEL_DTYPES)}")
-        shape = tuple(self.extent(n) for n in v.shape)
-        return nf.compute(shape, lambda *idx: v.load(tuple(idx)), name=name)
+        pk = self.packed
+        if pk is None:
+            shape = tuple(self.extent(n) for n in v.shape)
+            return nf.compute(shape, lambda *idx: v.load(tuple(idx)), name=name)
+        b, hq, n, dv = v.shape   # (B, Hq / g, g * N, Dv): row r is head hk * g + r // N
+
+        def packed(b, hk, r, c):
+            return simplify(v.load((b, hk * pk.group + r // pk.rows, r % pk.rows, c)))
+        return nf.compute((self.extent(b), self.extent(hq // pk.group), pk.group * n,
+                           self.extent(dv)), packed, name=name)
 
 
-def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Sequence):
+def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Sequence,
+                     packed=None):
     """``(outputs, placeholders, casts)`` of a region: its input nodes, its nodes in
-    graph order, and the nodes whose values leave it. ``Refused`` names what failed."""
-    tr = Translator(rules)
+    graph order, and the nodes whose values leave it. ``Refused`` names what failed.
+    ``packed`` (a :class:`~.gqa.Packing`): the query heads of a key/value group become
+    rows (its query inputs and its one output take the packed shapes)."""
+    tr = Translator(rules, packed)
     for node in inputs:
         tr.add_input(node)
     for node in nodes:

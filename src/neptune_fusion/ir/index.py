@@ -1,0 +1,126 @@
+"""Integer index arithmetic: a rule table over non-negative index expressions.
+
+Index expressions are built from index variables (``v`` in ``[0, extent)``), non-negative
+integer constants, ``+``, ``*``, ``//`` and ``%``: their values are never negative, and
+where the extents are ints their ranges are known. :func:`simplify` applies these
+identities bottom-up to a fixed point (``a``, ``b``, ``x`` non-negative, ``c > 0`` a
+constant):
+
+* ``x // 1 = x``, ``x % 1 = 0``, ``x * 1 = 1 * x = x``, ``x + 0 = 0 + x = x``;
+* ``(a * c + b) // c = a + b // c`` and ``(a * c + b) % c = b % c``;
+* ``x // c = 0`` and ``x % c = x`` when ``x < c`` is known from the extents;
+* ``(x // c) * c + x % c = x``.
+
+It is what lets a re-indexed program (dynamo/gqa.py: a query head ``h = hk * g + r``)
+read its key/value head ``h // g`` as ``hk`` again. Expressions of other types, and
+integer ones with a possibly negative part (``j - i``), are left alone.
+"""
+
+from __future__ import annotations
+
+from .nodes import Binary, Const, Expr, IndexVar
+from .traverse import rewrite
+
+_INDEX_OPS = ("add", "mul", "floordiv", "mod")
+
+
+def _const(e: Expr) -> int | None:
+    if isinstance(e, Const) and e.dtype.is_int and not isinstance(e.value, bool):
+        return int(e.value)
+    return None
+
+
+def nonnegative(e: Expr) -> bool:
+    """Whether ``e`` is an index expression, never negative by construction."""
+    if isinstance(e, IndexVar):
+        return True
+    c = _const(e)
+    if c is not None:
+        return c >= 0
+    return isinstance(e, Binary) and e.op in _INDEX_OPS and e.dtype.is_int and \
+        nonnegative(e.a) and nonnegative(e.b)
+
+
+def bound(e: Expr) -> int | None:
+    """An exclusive upper bound of a non-negative index expression, or None if unknown."""
+    if isinstance(e, IndexVar):
+        return e.extent if isinstance(e.extent, int) else None
+    c = _const(e)
+    if c is not None:
+        return c + 1 if c >= 0 else None
+    if not isinstance(e, Binary) or e.op not in _INDEX_OPS:
+        return None
+    if e.op == "mod" and _const(e.b) is not None and _const(e.b) > 0:
+        got = bound(e.a)
+        return _const(e.b) if got is None else min(got, _const(e.b))
+    a, b = bound(e.a), bound(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "add":
+        return a + b - 1
+    if e.op == "mul":
+        return (a - 1) * (b - 1) + 1
+    if e.op == "floordiv" and _const(e.b) is not None and _const(e.b) > 0:
+        return (a - 1) // _const(e.b) + 1
+    return None
+
+
+def _times(e: Expr, c: int) -> Expr | None:
+    """``a`` when ``e`` is ``a * c`` or ``c * a``."""
+    if isinstance(e, Binary) and e.op == "mul":
+        if _const(e.b) == c:
+            return e.a
+        if _const(e.a) == c:
+            return e.b
+    return None
+
+
+def _rule(e: Expr) -> Expr | None:
+    if not (isinstance(e, Binary) and e.op in _INDEX_OPS and nonnegative(e)):
+        return None
+    a, b = e.a, e.b
+    cb, ca = _const(b), _const(a)
+    if e.op == "add":
+        if cb == 0:
+            return a
+        if ca == 0:
+            return b
+        # (x // c) * c + x % c = x
+        for p, q in ((a, b), (b, a)):
+            if isinstance(q, Binary) and q.op == "mod" and _const(q.b) is not None:
+                x, c = q.a, _const(q.b)
+                inner = _times(p, c)
+                if c > 0 and isinstance(inner, Binary) and inner.op == "floordiv" and \
+                        inner.a is x and _const(inner.b) == c:
+                    return x
+        return None
+    if e.op == "mul":
+        if cb == 1:
+            return a
+        if ca == 1:
+            return b
+        return None
+    if cb is None or cb <= 0:
+        return None
+    if cb == 1:
+        return a if e.op == "floordiv" else Const(0, e.dtype)
+    # (p * c + q) // c = p + q // c;  (p * c + q) % c = q % c
+    if isinstance(a, Binary) and a.op == "add":
+        for p, q in ((a.a, a.b), (a.b, a.a)):
+            inner = _times(p, cb)
+            if inner is not None:
+                return inner + q // cb if e.op == "floordiv" else q % cb
+    top = bound(a)
+    if top is not None and top <= cb:
+        return Const(0, e.dtype) if e.op == "floordiv" else a
+    return None
+
+
+def simplify(e: Expr) -> Expr:
+    """``e`` with the module's identities applied until none applies."""
+    for _ in range(16):
+        new = rewrite(e, _rule)
+        if new is e:
+            return e
+        e = new
+    return e
