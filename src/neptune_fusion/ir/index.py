@@ -75,44 +75,65 @@ def _times(e: Expr, c: int) -> Expr | None:
     return None
 
 
-def _rule(e: Expr) -> Expr | None:
-    if not (isinstance(e, Binary) and e.op in _INDEX_OPS and nonnegative(e)):
-        return None
-    a, b = e.a, e.b
-    cb, ca = _const(b), _const(a)
+# Each rule takes an index node (children already rewritten) and returns a replacement
+# or None; the comment above each states its identity.
+
+def _neutral(e: Binary, ca, cb) -> Expr | None:
+    # x + 0 = 0 + x = x;  x * 1 = 1 * x = x;  x // 1 = x;  x % 1 = 0
     if e.op == "add":
-        if cb == 0:
-            return a
-        if ca == 0:
-            return b
-        # (x // c) * c + x % c = x
-        for p, q in ((a, b), (b, a)):
-            if isinstance(q, Binary) and q.op == "mod" and _const(q.b) is not None:
-                x, c = q.a, _const(q.b)
-                inner = _times(p, c)
-                if c > 0 and isinstance(inner, Binary) and inner.op == "floordiv" and \
-                        inner.a is x and _const(inner.b) == c:
-                    return x
-        return None
+        return e.a if cb == 0 else e.b if ca == 0 else None
     if e.op == "mul":
-        if cb == 1:
-            return a
-        if ca == 1:
-            return b
-        return None
-    if cb is None or cb <= 0:
-        return None
+        return e.a if cb == 1 else e.b if ca == 1 else None
     if cb == 1:
-        return a if e.op == "floordiv" else Const(0, e.dtype)
-    # (p * c + q) // c = p + q // c;  (p * c + q) % c = q % c
-    if isinstance(a, Binary) and a.op == "add":
-        for p, q in ((a.a, a.b), (a.b, a.a)):
+        return e.a if e.op == "floordiv" else Const(0, e.dtype)
+    return None
+
+
+def _regroup(e: Binary, ca, cb) -> Expr | None:
+    # (p * c + q) // c = p + q // c;  (p * c + q) % c = q % c  (c > 0)
+    if e.op in ("floordiv", "mod") and cb is not None and cb > 0 and \
+            isinstance(e.a, Binary) and e.a.op == "add":
+        for p, q in ((e.a.a, e.a.b), (e.a.b, e.a.a)):
             inner = _times(p, cb)
             if inner is not None:
                 return inner + q // cb if e.op == "floordiv" else q % cb
-    top = bound(a)
-    if top is not None and top <= cb:
-        return Const(0, e.dtype) if e.op == "floordiv" else a
+    return None
+
+
+def _in_range(e: Binary, ca, cb) -> Expr | None:
+    # x // c = 0;  x % c = x  (0 <= x < c by the extents)
+    if e.op in ("floordiv", "mod") and cb is not None and cb > 0:
+        top = bound(e.a)
+        if top is not None and top <= cb:
+            return Const(0, e.dtype) if e.op == "floordiv" else e.a
+    return None
+
+
+def _recompose(e: Binary, ca, cb) -> Expr | None:
+    # (x // c) * c + x % c = x  (c > 0)
+    if e.op != "add":
+        return None
+    for p, q in ((e.a, e.b), (e.b, e.a)):
+        if isinstance(q, Binary) and q.op == "mod" and _const(q.b) is not None:
+            x, c = q.a, _const(q.b)
+            inner = _times(p, c)
+            if c > 0 and isinstance(inner, Binary) and inner.op == "floordiv" and \
+                    inner.a is x and _const(inner.b) == c:
+                return x
+    return None
+
+
+RULES = (_neutral, _regroup, _in_range, _recompose)
+
+
+def _rule(e: Expr) -> Expr | None:
+    if not (isinstance(e, Binary) and e.op in _INDEX_OPS and nonnegative(e)):
+        return None
+    ca, cb = _const(e.a), _const(e.b)
+    for rule in RULES:
+        got = rule(e, ca, cb)
+        if got is not None:
+            return got
     return None
 
 
