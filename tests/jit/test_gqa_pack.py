@@ -72,3 +72,16 @@ def test_what_is_not_packed(what):
     fn = _gqa(n, bias=what == "bias", causal=what == "causal")
     ex = _check(fn, _inputs(hq, hkv, n))
     assert "packed" not in ex.fused[0].plan
+
+
+def test_a_packed_program_that_fails_to_compile_runs_plain(monkeypatch):
+    import neptune_fusion.dynamo.backend as backend
+    real = backend.trial
+
+    def trial(kernel, inputs, casts, packed=None):
+        if packed is not None:
+            raise RuntimeError("the packed kernel does not compile")
+        return real(kernel, inputs, casts, packed)
+    monkeypatch.setattr(backend, "trial", trial)
+    ex = _check(_gqa(1), _inputs(8, 2, 1))
+    assert "packed" not in ex.fused[0].plan

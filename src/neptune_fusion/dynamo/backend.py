@@ -51,7 +51,6 @@ def fp32_precision() -> str:
 def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> None:
     """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
     chain that compiles becomes one kernel call; ``report`` gets each outcome."""
-    from ..runtime.pipeline import compile as nf_compile
     dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
                and not all(isinstance(d, int) for d in getattr(n.meta.get("val"), "shape", ()))]
     if dynamic:
@@ -81,13 +80,16 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                               "is Inductor's job)")
             packed = packing(outs, phs, inputs,
                              [tuple(n.meta["val"].shape) for n in region.outputs])
+            kernel = None
             if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
-                outs, phs, casts = translate_region(RULES, inputs, region.nodes,
-                                                    region.outputs, packed)
-            kernel = nf_compile(outs, phs, name=f"{prefix}_{k}",
-                                fp32_precision=fp32_precision())
-            # compile errors surface here, not in a graph run
-            trial(kernel, inputs, casts, packed)
+                try:
+                    kernel, casts = _compiled(translate_region(
+                        RULES, inputs, region.nodes, region.outputs, packed),
+                        inputs, packed, f"{prefix}_{k}")
+                except Exception:   # noqa: BLE001 - the plain program below instead
+                    packed = None
+            if kernel is None:   # compile errors surface here, not in a graph run
+                kernel, casts = _compiled((outs, phs, casts), inputs, None, f"{prefix}_{k}")
             plan = str(kernel.plan) if packed is None else \
                 f"{packed.describe()}\n{kernel.plan}"
         except Refused as err:
@@ -106,6 +108,15 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         changed = True
     if changed:
         finish(gm, example_inputs)
+
+
+def _compiled(translated, inputs, packed, name: str):
+    """``(kernel, casts)``: a translated region compiled and called once (the trial)."""
+    from ..runtime.pipeline import compile as nf_compile
+    outs, phs, casts = translated
+    kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
+    trial(kernel, inputs, casts, packed)
+    return kernel, casts
 
 
 class Backend:
