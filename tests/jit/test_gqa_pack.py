@@ -85,3 +85,12 @@ def test_a_packed_program_that_fails_to_compile_runs_plain(monkeypatch):
     monkeypatch.setattr(backend, "trial", trial)
     ex = _check(_gqa(1), _inputs(8, 2, 1))
     assert "packed" not in ex.fused[0].plan
+
+
+def test_sdpa_with_enable_gqa_is_packed():
+    import torch.nn.functional as F
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    ex = _check(sdpa, _inputs(8, 2, 1))
+    assert "GQA decode packed: the 4 query heads" in ex.fused[0].plan
