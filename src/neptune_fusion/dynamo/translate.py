@@ -82,8 +82,9 @@ class Translator:
         pk = self.packed if self.packed is not None and node in self.packed.queries \
             else None
         kernel_shape = pk.input_shape(shape) if pk is not None else shape
-        for n in kernel_shape:
-            if n > 1 and n not in self.sizes:
+        for d, n in enumerate(kernel_shape):
+            # a size symbol is bound by a placeholder dimension; the packed rows are none
+            if n > 1 and n not in self.sizes and not (pk is not None and d == 2):
                 self.sizes[n] = nf.size(f"s{n}")
         # a packed query input's rows (group x query rows) stay an int extent: its
         # indices fold back (ir/index.py) only where the range is known
