@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.index import int_const
 from ..ir.nodes import Binary, Const, Load
 from ..ir.traverse import rewrite, walk
 
@@ -64,14 +65,14 @@ def packing(outs, phs, inputs, out_shapes) -> Packing | None:
         if not isinstance(e, Load):
             continue
         idx = e.indices
-        if len(idx) > 1 and e.tensor.shape[1] == 1 and _int(idx[1]) == 0:
+        if len(idx) > 1 and e.tensor.shape[1] == 1 and int_const(idx[1]) == 0:
             shared = True   # one key/value head for all (MQA): its index folded to 0
         if h in idx[1].free_vars if len(idx) > 1 else False:
             if idx[1] is h and len(idx) > 2 and idx[2] is row:
                 queries.add(e.tensor)
             elif isinstance(idx[1], Binary) and idx[1].op == "floordiv" and \
-                    idx[1].a is h and _int(idx[1].b) is not None:
-                groups.add(_int(idx[1].b))
+                    idx[1].a is h and int_const(idx[1].b) is not None:
+                groups.add(int_const(idx[1].b))
             else:
                 return None
     if not groups and shared:
@@ -89,12 +90,6 @@ def packing(outs, phs, inputs, out_shapes) -> Packing | None:
     if not all(q in by_ph and len(q.shape) >= 3 for q in queries):
         return None
     return Packing(g, n, frozenset(by_ph[q] for q in queries))
-
-
-def _int(e) -> int | None:
-    if isinstance(e, Const) and e.dtype.is_int and not isinstance(e.value, bool):
-        return int(e.value)
-    return None
 
 
 def _stub(e, h):

@@ -24,7 +24,8 @@ from .traverse import rewrite
 _INDEX_OPS = ("add", "mul", "floordiv", "mod")
 
 
-def _const(e: Expr) -> int | None:
+def int_const(e: Expr) -> int | None:
+    """The value of an integer constant, or None."""
     if isinstance(e, Const) and e.dtype.is_int and not isinstance(e.value, bool):
         return int(e.value)
     return None
@@ -34,7 +35,7 @@ def nonnegative(e: Expr) -> bool:
     """Whether ``e`` is an index expression, never negative by construction."""
     if isinstance(e, IndexVar):
         return True
-    c = _const(e)
+    c = int_const(e)
     if c is not None:
         return c >= 0
     return isinstance(e, Binary) and e.op in _INDEX_OPS and e.dtype.is_int and \
@@ -45,14 +46,14 @@ def bound(e: Expr) -> int | None:
     """An exclusive upper bound of a non-negative index expression, or None if unknown."""
     if isinstance(e, IndexVar):
         return e.extent if isinstance(e.extent, int) else None
-    c = _const(e)
+    c = int_const(e)
     if c is not None:
         return c + 1 if c >= 0 else None
     if not isinstance(e, Binary) or e.op not in _INDEX_OPS:
         return None
-    if e.op == "mod" and _const(e.b) is not None and _const(e.b) > 0:
+    if e.op == "mod" and int_const(e.b) is not None and int_const(e.b) > 0:
         got = bound(e.a)
-        return _const(e.b) if got is None else min(got, _const(e.b))
+        return int_const(e.b) if got is None else min(got, int_const(e.b))
     a, b = bound(e.a), bound(e.b)
     if a is None or b is None:
         return None
@@ -60,17 +61,17 @@ def bound(e: Expr) -> int | None:
         return a + b - 1
     if e.op == "mul":
         return (a - 1) * (b - 1) + 1
-    if e.op == "floordiv" and _const(e.b) is not None and _const(e.b) > 0:
-        return (a - 1) // _const(e.b) + 1
+    if e.op == "floordiv" and int_const(e.b) is not None and int_const(e.b) > 0:
+        return (a - 1) // int_const(e.b) + 1
     return None
 
 
 def _times(e: Expr, c: int) -> Expr | None:
     """``a`` when ``e`` is ``a * c`` or ``c * a``."""
     if isinstance(e, Binary) and e.op == "mul":
-        if _const(e.b) == c:
+        if int_const(e.b) == c:
             return e.a
-        if _const(e.a) == c:
+        if int_const(e.a) == c:
             return e.b
     return None
 
@@ -114,11 +115,11 @@ def _recompose(e: Binary, ca, cb) -> Expr | None:
     if e.op != "add":
         return None
     for p, q in ((e.a, e.b), (e.b, e.a)):
-        if isinstance(q, Binary) and q.op == "mod" and _const(q.b) is not None:
-            x, c = q.a, _const(q.b)
+        if isinstance(q, Binary) and q.op == "mod" and int_const(q.b) is not None:
+            x, c = q.a, int_const(q.b)
             inner = _times(p, c)
             if c > 0 and isinstance(inner, Binary) and inner.op == "floordiv" and \
-                    inner.a is x and _const(inner.b) == c:
+                    inner.a is x and int_const(inner.b) == c:
                 return x
     return None
 
@@ -129,7 +130,7 @@ RULES = (_neutral, _regroup, _in_range, _recompose)
 def _rule(e: Expr) -> Expr | None:
     if not (isinstance(e, Binary) and e.op in _INDEX_OPS and nonnegative(e)):
         return None
-    ca, cb = _const(e.a), _const(e.b)
+    ca, cb = int_const(e.a), int_const(e.b)
     for rule in RULES:
         got = rule(e, ca, cb)
         if got is not None:
