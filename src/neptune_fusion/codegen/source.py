@@ -84,17 +84,14 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
     return tuple(out)
 
 
-def generate(prog: TileProgram) -> str:
-    """The Triton source of ``prog``: a module with imports and one kernel."""
-    args = kernel_args(prog)
-    reserved = {a.name for a in args} | {"tl", "triton", "pid_row", "pid_grid", "pid_col",
-                                         "_nf_prod", "_nf_mul", "pid", "row_tiles",
-                                         "group_width", "first_row", "group_rows"}
+def kernel_scope(prog: TileProgram, args, skeleton: set) -> tuple[Names, dict]:
+    """The kernel's fresh names (its parameters, axes, state and the ``skeleton``'s own
+    names taken) and the environment binding its stride and size parameters."""
+    reserved = {a.name for a in args} | set(skeleton)
     for a in prog.axes:
         reserved.add(a.name if a.role == "grid" else f"offs_{a.name}")
     for s in prog.state:
         reserved.add(s.name)
-    names = Names(reserved)
     env: dict[Expr, Val] = {}
     for a in args:
         if a.kind == "stride":
@@ -102,6 +99,15 @@ def generate(prog: TileProgram) -> str:
             env[t.stride(d)] = Val(a.name, (), "i32")
         elif a.kind == "size":
             env[a.ref] = Val(a.name, (), "i32")
+    return Names(reserved), env
+
+
+def generate(prog: TileProgram) -> str:
+    """The Triton source of ``prog``: a module with imports and one kernel."""
+    args = kernel_args(prog)
+    names, env = kernel_scope(prog, args, {
+        "tl", "triton", "pid_row", "pid_grid", "pid_col", "_nf_prod", "_nf_mul", "pid",
+        "row_tiles", "group_width", "first_row", "group_rows"})
     state_params = frozenset(s.param for s in prog.state)
     pre = Block(names, 1)
     _program_ids(prog, pre, env)
@@ -428,22 +434,7 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
         pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
     else:
         pre.emit("pid_row = tl.program_id(0)")
-    if prog.grid:
-        pre.emit("pid_grid = tl.program_id(1)")
-    rest = "pid_grid"
-    for k, a in enumerate(prog.grid):  # innermost first
-        if k == len(prog.grid) - 1:
-            pre.emit(f"{a.name} = {rest}")
-        else:
-            ext = low.value(extent_expr(a.extent))
-            pre.emit(f"{a.name} = {rest} % {ext.code}")
-            if k == len(prog.grid) - 2:
-                rest = f"{rest} // {ext.code}"
-            else:
-                nxt = pre.names.fresh("pid_rest")
-                pre.emit(f"{nxt} = {rest} // {ext.code}")
-                rest = nxt
-        env[a.var] = Val(a.name, (), "i32")
+    grid_ids(prog, pre, env)
     if prog.split is not None and prog.split.stage == "partial":
         pre.emit("pid_split = tl.program_id(2)")
         env[SPLIT_ID] = Val("pid_split", (), "i32")
@@ -464,6 +455,28 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
             tiled = col_split or a.programs
             start = f"pid_col * {a.block} + " if tiled and a.role == "col" else ""
             pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
+
+
+def grid_ids(prog: TileProgram, pre: Block, env: dict) -> None:
+    """Each grid axis's value from ``program_id(1)`` (the grid flattened, innermost
+    axis fastest)."""
+    low = Lowerer(prog, env, pre, None, frozenset())
+    if prog.grid:
+        pre.emit("pid_grid = tl.program_id(1)")
+    rest = "pid_grid"
+    for k, a in enumerate(prog.grid):  # innermost first
+        if k == len(prog.grid) - 1:
+            pre.emit(f"{a.name} = {rest}")
+        else:
+            ext = low.value(extent_expr(a.extent))
+            pre.emit(f"{a.name} = {rest} % {ext.code}")
+            if k == len(prog.grid) - 2:
+                rest = f"{rest} // {ext.code}"
+            else:
+                nxt = pre.names.fresh("pid_rest")
+                pre.emit(f"{nxt} = {rest} // {ext.code}")
+                rest = nxt
+        env[a.var] = Val(a.name, (), "i32")
 
 
 def heaviest_first(prog: TileProgram) -> bool:

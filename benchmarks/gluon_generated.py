@@ -1,0 +1,253 @@
+"""The generated Gluon kernels (codegen/gluon.py) of the prefill operators: compiled for
+sm_90 on any machine, or run on a Hopper GPU against float64, cuDNN and ``nf.attention``.
+
+A measurement tool for issue 18 (docs/hopper.md). For each operator and tile the tile
+program is built as ``nf.compile`` builds it, printed by the Gluon emitter, loaded from
+memory as the runtime loads kernels, and
+
+* ``--compile-only``: compiled with Triton for sm_90 (no GPU needed; Triton's own
+  ``ptxas`` reports registers and spills) -- the CPU machine's check of the source;
+* otherwise, on the GPU: launched with the Triton kernel's own arguments (pointers,
+  strides, sizes), its output compared with a float64 reference of the operator (the
+  query heads of the first key/value head), then timed with ``do_bench`` beside cuDNN's
+  SDPA (plain, causal and GQA operators) and ``nf.attention`` in the same process.
+
+Writes ``gluon_generated.jsonl`` under ``--out``.
+Usage: ``python benchmarks/gluon_generated.py --compile-only`` (Triton 3.6 on the path)
+or ``python benchmarks/gluon_generated.py --out DIR`` (GPU).
+"""
+import argparse
+import itertools
+import json
+import os
+import time
+
+import torch
+
+from neptune_fusion import ops
+from neptune_fusion.codegen.gluon import generate
+from neptune_fusion.codegen.source import kernel_args
+from neptune_fusion.fusion.plan import plan as make_plan
+from neptune_fusion.ir.nodes import Size
+from neptune_fusion.runtime.loader import load_kernel_module
+from neptune_fusion.runtime.pipeline import build_programs
+from neptune_fusion.schedule.schedule import Schedule
+
+LOG = []
+PREFILL = ("PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi", "PF-SoftCap", "PF-Window")
+TILES = ((128, 128, 2), (128, 64, 3), (64, 128, 2))   # block_m, block_n, stages
+
+
+def rec(**kw):
+    print(json.dumps(kw), flush=True)
+    if LOG:
+        LOG[0].write(json.dumps(kw) + "\n")
+        LOG[0].flush()
+
+
+def program(name, d, dtype, block_m, block_n):
+    [o], ins = ops.definition(name, dtype, head_dim=d)
+    sched = Schedule(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=2)
+    [prog] = build_programs(make_plan([o]), ins, sched, name="nf_o")
+    return prog, ins
+
+
+def kernel_of(prog):
+    src = generate(prog)
+    return src, getattr(load_kernel_module(src, prog.name, interpret=False), prog.name)
+
+
+def arguments(prog, ins, tensors, out):
+    """The kernel's arguments, in :func:`kernel_args` order, for torch ``tensors``."""
+    by_tensor = dict(zip(ins, tensors))
+    by_tensor[prog.outputs[0].arg.tensor] = out
+    sizes = {}
+    for ph, t in by_tensor.items():
+        for ext, n in zip(ph.shape, t.shape):
+            if isinstance(ext, Size):
+                sizes[ext] = n
+    vals = {}
+    for a in kernel_args(prog):
+        if a.kind == "tensor":
+            vals[a.name] = by_tensor[a.ref.tensor]
+        elif a.kind == "stride":
+            t, d = a.ref
+            vals[a.name] = by_tensor[t.tensor].stride(d)
+        elif a.kind == "size":
+            vals[a.name] = sizes[a.ref]
+        elif a.kind == "block":
+            vals[a.name] = a.ref.block_size
+        elif a.kind == "flag":
+            vals[a.name] = False
+        else:
+            raise ValueError(f"argument {a.name} ({a.kind}) is not supported here")
+    grid = 1
+    for ax in prog.grid:
+        grid *= ax.extent if isinstance(ax.extent, int) else sizes[ax.extent]
+    n = sizes[prog.row.extent] if isinstance(prog.row.extent, Size) else prog.row.extent
+    return vals, (triton_cdiv(n, prog.schedule.block_m), grid)
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def compile_only(args):
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.backends.nvidia as nvidia
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
+    for name, d, (bm, bn, st) in itertools.product(args.ops, args.head_dims, TILES):
+        prog, _ = program(name, d, args.dtype, bm, bn)
+        try:
+            src, fn = kernel_of(prog)
+        except Exception as e:  # noqa: BLE001 - a probe records every failure
+            rec(op=name, d=d, block_m=bm, block_n=bn, ok=False, stage="generate",
+                error=f"{type(e).__name__}: {e}")
+            continue
+        if args.print:
+            print(src)
+        sig, consts = {}, {}
+        ptr = "*bf16" if args.dtype == "bfloat16" else "*fp16"
+        for a in kernel_args(prog):
+            if a.kind == "tensor":
+                sig[a.name] = ptr
+            elif a.kind in ("stride", "size"):
+                sig[a.name] = "i32"
+            else:
+                sig[a.name] = "constexpr"
+                consts[a.name] = a.ref.block_size if a.kind == "block" else False
+        sig["STAGES"], consts["STAGES"] = "constexpr", st
+        t0 = time.time()
+        try:
+            k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": bm // 16})
+        except Exception as e:  # noqa: BLE001
+            rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=False, stage="compile",
+                error=f"{type(e).__name__}: {str(e)[:600]}")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.ptx")
+            with open(path, "w") as f:
+                f.write(k.asm["ptx"])
+            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".o"],
+                                 capture_output=True, text=True).stderr
+        info = [line.split(":", 1)[-1].strip() for line in out.splitlines()
+                if "registers" in line or "spill" in line]
+        rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=True,
+            shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=" | ".join(info))
+
+
+def reference(op, q, k, v, scale):
+    """float64 output of the query heads of the first key/value head."""
+    from neptune_fusion.bench.reference import additive_bias
+
+    g, n = q.shape[1] // k.shape[1], k.shape[2]
+    s = q[:, :g].double() @ k[:, :1].double().transpose(-1, -2) * scale
+    if op.softcap is not None:
+        s = op.softcap * torch.tanh(s / op.softcap)
+    bias = additive_bias(op, n, dtype=torch.float64, device=q.device, heads=slice(0, g))
+    if bias is not None:
+        s = s + bias
+    return torch.softmax(s, -1) @ v[:, :1].double()
+
+
+def case(name, d, n, dtype, t_end, gen):
+    """One operator and length: the references, then each tile of the generated kernel."""
+    from functools import partial
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
+    from neptune_fusion.bench.workloads import attention_options
+
+    op = ops.operator(name)
+    hq, hkv = op.q_heads, op.kv_heads
+    q = torch.randn(1, hq, n, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(1, hkv, n, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(1, hkv, n, d, device="cuda", dtype=dtype, generator=gen)
+    g = hq // hkv
+    opts = attention_options(op, n, q.device)
+    ref = reference(op, q, k, v, opts["scale"])
+
+    def err_of(o):
+        return ((o[:, :g].double() - ref).norm() / ref.norm()).item()
+
+    ours = partial(ops.attention, q, k, v, **opts)
+    base = dict(op=name, d=d, n=n, dtype=str(dtype)[6:])
+    base.update(nf_err=err_of(ours()), nf_ms=round(do_bench(ours, warmup=50, rep=300), 4))
+    if not op.alibi and op.softcap is None and op.window is None:
+        kg, vg = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            cud = partial(torch.nn.functional.scaled_dot_product_attention, q, kg, vg,
+                          is_causal=op.causal, scale=opts["scale"])
+            base.update(cudnn_err=err_of(cud()),
+                        cudnn_ms=round(do_bench(cud, warmup=50, rep=300), 4))
+    rec(**base)
+    for bm, bn, st in TILES:
+        if time.time() > t_end:
+            return
+        kw = dict(block_m=bm, block_n=bn, stages=st)
+        try:
+            prog, ins = program(name, d, str(dtype)[6:], bm, bn)
+            _, fn = kernel_of(prog)
+            out = torch.empty_like(q)
+            vals, grid = arguments(prog, ins, (q, k, v), out)
+            call = partial(fn[grid], **vals, STAGES=st, num_warps=bm // 16)
+            call()
+            torch.cuda.synchronize()
+            err = err_of(out)
+            if not err <= 3 * base["nf_err"] + 1e-3:
+                rec(**base, **kw, ok=False, err=err, why="wrong")
+                continue
+            t = do_bench(call, warmup=50, rep=300)
+            rec(**base, **kw, ok=True, err=err, ms=round(t, 4), vs_nf=round(base["nf_ms"] / t, 3),
+                vs_cudnn=round(base["cudnn_ms"] / t, 3) if "cudnn_ms" in base else None)
+        except Exception as e:  # noqa: BLE001 - a probe records every failure and goes on
+            rec(**base, **kw, ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+
+
+def gpu(args):
+    import triton
+
+    os.makedirs(args.out, exist_ok=True)
+    LOG.append(open(os.path.join(args.out, "gluon_generated.jsonl"), "a"))
+    # the kernels build their TMA descriptors on the device, in a scratch buffer
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                 device="cuda"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    t_end = time.time() + args.budget
+    for name, n in itertools.product(args.ops, args.seqs):
+        if time.time() > t_end:
+            rec(stopped="budget")
+            break
+        case(name, ops.operator(name).head_dim, n, getattr(torch, args.dtype), t_end, gen)
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--compile-only", action="store_true", help="compile for sm_90, no GPU")
+    ap.add_argument("--print", action="store_true", help="print each generated source")
+    ap.add_argument("--out", default="gluon-generated")
+    ap.add_argument("--ops", type=lambda s: s.split(","), default=list(PREFILL))
+    ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[128], help="compile-only (on the GPU the operators' own, 128)")
+    ap.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[4096, 16384])
+    ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds, then stop")
+    args = ap.parse_args()
+    if args.compile_only:
+        compile_only(args)
+    else:
+        gpu(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""Tile program -> Gluon source: the Hopper dialect of the emitter (issue 18).
+
+The same tile program the Triton emitter prints (:mod:`.source`) printed for Triton's
+Gluon dialect, where the kernel says what Triton's compiler otherwise decides: the K and
+V tiles come by TMA (device-side descriptors, one per program) into a ring of
+``STAGES`` shared-memory buffers, each signalled by an mbarrier; both products are
+asynchronous warpgroup MMAs (``wgmma``); the product ``q . k`` of tile ``t`` is issued
+before ``p . v`` of tile ``t - 1``, so the element work of tile ``t`` (the derived
+repairs, masks and score modifiers: every state update but the product) runs while the
+tensor cores still multiply tile ``t - 1`` (FlashAttention-3's intra-warpgroup overlap).
+
+What is printed from the tile program, unchanged: the loop bounds, the grid decomposition,
+every element expression of every segment (through the shared :class:`.exprs.Lowerer`
+and op tables), the epilogue. What the dialect adds is the skeleton around them, which
+needs the program to have the attention shape (:func:`shape_of`, else a
+:class:`~neptune_fusion.errors.CodegenError` naming what differs):
+
+* one contraction over the inner axis, ``s = sum_c a[.., i, c] * b[.., j, c]``, both
+  operands plain tile loads (its value is the ``wgmma`` result, bound for the Lowerer);
+* one state over (row, col) updated as ``acc * f + sum_j p * v[.., j, e]`` in every
+  segment, ``f`` per row, ``v`` a plain tile load: ``acc`` lives in the MMA's registers,
+  ``p`` goes to the second ``wgmma`` from registers, ``f`` is applied one tile late
+  (``acc`` is linear in itself, so delaying ``p . v`` by a tile and scaling it by the
+  next tile's ``f`` computes the same sum);
+* every other state over rows only; single phase, no split-k, no gathered loads.
+
+Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
+tile by the segment bounds, so the pipeline never drains between them.
+
+The element expressions are printed with the shared ``tl.*`` op tables: the generated
+module binds the name ``tl`` to Gluon's language module, which has the same element-wise
+functions; what needs a layout (``arange``, ``full``, the MMA operands) is printed here
+with one. Gluon's API is Triton-version specific: this prints Triton 3.6's (what the H200
+machine has), and nothing runs it under the interpreter. Not yet selectable from a
+``Schedule`` (docs/hopper.md says what is measured and what is next).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import CodegenError
+from ..ir.nodes import Binary, Expr, IndexVar, Load, Param, Reduce
+from ..ir.traverse import walk
+from .emitter import Block, Names
+from .exprs import Lowerer, Val, count_uses
+from .patterns import gathers, loaded, match_contraction
+from .program import BLOCK_N, I_FIRST, LOOP_LO, TILE_END, TILE_START, TileProgram, extent_expr
+from .source import _bounds, grid_ids, heaviest_first, kernel_args, kernel_scope
+from .triton_ops import ATOM, literal, tl_dtype
+
+HEADER = (
+    "import triton",
+    "from triton.experimental import gluon",
+    "# the element expressions use the shared tl.* op tables; Gluon's language module",
+    "# has the same element-wise functions (layouts are given where one is needed)",
+    "from triton.experimental.gluon import language as tl",
+    "from triton.experimental.gluon import language as gl",
+    "from triton.experimental.gluon.language.nvidia.hopper import (",
+    "    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)",
+    "",
+    "",
+    "@gluon.jit",
+    "def _nf_tile(desc, row, bar, dst, pred):",
+    "    mbarrier.expect(bar, desc.block_type.nbytes, pred)",
+    "    tma.async_copy_global_to_shared(desc, [row, 0], bar, dst, pred)",
+)
+# every name the skeleton prints itself (the Lowerer's fresh names avoid them)
+SKELETON_NAMES = frozenset((
+    "tl", "gl", "triton", "gluon", "fence_async_shared", "mbarrier", "tma",
+    "warpgroup_mma", "warpgroup_mma_wait", "_nf_tile", "pid_row", "pid_grid", "i_first",
+    "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "a_bar", "b_bars", "v_bars", "st",
+    "n_tiles", "s_zero", "qk", "qk_token", "acc_token", "p", "p_op", "t", "buf", "prev",
+    "nxt", "last"))
+ROW_TILES = (64, 128)      # rows per program: 16 per warp, one or two warpgroups
+LOOP_TILES = (64, 128)     # keys per tile
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The parts of a tile program the Gluon skeleton places (module docstring)."""
+
+    qk: Reduce              # the inner contraction (its value: the first wgmma)
+    a: Load                 # its (row, inner) operand
+    b: Load                 # its (loop, inner) operand
+    v: Load                 # the (loop, col) operand of the accumulator's product
+    acc: str                # the accumulator state's name
+    updates: tuple          # per segment: (p expr, f expr) of ``acc * f + sum_j p * v``
+
+
+def _accumulation(e: Expr, acc: Param) -> tuple[Expr, Reduce] | None:
+    """``(f, r)`` when ``e`` is ``acc * f + r`` (either order of either operation)."""
+    if not (isinstance(e, Binary) and e.op == "add"):
+        return None
+    for scaled, r in ((e.a, e.b), (e.b, e.a)):
+        if isinstance(r, Reduce) and isinstance(scaled, Binary) and scaled.op == "mul":
+            if scaled.a == acc:
+                return scaled.b, r
+            if scaled.b == acc:
+                return scaled.a, r
+    return None
+
+
+def _tile_load(e: Expr, low: Lowerer, roles: tuple[str, str]) -> Load | None:
+    """``e`` as a plain load whose last two indices are the bare tile variables of
+    ``roles`` and whose others span no tile axis (a TMA box), else None."""
+    ld = loaded(e)
+    if ld is None or len(ld.indices) < 2 or \
+            any(low.tile_roles(i) for i in ld.indices[:-2]):
+        return None
+    last = tuple(low.role_of(i) if isinstance(i, IndexVar) else None
+                 for i in ld.indices[-2:])
+    return ld if last == roles else None
+
+
+def shape_of(prog: TileProgram) -> AttentionShape:
+    """The attention shape of ``prog`` (module docstring), or a CodegenError saying
+    what differs."""
+    def refuse(why: str):
+        raise CodegenError(f"the Gluon dialect cannot print {prog.name}: {why}")
+
+    if prog.split is not None or prog.phases != 1:
+        refuse("split-k and phased programs run in the Triton dialect")
+    if gathers(prog):
+        refuse("a gathered (paged) load has no TMA box")
+    if prog.one_tile:
+        refuse("a one-tile loop has no pipeline")
+    cols = [s for s in prog.state if s.roles == ("row", "col")]
+    if len(cols) != 1 or any(s.roles != ("row",) for s in prog.state if s not in cols):
+        refuse("the state must be one (row, col) accumulator and row values")
+    acc = cols[0]
+    low = Lowerer(prog, {s.param: Val(s.name, s.roles, "f32") for s in prog.state},
+                  Block(Names(), 0), None, frozenset())
+    qks = {r for seg in prog.segments for _, e in seg.body for r in walk(e)
+           if isinstance(r, Reduce) and low.role_of(r.axes[0]) == "inner"}
+    if len(qks) != 1:
+        refuse(f"{len(qks)} contractions over the inner axis; the skeleton has one")
+    [qk] = qks
+    con = match_contraction(qk, low.role_of, low.tile_roles)
+    if con is None or con.mask is not None or (con.x, con.y) != ("row", "loop"):
+        refuse("the inner sum is not an unmasked (row, loop) contraction")
+    a, b = _tile_load(con.lhs, low, ("row", "inner")), _tile_load(con.rhs, low, ("loop", "inner"))
+    if a is None or b is None:
+        refuse("an operand of the inner contraction is not a plain tile load")
+    updates, vs = [], set()
+    for seg in prog.segments:
+        body = dict((s.name, e) for s, e in seg.body)
+        got = _accumulation(body[acc.name], acc.param)
+        if got is None:
+            refuse(f"{acc.name} is not updated as {acc.name} * f + sum_j p * v")
+        f, r = got
+        pv = match_contraction(r, low.role_of, low.tile_roles)
+        if pv is None or (pv.x, pv.y) != ("row", "col") or low.role_of(pv.k) != "loop":
+            refuse(f"the sum into {acc.name} is not a (row, loop) x (loop, col) product")
+        v = _tile_load(pv.rhs, low, ("loop", "col"))
+        if v is None or low.tile_roles(f) - {"row"}:
+            refuse(f"{acc.name}'s product or factor does not fit the skeleton")
+        p = pv.lhs if pv.mask is None else \
+            _masked(pv.lhs, pv.mask, low, refuse)
+        vs.add(v)
+        updates.append((p, f))
+    if len(vs) != 1:
+        refuse("the segments multiply different value tiles")
+    return AttentionShape(qk, a, b, vs.pop(), acc.name, tuple(updates))
+
+
+def _masked(p: Expr, mask: Expr, low: Lowerer, refuse) -> Expr:
+    from ..ir.nodes import Const, Where
+    if low.tile_roles(mask) - {"row", "loop"}:
+        refuse("the product's mask spans the value columns")
+    return Where(mask, p, Const(0.0, p.dtype))
+
+
+def _shared_layout(inner: int, dtype) -> str:
+    """The NVMMA shared layout of a (rows, ``inner``) tile of ``dtype`` (TMA and wgmma
+    read it): the widest swizzle the row's bytes allow."""
+    row_bytes = inner * dtype.bits // 8
+    swizzle = max(w for w in (0, 32, 64, 128) if w <= row_bytes)
+    return f"gl.NVMMASharedLayout(swizzle_byte_width={swizzle}, " \
+           f"element_bitwidth={dtype.bits}, rank=2)"
+
+
+def check_schedule(prog: TileProgram) -> None:
+    s = prog.schedule
+    if s.block_m not in ROW_TILES or s.num_warps != s.block_m // 16:
+        raise CodegenError(f"the Gluon dialect takes block_m in {ROW_TILES} with 16 rows "
+                           f"per warp (num_warps = block_m // 16); got block_m={s.block_m}, "
+                           f"num_warps={s.num_warps}")
+    if s.block_n not in LOOP_TILES:
+        raise CodegenError(f"the Gluon dialect takes block_n in {LOOP_TILES}; "
+                           f"got {s.block_n}")
+    for ax in prog.axes:
+        if ax.role in ("col", "inner") and ax.block_size not in (16, 32, 64, 128, 256):
+            raise CodegenError(f"the Gluon dialect holds the {ax.role} axis {ax.name} in "
+                               f"one tile of 16-256 (a power of two); it is "
+                               f"{ax.block_size}")
+
+
+def generate(prog: TileProgram) -> str:
+    """The Gluon source of ``prog`` (same parameters as the Triton kernel's, plus the
+    constexpr ``STAGES``), or a CodegenError when it has not the attention shape."""
+    shape = shape_of(prog)
+    check_schedule(prog)
+    args = kernel_args(prog)
+    dt = shape.a.tensor.dtype
+    if dt.name not in ("float16", "bfloat16") or \
+            {shape.b.tensor.dtype, shape.v.tensor.dtype} != {dt}:
+        raise CodegenError("the Gluon dialect multiplies float16 or bfloat16 tiles of "
+                           "one dtype")
+    names, env = kernel_scope(prog, args, SKELETON_NAMES)
+    k = _Kernel(prog, shape, names, env, dt)
+    body = k.emit()
+    params = ", ".join(a.name + (": tl.constexpr" if a.kind in ("block", "flag", "tma",
+                                                                "even", "one") else "")
+                       for a in args)
+    dyn = [a.name for a in args if a.kind == "size"]
+    lines = ['"""Generated by neptune-fusion: a rolling-update kernel in Gluon '
+             '(Hopper: TMA, wgmma)."""', *HEADER, "", "",
+             f"@gluon.jit(do_not_specialize={dyn!r})" if dyn else "@gluon.jit",
+             f"def {prog.name}({params}, STAGES: tl.constexpr):", body.text(), ""]
+    return "\n".join(lines)
+
+
+class _Kernel:
+    """The printing of one kernel: layouts, prologue, the pipelined loop, epilogue."""
+
+    def __init__(self, prog, shape: AttentionShape, names: Names, env, dt) -> None:
+        self.prog, self.shape, self.env, self.dt = prog, shape, env, dt
+        self.pre = Block(names, 1)
+        self.state_params = frozenset(s.param for s in prog.state)
+
+    def emit(self) -> Block:
+        prog, pre, env = self.prog, self.pre, self.env
+        loop = prog.loop.name
+        pre.emit("S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
+                 "warps_per_cta=[BLOCK_M // 16, 1], instr_shape=[16, BLOCK_N, 16])")
+        col = prog.col
+        pre.emit("O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], "
+                 f"warps_per_cta=[BLOCK_M // 16, 1], instr_shape=[16, {col.block}, 16])")
+        pre.emit("P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, "
+                 f"parent=O_LAYOUT, k_width={32 // self.dt.bits})")
+        if heaviest_first(prog):
+            pre.comment("row blocks in reverse: the ones whose loop is longest start first")
+            pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
+        else:
+            pre.emit("pid_row = tl.program_id(0)")
+        grid_ids(prog, pre, env)
+        pre.emit("i_first = pid_row * BLOCK_M")
+        env[I_FIRST] = Val("i_first", (), "i32")
+        env[BLOCK_N] = Val("BLOCK_N", (), "i32")
+        row = f"offs_{prog.row.name}"
+        pre.emit(f"{row} = i_first + gl.arange(0, BLOCK_M, "
+                 "layout=gl.SliceLayout(1, S_LAYOUT))")
+        env[prog.row.var] = Val(row, ("row",), "i32")
+        low = Lowerer(prog, env, pre, None, frozenset())
+        bounds = _bounds(prog, pre, low, env)
+        env[LOOP_LO] = Val(bounds[prog.segments[0].lo], (), "i32")
+        descs = self._descriptors(low)
+        self._state()
+        self._loop(bounds, descs, loop)
+        self._epilogue()
+        return pre
+
+    # ---------------------------------------------------------------- prologue
+    def _descriptors(self, low: Lowerer) -> dict:
+        """A device-side descriptor per operand over its (rows, inner) matrix, the shared
+        buffers (q once, k and v in rings) and their barriers."""
+        prog, pre, sh = self.prog, self.pre, self.shape
+        out = {}
+        for ld, rows, block in ((sh.a, prog.row, "BLOCK_M"), (sh.b, prog.loop, "BLOCK_N"),
+                                (sh.v, prog.loop, "BLOCK_N")):
+            inner = low.roles[ld.indices[-1]]
+            arg = low.args[ld.tensor]
+            base, _, _ = low.address(ld.tensor, ld.indices)
+            n = low.value(extent_expr(rows.extent)).code
+            w = low.value(extent_expr(inner.extent)).code
+            stride = low.value(arg.stride(len(ld.indices) - 2)).code
+            lay = pre.names.fresh(f"{arg.name}_layout")
+            pre.emit(f"{lay}: gl.constexpr = "
+                     f"{_shared_layout(inner.block_size, ld.tensor.dtype)}")
+            desc = pre.bind(f"{arg.name}_desc", f"tma.make_tensor_descriptor({base}, "
+                            f"shape=[{n}, {w}], strides=[{stride}, 1], "
+                            f"block_shape=[{block}, {inner.block}], layout={lay})")
+            out[ld] = (desc, lay, inner.block, arg.name)
+        a_desc, a_lay, a_w, a_name = out[sh.a]
+        pre.emit(f"{a_name}_smem = gl.allocate_shared_memory({tl_dtype(self.dt)}, "
+                 f"[BLOCK_M, {a_w}], {a_lay})")
+        for ld in (sh.b, sh.v):
+            desc, lay, w, name = out[ld]
+            pre.emit(f"{name}_smem = gl.allocate_shared_memory({tl_dtype(self.dt)}, "
+                     f"[STAGES, BLOCK_N, {w}], {lay})")
+        pre.emit("a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
+        pre.emit("b_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], "
+                 "mbarrier.MBarrierLayout())")
+        pre.emit("v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], "
+                 "mbarrier.MBarrierLayout())")
+        pre.emit("mbarrier.init(a_bar, count=1)")
+        with pre.nested("for st in gl.static_range(STAGES):") as body:
+            body.emit("mbarrier.init(b_bars.index(st), count=1)")
+            body.emit("mbarrier.init(v_bars.index(st), count=1)")
+        pre.emit("fence_async_shared()")
+        return {"a": out[sh.a], "b": out[sh.b], "v": out[sh.v]}
+
+    def _state(self) -> None:
+        for s in self.prog.state:
+            init, _ = literal(s.init)
+            if s.roles == ("row", "col"):
+                code = f"gl.full([BLOCK_M, {self.prog.col.block}], {init}, gl.float32, " \
+                       "O_LAYOUT)"
+            else:
+                code = f"gl.full([BLOCK_M], {init}, gl.float32, gl.SliceLayout(1, S_LAYOUT))"
+            self.pre.emit(f"{s.name} = {code}")
+            self.env[s.param] = Val(s.name, s.roles, "f32")
+
+    # ---------------------------------------------------------------- the loop
+    def _loop(self, bounds: dict, descs: dict, loop: str) -> None:
+        prog, pre, sh = self.prog, self.pre, self.shape
+        a_desc, _, _, a_name = descs["a"]
+        b_desc, _, _, b_name = descs["b"]
+        v_desc, _, _, v_name = descs["v"]
+        lo, hi = bounds[prog.segments[0].lo], bounds[prog.segments[-1].hi]
+        pre.emit(f"n_tiles = tl.cdiv({hi} - {lo}, BLOCK_N)")
+        acc = sh.acc
+        pre.comment("tiles lo + t * BLOCK_N, t < n_tiles; K and V of the first STAGES in "
+                    "flight before the first product")
+        with pre.nested("if n_tiles > 0:") as run:
+            run.emit(f"_nf_tile({a_desc}, i_first, a_bar, {a_name}_smem, True)")
+            with run.nested("for st in gl.static_range(STAGES):") as pro:
+                for desc, name, bars in ((b_desc, b_name, "b_bars"), (v_desc, v_name, "v_bars")):
+                    pro.emit(f"_nf_tile({desc}, {lo} + st * BLOCK_N, {bars}.index(st), "
+                             f"{name}_smem.index(st), st < n_tiles)")
+            run.emit("s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, S_LAYOUT)")
+            run.emit("mbarrier.wait(a_bar, 0)")
+            run.emit("mbarrier.wait(b_bars.index(0), 0)")
+            run.emit(f"qk = warpgroup_mma({a_name}_smem, {b_name}_smem.index(0)"
+                     ".permute((1, 0)), s_zero, use_acc=False)")
+            p, f = self._tile(run, bounds, lo, "0", loop)
+            run.emit(f"p = {p}")
+            with run.nested("for t in range(1, n_tiles):") as body:
+                body.emit("buf = t % STAGES")
+                body.emit("prev = (t - 1) % STAGES")
+                body.emit("nxt = t - 1 + STAGES")
+                body.comment("the product of tile t - 1 is done in every warp: refill its "
+                             "key buffer")
+                body.emit("gl.thread_barrier()")
+                body.emit(f"_nf_tile({b_desc}, {lo} + nxt * BLOCK_N, b_bars.index(prev), "
+                          f"{b_name}_smem.index(prev), nxt < n_tiles)")
+                body.emit("mbarrier.wait(b_bars.index(buf), (t // STAGES) & 1)")
+                body.emit(f"qk_token = warpgroup_mma({a_name}_smem, {b_name}_smem.index(buf)"
+                          ".permute((1, 0)), s_zero, use_acc=False, is_async=True)")
+                body.emit("mbarrier.wait(v_bars.index(prev), ((t - 1) // STAGES) & 1)")
+                body.emit(f"p_op = gl.convert_layout(p.to({tl_dtype(self.dt)}), P_LAYOUT)")
+                body.emit(f"acc_token = warpgroup_mma(p_op, {v_name}_smem.index(prev), "
+                          f"{acc}, is_async=True)")
+                body.emit("qk = warpgroup_mma_wait(1, deps=(qk_token, ))")
+                p, f = self._tile(body, bounds, lo, "t", loop)
+                body.emit(f"{acc}, p_op = warpgroup_mma_wait(0, deps=(acc_token, p_op))")
+                body.emit(f"{acc} = {acc} * gl.convert_layout({f}, "
+                          "gl.SliceLayout(1, O_LAYOUT))[:, None]")
+                body.emit(f"p = {p}")
+                body.emit("gl.thread_barrier()")
+                body.emit(f"_nf_tile({v_desc}, {lo} + nxt * BLOCK_N, v_bars.index(prev), "
+                          f"{v_name}_smem.index(prev), nxt < n_tiles)")
+            run.emit("last = n_tiles - 1")
+            run.emit("mbarrier.wait(v_bars.index(last % STAGES), (last // STAGES) & 1)")
+            run.emit(f"p_op = gl.convert_layout(p.to({tl_dtype(self.dt)}), P_LAYOUT)")
+            run.emit(f"{acc} = warpgroup_mma(p_op, {v_name}_smem.index(last % STAGES), {acc})")
+        pre.emit("mbarrier.invalidate(a_bar)")
+        with pre.nested("for st in gl.static_range(STAGES):") as body:
+            body.emit("mbarrier.invalidate(b_bars.index(st))")
+            body.emit("mbarrier.invalidate(v_bars.index(st))")
+
+    def _tile(self, into: Block, bounds: dict, lo: str, t: str, loop: str) -> tuple[str, str]:
+        """The element work of tile ``t`` from ``qk``: each segment's body in a branch
+        chosen by the tile's start; the row states updated, ``p`` and the accumulator's
+        factor ``f`` bound to the names returned. The first tile's factor is not applied
+        (the accumulator is still zero)."""
+        prog, sh = self.prog, self.shape
+        j0 = into.bind(f"{loop}0", f"{lo} + {t} * BLOCK_N")
+        offs = f"offs_{loop}"
+        into.emit(f"{offs} = {j0} + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))")
+        rows = [s for s in prog.state if s.name != sh.acc]
+        outs = [into.names.fresh(f"{s.name}_next") for s in rows]
+        p_name, f_name = into.names.fresh("p_next"), into.names.fresh("f_next")
+        segs = list(zip(prog.segments, sh.updates))
+        for k, (seg, (p, f)) in enumerate(segs):
+            head = "else:" if k == len(segs) - 1 else \
+                f"{'if' if k == 0 else 'elif'} {j0} < {bounds[seg.hi]}:"
+            with into.nested(head) as br:
+                local = dict(self.env)
+                local[prog.loop.var] = Val(offs, ("loop",), "i32")
+                local[TILE_START] = Val(j0, (), "i32")
+                ext = Lowerer(prog, self.env, br, None, frozenset()).value(
+                    extent_expr(prog.loop.extent))
+                local[TILE_END] = Val(f"tl.minimum({j0} + BLOCK_N, {ext.code})", (), "i32")
+                br.remember(("v", sh.qk, ("row", "loop")), Val("qk", ("row", "loop"), "f32",
+                                                                ATOM))
+                body = dict((s.name, e) for s, e in seg.body)
+                roots = [body[s.name] for s in rows] + [p, f]
+                uses = count_uses(roots)
+                for r in roots:   # a root another root reads is bound once, not twice
+                    uses[r] = uses.get(r, 0) + 1
+                low = Lowerer(prog, local, br, None, self.state_params | {TILE_START, TILE_END},
+                              guard=seg.guard, uses=uses, hints=dict(seg.hints))
+                vals = [low.value(body[s.name]) for s in rows]
+                pv, fv = low.value(p, ("row", "loop")), low.value(f)
+                br.emit(f"{', '.join(outs + [p_name, f_name])} = "
+                        f"{', '.join([v.code for v in vals] + [pv.code, fv.code])}")
+        if rows:
+            into.emit(f"{', '.join(s.name for s in rows)} = {', '.join(outs)}")
+        return p_name, f_name
+
+    # ---------------------------------------------------------------- epilogue
+    def _epilogue(self) -> None:
+        """Outputs from the final state, in the accumulator's layout (the row values
+        converted to it once)."""
+        prog, pre, env = self.prog, self.pre, dict(self.env)
+        pre.comment("epilogue: outputs from the final state")
+        for s in prog.state:
+            if s.roles == ("row",):
+                pre.emit(f"{s.name}_out = gl.convert_layout({s.name}, "
+                         "gl.SliceLayout(1, O_LAYOUT))")
+                env[s.param] = Val(f"{s.name}_out", ("row",), "f32")
+        row = f"offs_{prog.row.name}_out"
+        pre.emit(f"{row} = i_first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, O_LAYOUT))")
+        env[prog.row.var] = Val(row, ("row",), "i32")
+        col = prog.col
+        pre.emit(f"offs_{col.name} = gl.arange(0, {col.block}, "
+                 "layout=gl.SliceLayout(0, O_LAYOUT))")
+        env[col.var] = Val(f"offs_{col.name}", ("col",), "i32")
+        from .source import _store_outputs
+        _store_outputs(prog, pre, env, self.state_params, prog.outputs)

@@ -1,0 +1,115 @@
+"""The Gluon (Hopper) dialect of the emitter: golden sources, what it refuses, and a
+compile for sm_90 where the installed Triton has the Gluon API it prints (3.6).
+
+The interpreter cannot run Gluon: the numbers come from the H200
+(benchmarks/gluon_generated.py, benchmarks/results/2026-12-02-h200-gluon).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import neptune_fusion as nf
+from neptune_fusion import ops
+from neptune_fusion.codegen.gluon import generate, shape_of
+from neptune_fusion.errors import CodegenError
+from neptune_fusion.fusion.plan import plan
+from neptune_fusion.runtime.pipeline import build_programs
+from neptune_fusion.schedule.schedule import Schedule
+
+HOPPER = Schedule(block_m=128, block_n=128, num_warps=8, num_stages=2)
+
+
+def _program(name: str, d: int = 128, sched: Schedule = HOPPER):
+    [o], ins = ops.definition(name, "float16", d)
+    return build_programs(plan([o]), ins, sched, name.lower().replace("-", "_"))
+
+
+def test_causal_source(golden):
+    [prog] = _program("PF-Causal")
+    golden("gluon_pf_causal.py", generate(prog))
+
+
+def test_window_softcap_gqa_source(golden):
+    [prog] = _program("PF-Window", sched=Schedule(block_m=128, block_n=64, num_warps=8,
+                                                  num_stages=3))
+    golden("gluon_pf_window.py", generate(prog))
+
+
+def test_every_prefill_operator_has_the_shape():
+    for name in ("PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi", "PF-SoftCap", "PF-Window"):
+        [prog] = _program(name, 64)
+        sh = shape_of(prog)
+        assert (sh.a.tensor.name, sh.b.tensor.name, sh.v.tensor.name) == ("q", "k", "v")
+        assert sh.acc == "o_sum" and len(sh.updates) == len(prog.segments)
+
+
+def test_one_exponential_per_score():
+    """The probabilities feed both the row sum and the product: bound once per branch."""
+    [prog] = _program("PF-Global")
+    src = generate(prog)
+    loop = src[src.index("for t in range"):src.index("last = n_tiles - 1")]
+    assert loop.count("tl.exp2(s") == len(prog.segments) == 2, loop   # a branch each
+
+
+def test_split_decode_is_refused():
+    [o], ins = ops.definition("DC-GQA", "float16", 128)
+    progs = build_programs(plan([o]), ins, Schedule(block_m=16, num_warps=4, strategy="split",
+                                                  splits=4), "dc")
+    with pytest.raises(CodegenError, match="split-k"):
+        generate(progs[0])
+
+
+def test_a_chain_without_a_product_is_refused():
+    n = nf.size("N")
+    x = nf.placeholder((n, 256), name="x", dtype="float16")
+    j = nf.reduce_axis(256, "j")
+    s = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, j] - nf.max(x[i, j], j)), j),
+                   name="lse")
+    [prog] = build_programs(plan([s]), [x], Schedule(block_m=128, block_n=128, num_warps=8),
+                            "lse")
+    with pytest.raises(CodegenError, match="Gluon dialect cannot print lse"):
+        generate(prog)
+
+
+@pytest.mark.parametrize("block_m,warps", [(128, 4), (32, 2)])
+def test_rows_per_warp_are_checked(block_m, warps):
+    [prog] = _program("PF-Global", 64, Schedule(block_m=block_m, block_n=64,
+                                                num_warps=warps))
+    with pytest.raises(CodegenError, match="16 rows per warp"):
+        generate(prog)
+
+
+def _gluon_of_triton_36():
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6"):
+        pytest.skip(f"the emitter prints Triton 3.6's Gluon API; this is {triton.__version__}")
+    return triton
+
+
+@pytest.mark.parametrize("name", ["PF-Causal", "PF-ALiBi", "PF-Window"])
+def test_compiles_for_sm90(name):
+    """Where Triton 3.6 is installed (the H200 machine's): the source compiles for sm_90
+    with no GPU (layouts, types and the pipeline's barriers are checked by the compiler)."""
+    triton = _gluon_of_triton_36()
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from neptune_fusion.codegen.source import kernel_args
+    from neptune_fusion.runtime.loader import load_kernel_module
+
+    [prog] = _program(name, 64)
+    fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
+    sig, consts = {}, {"STAGES": 2}
+    for a in kernel_args(prog):
+        if a.kind == "tensor":
+            sig[a.name] = "*fp16"
+        elif a.kind in ("stride", "size"):
+            sig[a.name] = "i32"
+        else:
+            sig[a.name] = "constexpr"
+            consts[a.name] = a.ref.block_size if a.kind == "block" else False
+    sig["STAGES"] = "constexpr"
+    k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 8})
+    assert "wgmma.mma_async" in k.asm["ptx"]
