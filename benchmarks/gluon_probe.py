@@ -575,7 +575,7 @@ def bench_shape(d, causal, n, hq, hkv, dt, t_end, gen, kinds):
     for var in variants(kinds):
         if var["d"] != d or var["causal"] != causal or time.time() > t_end:
             continue
-        kw = {key: var[key] for key in ("block_m", "block_n", "stages", "warps", "ws")}
+        kw = {key: var[key] for key in ("block_m", "block_n", "stages", "warps", "kind")}
         call = partial(run, q, k, v, causal, scale=scale, **kw)
         try:
             o = call()

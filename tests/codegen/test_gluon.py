@@ -113,3 +113,64 @@ def test_compiles_for_sm90(name):
     k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 8})
     assert "wgmma.mma_async" in k.asm["ptx"]
+
+
+GLUON = Schedule(block_m=128, block_n=64, num_warps=8, num_stages=2, dialect="gluon")
+
+
+def test_the_schedule_selects_the_dialect():
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
+    from neptune_fusion.runtime.spec import KernelSpec
+    [o], ins = ops.definition("PF-Causal", "float16", 64, q_heads=2, kv_heads=2)
+    k = nf_compile(o, ins, schedule=GLUON)
+    assert k.specs[0].dialect == "gluon" and "warpgroup_mma" in k.source
+    assert KernelSpec.from_dict(k.specs[0].to_dict()) == k.specs[0]
+    assert nf_compile(o, ins, schedule=Schedule()).specs[0].dialect == "triton"
+
+
+def test_cpu_tensors_are_refused_with_the_fix():
+    import torch
+
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
+    [o], ins = ops.definition("PF-Global", "float16", 64, q_heads=2, kv_heads=2)
+    k = nf_compile(o, ins, schedule=GLUON)
+    x = [torch.randn(1, 2, 40, 64, dtype=torch.float16) for _ in range(3)]
+    with pytest.raises(CodegenError, match="dialect='triton'"):
+        k(*x)
+
+
+@pytest.mark.parametrize("bad, why", [({"dialect": "cuda"}, "one of triton, gluon"),
+                                      ({"dialect": "gluon", "tma": True}, "tma=False"),
+                                      ({"dialect": "gluon", "strategy": "split", "splits": 2},
+                                       "strategy='rolling'")])
+def test_bad_schedules_say_what_to_fix(bad, why):
+    from neptune_fusion.errors import ScheduleError
+    with pytest.raises(ScheduleError, match=why):
+        Schedule(**bad).check()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi",
+                                  "PF-SoftCap", "PF-Window"])
+def test_gluon_kernels_match_float64_on_hopper(name):
+    """On a Hopper GPU with Triton 3.6: each prefill operator through the Gluon dialect,
+    ragged lengths (boundary tiles, TMA zero fill), against the float64 reference
+    evaluator on the same data."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper-class GPU")
+    _gluon_of_triton_36()
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
+    op = ops.operator(name)
+    g, d, n = op.q_heads // op.kv_heads, 64, 333
+    hkv = 2 if g == 1 else 1
+    hq = g * hkv
+    [o], ins = ops.definition(name, "float16", d, q_heads=hq, kv_heads=hkv)
+    k = nf_compile(o, ins, schedule=GLUON)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = [torch.randn(2, h, n, d, device="cuda", dtype=torch.float16, generator=gen)
+         for h in (hq, hkv, hkv)]
+    got = k(*x).double().cpu().numpy()
+    want = nf.evaluate(o, {p: t.cpu() for p, t in zip(ins, x)})
+    err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
+    assert err < 2e-3, err

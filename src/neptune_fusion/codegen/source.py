@@ -393,13 +393,14 @@ def unspecialized_sizes(prog: TileProgram) -> frozenset:
     return frozenset(s for s in prog.sizes if s is not col)
 
 
-def _decorator(prog: TileProgram, args: tuple[KernelArg, ...]) -> str:
-    """``@triton.jit``, with ``do_not_specialize`` for :func:`unspecialized_sizes`."""
+def _decorator(prog: TileProgram, args: tuple[KernelArg, ...], jit: str = "triton.jit") -> str:
+    """``@triton.jit`` (or ``jit``), with ``do_not_specialize`` for
+    :func:`unspecialized_sizes`."""
     loose = unspecialized_sizes(prog)
     sizes = [a.name for a in args if a.kind == "size" and a.ref in loose]
     if not sizes:
-        return "@triton.jit"
-    return f"@triton.jit(do_not_specialize={sizes!r})"
+        return f"@{jit}"
+    return f"@{jit}(do_not_specialize={sizes!r})"
 
 
 def _signature_groups(args: tuple[KernelArg, ...]) -> list[str]:

@@ -88,6 +88,9 @@ class _Step:
     # the position of the kernel's TMA argument when it is True: an unaligned call passes
     # False there (codegen/tma.py: descriptors need 16-byte aligned addresses)
     tma_at: int | None = None
+    # a Gluon kernel (Schedule.dialect): it reads every tile by TMA, so an input whose
+    # address is not 16-byte aligned is refused at the launch (strides: at the setup)
+    needs_aligned: bool = False
 
 
 @dataclass(frozen=True)
@@ -381,8 +384,11 @@ class Kernel:
                 args.append((_CONST, interpret))
         tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))
                        if a[0] == "tma" and v), None)
-        fn = self._function(k, interpret) if 0 not in grid else None
         opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
+        if spec.dialect == "gluon":
+            _gluon_ready(spec, device, tensors)
+            opts["STAGES"] = spec.num_stages
+        fn = self._function(k, interpret) if 0 not in grid else None
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
         launcher = None
         if fn is not None and not interpret:
@@ -393,7 +399,7 @@ class Kernel:
                                 (k, reuse_key(*zip(*consts)) if consts else ()),
                                 device.index)
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
-                     launcher, scratch, nbytes, tma_at)
+                     launcher, scratch, nbytes, tma_at, spec.dialect == "gluon")
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, sizes: dict, device,
                     visits=None, is_aligned: bool = False, addresses_aligned: bool = False):
@@ -411,6 +417,12 @@ class Kernel:
         by_tensor[_VISITS] = visits
         args = [v if tag == _CONST else by_tensor[v] if tag == _TENSOR else sizes[v]
                 for tag, v in step.args]
+        if step.needs_aligned and not addresses_aligned:
+            from ..errors import FeedError
+            raise FeedError(f"{self.specs[k].name}: a tensor's address is not 16-byte "
+                            "aligned, and a Gluon kernel (Schedule.dialect='gluon') reads "
+                            "every tile by TMA; pass aligned tensors (.contiguous() or "
+                            ".clone()) or use dialect='triton'")
         if step.tma_at is not None and not addresses_aligned:
             args[step.tma_at] = False
         if step.interpret:
@@ -490,6 +502,20 @@ def _shaping_sizes(specs, k: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _alloc(shape, dtype: str, sizes: dict) -> tuple[tuple[int, ...], object]:
     import torch
     return tuple(_value(x, sizes) for x in shape), getattr(torch, dtype)
+
+
+def _gluon_ready(spec: KernelSpec, device, tensors) -> None:
+    """Refuse a Gluon kernel where it cannot run: off CUDA (the interpreter runs Triton
+    only) or with a stride the copy engine cannot take."""
+    from ..errors import FeedError
+    if device.type != "cuda":
+        raise CodegenError(f"{spec.name} was generated in the Gluon dialect "
+                           "(Schedule.dialect='gluon'), which runs on CUDA GPUs of the Hopper "
+                           f"class only; on {device.type} tensors use dialect='triton'")
+    if not tma_strides(tensors):
+        raise FeedError(f"{spec.name}: every stride but the last must be a multiple of 16 "
+                        "bytes for a Gluon kernel (Schedule.dialect='gluon': TMA loads); "
+                        "pass contiguous tensors or use dialect='triton'")
 
 
 def tma_strides(tensors) -> bool:

@@ -80,8 +80,9 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
 
 def kernel_specs(programs, inputs) -> tuple[KernelSpec, ...]:
     """The generated source of each program, and the kernel specs of them all."""
-    from ..codegen.source import generate
-    sources = [generate(p) for p in programs]
+    from ..codegen import gluon, source
+    sources = [(gluon if p.schedule.dialect == "gluon" else source).generate(p)
+               for p in programs]
     settings.dump("source", lambda: "\n\n".join(sources))
     return specs_of(programs, inputs, sources)
 

@@ -51,6 +51,9 @@ class KernelSpec:
     # walks_rows): the row grid is capped at this many programs per multiprocessor
     # whenever the one tile runs (no ONE_TILE argument, or ONE_TILE >= 1)
     row_programs: int = 0
+    # the source's dialect (Schedule.dialect): "gluon" kernels run on CUDA only and take
+    # the constexpr STAGES (the schedule's num_stages)
+    dialect: str = "triton"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,7 +75,8 @@ class KernelSpec:
                 col_blocks=int(d.get("col_blocks", 1)),
                 col_tile=tuple(_ext(x) for x in d.get("col_tile", ())),
                 specialized=tuple(str(x) for x in d.get("specialized", ())),
-                row_programs=int(d.get("row_programs", 0)))
+                row_programs=int(d.get("row_programs", 0)),
+                dialect=str(d.get("dialect", "triton")))
         except (KeyError, TypeError, ValueError) as err:
             raise NeptuneError(f"malformed kernel spec: {err!r}") from None
         if not spec.name.isidentifier():   # it names the kernel function and its module
@@ -82,6 +86,8 @@ class KernelSpec:
                  "even", "one"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
+        if spec.dialect not in ("triton", "gluon"):
+            raise NeptuneError(f"malformed kernel spec: dialect {spec.dialect!r}")
         return spec
 
 
@@ -151,5 +157,5 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             if prog.col is not None and prog.col.programs else (),
             specialized=tuple(a.ref.name for a in kernel_args(prog) if a.kind == "size"
                               and a.ref not in unspecialized_sizes(prog)),
-            row_programs=s.row_programs if walks_rows(prog) else 0))
+            row_programs=s.row_programs if walks_rows(prog) else 0, dialect=s.dialect))
     return tuple(specs)

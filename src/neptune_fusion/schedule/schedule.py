@@ -16,6 +16,7 @@ from ..errors import ScheduleError
 
 FP32_PRECISIONS = ("ieee", "tf32")
 STRATEGIES = ("rolling", "split", "library")
+DIALECTS = ("triton", "gluon")
 MAX_BLOCK = 1 << 20   # Triton's largest tensor (TRITON_MAX_TENSOR_NUMEL)
 # with block_col: row tiles that walk the column tiles together (the grid's L2 grouping)
 COL_GROUP = 8
@@ -74,6 +75,12 @@ class Schedule:
       reduction whose one tile covers the row (a persistent schedule): n programs per
       multiprocessor walk the row blocks, each loading the next block's tile before this
       one's arithmetic (codegen/source._walk_rows); no effect on other kernels;
+    * ``dialect``: ``"triton"`` (default: the portable kernel, every GPU and the
+      interpreter) or ``"gluon"``: the same tile program printed in Triton's Gluon dialect
+      for Hopper-class GPUs (TMA, asynchronous warpgroup MMAs: ``codegen/gluon.py``) --
+      rolling attention-shaped programs only, CUDA only, 16-byte aligned inputs, ``block_m``
+      of 64 or 128 with 16 rows per warp, ``num_stages`` buffers per operand. Opt-in (not
+      in the auto-scheduler's space: docs/hopper.md);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
@@ -94,6 +101,7 @@ class Schedule:
     gather_stages: int = 0
     static_sizes: bool = False
     row_programs: int = 0
+    dialect: str = "triton"
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
@@ -142,6 +150,12 @@ class Schedule:
         if self.tma and self.strategy != "rolling":
             raise ScheduleError(f"schedule: tma=True needs strategy='rolling', got "
                                 f"{self.strategy!r}")
+        if self.dialect not in DIALECTS:
+            raise ScheduleError(f"schedule: dialect must be one of {', '.join(DIALECTS)}, "
+                                f"got {self.dialect!r}")
+        if self.dialect == "gluon" and (self.strategy != "rolling" or self.tma):
+            raise ScheduleError("schedule: dialect='gluon' needs strategy='rolling' (and "
+                                "loads every tile by TMA itself: tma=False)")
         for name in ("exp2", "partition", "fast_tanh", "count_visits", "tma", "static_sizes"):
             if not isinstance(getattr(self, name), bool):
                 raise ScheduleError(f"schedule: {name} must be a bool, "
