@@ -25,7 +25,7 @@ import time
 import torch
 
 from neptune_fusion import ops
-from neptune_fusion.codegen.gluon import generate
+from neptune_fusion.codegen.gluon import LAUNCH_WARPS, generate
 from neptune_fusion.codegen.source import kernel_args
 from neptune_fusion.fusion.plan import plan as make_plan
 from neptune_fusion.ir.nodes import Size
@@ -35,7 +35,7 @@ from neptune_fusion.schedule.schedule import Schedule
 
 LOG = []
 PREFILL = ("PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi", "PF-SoftCap", "PF-Window")
-TILES = ((128, 128, 2), (128, 64, 3), (64, 128, 2))   # block_m, block_n, stages
+TILES = ((128, 128, 2), (128, 128, 3), (128, 64, 2), (128, 64, 3))   # block_m, block_n, stages
 
 
 def rec(**kw):
@@ -126,7 +126,7 @@ def compile_only(args):
         t0 = time.time()
         try:
             k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": bm // 16})
+                               options={"num_warps": LAUNCH_WARPS})
         except Exception as e:  # noqa: BLE001
             rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=False, stage="compile",
                 error=f"{type(e).__name__}: {str(e)[:600]}")
@@ -198,7 +198,7 @@ def case(name, d, n, dtype, t_end, gen):
             _, fn = kernel_of(prog)
             out = torch.empty_like(q)
             vals, grid = arguments(prog, ins, (q, k, v), out)
-            call = partial(fn[grid], **vals, STAGES=st, num_warps=bm // 16)
+            call = partial(fn[grid], **vals, STAGES=st, num_warps=LAUNCH_WARPS)
             call()
             torch.cuda.synchronize()
             err = err_of(out)

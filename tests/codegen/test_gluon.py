@@ -11,7 +11,7 @@ import pytest
 
 import neptune_fusion as nf
 from neptune_fusion import ops
-from neptune_fusion.codegen.gluon import generate, shape_of
+from neptune_fusion.codegen.gluon import LAUNCH_WARPS, generate, shape_of
 from neptune_fusion.errors import CodegenError
 from neptune_fusion.fusion.plan import plan
 from neptune_fusion.runtime.pipeline import build_programs
@@ -72,7 +72,7 @@ def test_a_chain_without_a_product_is_refused():
         generate(prog)
 
 
-@pytest.mark.parametrize("block_m,warps", [(128, 4), (32, 2)])
+@pytest.mark.parametrize("block_m,warps", [(128, 4), (64, 4)])
 def test_rows_per_warp_are_checked(block_m, warps):
     [prog] = _program("PF-Global", 64, Schedule(block_m=block_m, block_n=64,
                                                 num_warps=warps))
@@ -111,7 +111,7 @@ def test_compiles_for_sm90(name):
             consts[a.name] = a.ref.block_size if a.kind == "block" else False
     sig["STAGES"] = "constexpr"
     k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 8})
+                       options={"num_warps": LAUNCH_WARPS})
     assert "wgmma.mma_async" in k.asm["ptx"]
 
 

@@ -91,6 +91,15 @@ class KernelSpec:
         return spec
 
 
+def _launch_warps(s) -> int:
+    """The launch's ``num_warps``: the schedule's, or for a Gluon kernel its default
+    partition's (codegen/gluon.py: the other partitions' warps come on top)."""
+    if s.dialect == "gluon":
+        from ..codegen.gluon import LAUNCH_WARPS
+        return LAUNCH_WARPS
+    return s.num_warps
+
+
 def _ext(x):
     if isinstance(x, bool) or not isinstance(x, (int, str)):
         raise ValueError(f"not an extent: {x!r}")
@@ -150,7 +159,7 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             name=prog.name, source=src, rows=ext_of(prog.row.extent),
             grid=tuple(ext_of(a.extent) for a in prog.grid), block_m=s.block_m,
             splits=prog.split.splits if stage == "partial" else 0,
-            outputs=tuple(outs), args=tuple(args), num_warps=s.num_warps,
+            outputs=tuple(outs), args=tuple(args), num_warps=_launch_warps(s),
             num_stages=s.num_stages, count_visits=s.count_visits,
             col_blocks=prog.split.col_blocks if stage == "combine" else 1,
             col_tile=(ext_of(prog.col.extent), prog.col.block_size)
