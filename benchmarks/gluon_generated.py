@@ -93,16 +93,9 @@ def triton_cdiv(a, b):
 
 
 def compile_only(args):
-    import subprocess
-    import tempfile
+    from sm90 import compile_sm90
 
-    import triton
-    import triton.backends.nvidia as nvidia
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
-    for name, d, (bm, bn, st) in itertools.product(args.ops, args.head_dims, TILES):
+    for name, d, (bm, bn, st) in itertools.product(args.ops, args.head_dims, args.tiles):
         prog, _ = program(name, d, args.dtype, bm, bn)
         try:
             src, fn = kernel_of(prog)
@@ -125,22 +118,13 @@ def compile_only(args):
         sig["STAGES"], consts["STAGES"] = "constexpr", st
         t0 = time.time()
         try:
-            k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": LAUNCH_WARPS})
+            k, info = compile_sm90(fn, sig, consts, LAUNCH_WARPS)
         except Exception as e:  # noqa: BLE001
             rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=False, stage="compile",
                 error=f"{type(e).__name__}: {str(e)[:600]}")
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.ptx")
-            with open(path, "w") as f:
-                f.write(k.asm["ptx"])
-            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".o"],
-                                 capture_output=True, text=True).stderr
-        info = [line.split(":", 1)[-1].strip() for line in out.splitlines()
-                if "registers" in line or "spill" in line]
         rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=True,
-            shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=" | ".join(info))
+            shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info)
 
 
 def reference(op, q, k, v, scale):
@@ -157,7 +141,7 @@ def reference(op, q, k, v, scale):
     return torch.softmax(s, -1) @ v[:, :1].double()
 
 
-def case(name, d, n, dtype, t_end, gen):
+def case(name, d, n, dtype, t_end, gen, tiles, flex):
     """One operator and length: the references, then each tile of the generated kernel."""
     from functools import partial
 
@@ -188,8 +172,12 @@ def case(name, d, n, dtype, t_end, gen):
                           is_causal=op.causal, scale=opts["scale"])
             base.update(cudnn_err=err_of(cud()),
                         cudnn_ms=round(do_bench(cud, warmup=50, rep=300), 4))
+    if flex:
+        from neptune_fusion.bench.providers.flex import FLEX
+        fx = FLEX.prepare(op, q, k, v, None).fn
+        base.update(flex_err=err_of(fx()), flex_ms=round(do_bench(fx, warmup=50, rep=300), 4))
     rec(**base)
-    for bm, bn, st in TILES:
+    for bm, bn, st in tiles:
         if time.time() > t_end:
             return
         kw = dict(block_m=bm, block_n=bn, stages=st)
@@ -207,7 +195,8 @@ def case(name, d, n, dtype, t_end, gen):
                 continue
             t = do_bench(call, warmup=50, rep=300)
             rec(**base, **kw, ok=True, err=err, ms=round(t, 4), vs_nf=round(base["nf_ms"] / t, 3),
-                vs_cudnn=round(base["cudnn_ms"] / t, 3) if "cudnn_ms" in base else None)
+                vs_cudnn=round(base["cudnn_ms"] / t, 3) if "cudnn_ms" in base else None,
+                vs_flex=round(base["flex_ms"] / t, 3) if "flex_ms" in base else None)
         except Exception as e:  # noqa: BLE001 - a probe records every failure and goes on
             rec(**base, **kw, ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
 
@@ -226,7 +215,8 @@ def gpu(args):
         if time.time() > t_end:
             rec(stopped="budget")
             break
-        case(name, ops.operator(name).head_dim, n, getattr(torch, args.dtype), t_end, gen)
+        case(name, ops.operator(name).head_dim, n, getattr(torch, args.dtype), t_end, gen,
+             args.tiles, args.flex)
         torch.cuda.empty_cache()
 
 
@@ -242,6 +232,11 @@ def main():
                     default=[4096, 16384])
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
     ap.add_argument("--budget", type=float, default=300.0, help="seconds, then stop")
+    ap.add_argument("--tiles", type=lambda s: [tuple(int(x) for x in t.split("x"))
+                                               for t in s.split(",")], default=list(TILES),
+                    help="block_m x block_n x stages, comma-separated (128x128x2,...)")
+    ap.add_argument("--flex", action="store_true",
+                    help="time FlexAttention too (compiled per operator and length)")
     args = ap.parse_args()
     if args.compile_only:
         compile_only(args)

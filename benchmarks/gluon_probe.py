@@ -30,7 +30,6 @@ import os
 import time
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -488,16 +487,9 @@ def variants(kinds=tuple(KINDS)):
 
 def compile_only(kinds):
     """Compile every variant for sm_90 on a machine with no GPU; ptxas reports registers."""
-    import subprocess
-    import tempfile
-
-    import triton.backends.nvidia as nvidia
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from sm90 import compile_sm90
     from triton.runtime.jit import mangle_type
 
-    ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
-    target = GPUTarget("cuda", 90, 32)
     for var in variants(kinds):
         d = var["d"]
         kernel, q_rows, consts = launch_args(var["kind"], var["block_m"], var["warps"])
@@ -510,21 +502,11 @@ def compile_only(kinds):
         sig.update({name: "constexpr" for name in consts})
         t0 = time.time()
         try:
-            k = triton.compile(GluonASTSource(kernel, sig, consts), target=target,
-                               options={"num_warps": warps})
+            k, info = compile_sm90(kernel, sig, consts, warps)
         except Exception as e:  # noqa: BLE001 - a probe records every failure and goes on
             rec(**var, ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.ptx")
-            with open(path, "w") as f:
-                f.write(k.asm["ptx"])
-            out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".o"],
-                                 capture_output=True, text=True).stderr
-        info = [line.split(":", 1)[-1].strip() for line in out.splitlines()
-                if "registers" in line or "spill" in line]
-        rec(**var, ok=True, shared=k.metadata.shared, s=round(time.time() - t0, 1),
-            ptxas=" | ".join(info))
+        rec(**var, ok=True, shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info)
 
 
 def reference(q, k, v, causal, scale):
