@@ -55,6 +55,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_DIRECT_LAUNCH", "1",
             "`0`: always launch through Triton's dispatcher instead of calling the compiled "
             "kernel's launcher directly after the first call (for debugging)."),
+    Setting("NEPTUNE_FUSION_GLUON", "0",
+            "`1`: on Hopper-class GPUs (sm_90) with Triton 3.6, the auto-scheduler also "
+            "measures the Gluon dialect's schedules (`Schedule.dialect`, "
+            "[hopper.md](hopper.md)) for attention-shaped programs and keeps one when it "
+            "is fastest; a call such a kernel cannot take (CPU tensors, an address or "
+            "stride off the 16-byte grid) runs the same tile in the Triton dialect. Off "
+            "until measured through the tuner."),
     Setting("TRITON_INTERPRET", "0",
             "Triton's own variable. neptune-fusion sets it only while it imports or runs a "
             "kernel under the interpreter (CPU tensors); the benchmark refuses to time with "
@@ -118,6 +125,11 @@ def validate_enabled() -> bool:
 def direct_launch() -> bool:
     """``$NEPTUNE_FUSION_DIRECT_LAUNCH`` (default on)."""
     return _flag("NEPTUNE_FUSION_DIRECT_LAUNCH")
+
+
+def gluon_enabled() -> bool:
+    """``$NEPTUNE_FUSION_GLUON``: the auto-scheduler offers the Gluon dialect."""
+    return _flag("NEPTUNE_FUSION_GLUON")
 
 
 def triton_interpret() -> bool:

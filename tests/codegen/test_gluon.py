@@ -170,7 +170,67 @@ def test_gluon_kernels_match_float64_on_hopper(name):
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = [torch.randn(2, h, n, d, device="cuda", dtype=torch.float16, generator=gen)
          for h in (hq, hkv, hkv)]
-    got = k(*x).double().cpu().numpy()
     want = nf.evaluate(o, {p: t.cpu() for p, t in zip(ins, x)})
-    err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
-    assert err < 2e-3, err
+    for _ in range(2):   # the second call takes the direct launch (runtime/launcher.py)
+        got = k(*x).double().cpu().numpy()
+        err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
+        assert err < 2e-3, err
+
+
+# ---------------------------------------------------------------- selection (stand-in)
+
+def _problem(**kw):
+    from neptune_fusion.schedule.space import Problem
+    return Problem(**{**dict(rows=4096, loop=4096, programs=32, inner=128, col=128,
+                             contraction=True), **kw})
+
+
+def test_the_space_offers_gluon_on_a_gluon_device_only():
+    from dataclasses import replace
+
+    from neptune_fusion.schedule.space import H200, candidates
+    hopper = replace(H200, gluon=True)
+    got = [s for s in candidates(_problem(), hopper) if s.dialect == "gluon"]
+    assert {(s.block_m, s.block_n, s.num_warps, s.num_stages) for s in got} == \
+        {(128, 128, 8, 2), (128, 64, 8, 2)}
+    assert not [s for s in candidates(_problem(), H200) if s.dialect == "gluon"]
+    for other in (dict(fp32=True, itemsize=4), dict(rows=16), dict(gathers=True)):
+        assert not [s for s in candidates(_problem(**other), hopper) if s.dialect == "gluon"]
+
+
+def test_gluon_device_needs_sm90_the_setting_and_triton_36(monkeypatch):
+    import triton
+
+    from neptune_fusion.schedule.space import gluon_device
+    monkeypatch.setenv("NEPTUNE_FUSION_GLUON", "1")
+    assert not gluon_device((8, 0)) and not gluon_device((10, 0))
+    assert gluon_device((9, 0)) == triton.__version__.startswith("3.6")
+    monkeypatch.setenv("NEPTUNE_FUSION_GLUON", "0")
+    assert not gluon_device((9, 0))
+
+
+def test_a_chosen_gluon_kernel_runs_its_triton_twin_where_it_cannot_run(monkeypatch):
+    """The auto-scheduler on a stand-in Gluon device, the Gluon candidates ranked first
+    (as measurement would keep them where they win): the choice is a Gluon kernel, and a
+    call it cannot take (here: CPU tensors) runs the same tile in the Triton dialect,
+    matching float64."""
+    from dataclasses import replace
+
+    import torch
+
+    import neptune_fusion.schedule.cost as cost
+    import neptune_fusion.schedule.space as space
+    standin = replace(space.CPU, gluon=True)
+    monkeypatch.setattr(space, "device_of", lambda device: standin)
+    plain_rank = cost.rank
+    monkeypatch.setattr(cost, "rank", lambda problem, cands, device: sorted(
+        plain_rank(problem, cands, device), key=lambda e: e.schedule.dialect != "gluon"))
+    [o], ins = ops.definition("PF-Causal", "float16", 32, q_heads=2, kv_heads=2)
+    k = nf.compile(o, ins)
+    x = [torch.randn(1, 2, 130, 32, dtype=torch.float16) for _ in range(3)]
+    chosen = k.kernel_for(*x)
+    assert chosen.schedule.dialect == "gluon" and not chosen.takes(x)
+    assert chosen.fallback.schedule == replace(chosen.schedule, dialect="triton")
+    got = k(*x).double().numpy()
+    want = nf.evaluate(o, {p: t for p, t in zip(ins, x)})
+    assert float(abs(got - want).max()) < 2e-2

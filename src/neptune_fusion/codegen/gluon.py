@@ -38,8 +38,8 @@ module binds the name ``tl`` to Gluon's language module, which has the same elem
 functions; what needs a layout (``arange``, ``full``, the MMA operands) is printed here
 with one. Gluon's API is Triton-version specific: this prints Triton 3.6's (what the H200
 machine has), and nothing runs it under the interpreter. Selected by
-``Schedule(dialect="gluon")``, never by the auto-scheduler yet (docs/hopper.md says what is
-measured and what is next).
+``Schedule(dialect="gluon")``, or by the auto-scheduler with ``NEPTUNE_FUSION_GLUON=1``
+(docs/hopper.md says what is measured and what is next).
 """
 
 from __future__ import annotations

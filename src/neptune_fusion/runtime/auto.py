@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
@@ -158,6 +158,8 @@ class AutoKernel:
         k = self._kernels.get(s)
         if k is None:
             k = self._kernels[s] = self._build(s)
+            if s.dialect == "gluon":   # the calls it cannot take run the Triton twin
+                k.fallback = self._kernel(replace(s, dialect="triton"))
         return k
 
     @property
@@ -241,6 +243,9 @@ class AutoKernel:
                 # only if it fails
                 fused = ranked[: max(1, self.top_k // 2)] if library else \
                     ranked[: self.top_k]
+                # the Gluon dialect is another vehicle too: measured whenever offered
+                fused += [e for e in ranked if e.schedule.dialect == "gluon"
+                          and e not in fused]
                 choice = None
                 if library and library_alone(problem):
                     try:

@@ -137,6 +137,10 @@ class Kernel:
         self._steps: dict[tuple, _Step] = {}
         self._shaping = tuple(_shaping_sizes(self.specs, k) for k in range(len(self.specs)))
         self._fits: set = set()   # (device, column extents) whose resources were checked
+        # a Gluon kernel chosen by the auto-scheduler: the same tile in the Triton dialect,
+        # for the calls the Gluon kernel cannot take (:meth:`takes`); None: refuse them
+        self.fallback = None
+        self._gluon = any(sp.dialect == "gluon" for sp in self.specs)
         names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
         self._size_names = {s: s.name for p in self.inputs for s in p.shape
                             if isinstance(s, Size)}
@@ -195,6 +199,8 @@ class Kernel:
     def call_signed(self, tensors: tuple, sig: tuple | None, checked=None, out=None):
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
+        if self.fallback is not None and not self.takes(tensors, out):
+            return self.fallback.call_signed(tensors, sig, checked, out)
         if out is not None and not all(o is None or _unit_last(o) for o in out):
             # the kernels index an output's last dimension with stride 1: such an out
             # gets a contiguous result, copied into it
@@ -209,7 +215,18 @@ class Kernel:
 
     def launch(self, *tensors) -> LaunchResult:
         """Run the kernel(s); returns outputs, grid and (with ``count_visits``) visits."""
+        if self.fallback is not None and not self.takes(tensors):
+            return self.fallback.launch(*tensors)
         return self._run(self._setup(tensors, signature(tensors)), tensors)
+
+    def takes(self, tensors, out=None) -> bool:
+        """Whether this kernel can run on ``tensors`` (and ``out``): always, but a Gluon
+        kernel needs CUDA tensors whose addresses and strides suit TMA (16 bytes)."""
+        if not self._gluon:
+            return True
+        given = [o for o in out if o is not None] if out is not None else []
+        return all(t.is_cuda for t in tensors) and aligned(list(tensors) + given) \
+            and tma_strides(tensors)
 
     def _run(self, setup: _CallSetup, tensors, out=None) -> LaunchResult:
         import torch
@@ -385,9 +402,9 @@ class Kernel:
         tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))
                        if a[0] == "tma" and v), None)
         opts = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
-        if spec.dialect == "gluon":
-            _gluon_ready(spec, device, tensors)
-            opts["STAGES"] = spec.num_stages
+        if spec.dialect == "gluon":   # its last parameter, the constexpr STAGES, by position
+            _gluon_ready(spec, device, tensors)   # (the direct launch passes args alone)
+            args.append((_CONST, spec.num_stages))
         fn = self._function(k, interpret) if 0 not in grid else None
         scratch, nbytes = scratch_layout(outputs) if k < len(self.specs) - 1 else ((), 0)
         launcher = None

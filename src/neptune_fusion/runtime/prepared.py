@@ -76,6 +76,8 @@ class PreparedLaunch:
             raise FeedError(f"a prepared call needs a kernel of one set of launches, not a "
                             f"{type(kernel).__name__} (several passes)")
         tensors = tuple(tensors)
+        if kernel.fallback is not None and not kernel.takes(tensors):
+            kernel = kernel.fallback   # a Gluon kernel's Triton twin (runtime/auto.py)
         if not all(type(t) is torch.Tensor for t in tensors):
             raise FeedError("a prepared call needs plain torch tensors (not a subclass)")
         cuda = self.cuda = tensors[0].is_cuda

@@ -52,7 +52,7 @@ class KernelSpec:
     # whenever the one tile runs (no ONE_TILE argument, or ONE_TILE >= 1)
     row_programs: int = 0
     # the source's dialect (Schedule.dialect): "gluon" kernels run on CUDA only and take
-    # the constexpr STAGES (the schedule's num_stages)
+    # one more parameter, the constexpr STAGES (the schedule's num_stages), last
     dialect: str = "triton"
 
     def to_dict(self) -> dict:

@@ -47,6 +47,8 @@ class Device:
     # fixed cost of one program where programs run one after another (the interpreter);
     # 0 on a GPU, whose per-program costs the cost model prices by residency
     program_s: float = 0.0
+    # the Gluon dialect's schedules are offered (:func:`gluon_device`)
+    gluon: bool = False
 
 
 # NVIDIA H200 (SXM, 132 SMs): 227 KiB shared memory per block, 64 K registers per SM;
@@ -76,7 +78,36 @@ def device_of(torch_device) -> Device:
     scale = p.multi_processor_count / H200.sms
     return replace(H200, name=p.name, sms=p.multi_processor_count, smem_per_block=smem,
                    regs_per_sm=regs, max_warps_per_sm=warps,
-                   mma_flops=H200.mma_flops * scale, fp32_flops=H200.fp32_flops * scale)
+                   mma_flops=H200.mma_flops * scale, fp32_flops=H200.fp32_flops * scale,
+                   gluon=gluon_device((p.major, p.minor)))
+
+
+def gluon_device(capability: tuple[int, int]) -> bool:
+    """Whether the Gluon dialect's schedules are offered on a GPU of ``capability``:
+    ``NEPTUNE_FUSION_GLUON`` is on, the GPU is sm_90 (Hopper: wgmma, TMA) and the
+    installed Triton has the Gluon API the dialect prints (3.6; codegen/gluon.py)."""
+    from ..settings import gluon_enabled
+    if capability != (9, 0) or not gluon_enabled():
+        return False
+    try:
+        import triton
+        from triton.experimental.gluon.language.nvidia import hopper  # noqa: F401
+    except ImportError:
+        return False
+    return triton.__version__.startswith("3.6")
+
+
+def gluon_candidates(problem: Problem, base: Schedule) -> list[Schedule]:
+    """The Gluon dialect's schedules for ``problem`` (codegen/gluon.py): 128 rows as two
+    warpgroups, 64 or 128 keys a tile, two stages (the forms measured on the H200:
+    docs/hopper.md). Only 16-bit attention-shaped problems of at least 128 rows whose
+    loop loads directly; a program without the attention shape fails to build, and the
+    tuner drops it."""
+    if not problem.contraction or problem.fp32 or problem.itemsize != 2 \
+            or problem.gathers or problem.rows < 128:
+        return []
+    return [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
+                    dialect="gluon", tma=False, block_col=0) for bn in (128, 64)]
 
 
 @dataclass(frozen=True)
@@ -207,6 +238,7 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
     those split candidates, with at least the counts of :data:`RAGGED_SPLITS`, next to
     the rolling ones. Tensor descriptors (``Schedule.tma``) are not in the space
     (docs/hopper.md says why); a ``base`` with ``tma`` keeps it on the rolling schedules.
+    A device with ``gluon`` adds :func:`gluon_candidates` to the rolling ones.
     """
     base = base if base is not None else Schedule()
     base = replace(base, strategy="rolling", splits=1)
@@ -236,6 +268,8 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                 for st in STAGES:
                     out.append(replace(base, block_m=bm, block_n=bn, num_warps=w,
                                        num_stages=st))
+    if device.gluon:
+        out += gluon_candidates(problem, base)
     if problem.col > COL_WHOLE_MAX:     # a matmul epilogue: row x column tiles
         ms = tuple(m for m in GEMM_M if m <= rows_p2) or (rows_p2,)
         for bm in ms:
@@ -272,7 +306,7 @@ def gather_depth(problem: Problem, device: Device, s: Schedule) -> Schedule:
 
 def _order(s: Schedule) -> tuple:
     return (s.strategy, s.block_m, s.block_n, s.block_col, s.splits, s.num_warps,
-            s.num_stages, s.tma)
+            s.num_stages, s.tma, s.dialect)
 
 
 # ------------------------------------------------------------ row reductions (no tl.dot)
