@@ -52,6 +52,13 @@ def test_one_exponential_per_score():
     assert loop.count("tl.exp2(s") == len(prog.segments) == 2, loop   # a branch each
 
 
+def test_column_tiles_across_programs_are_refused():
+    [prog] = _program("PF-Global", 128, Schedule(block_m=128, block_n=64, num_warps=8,
+                                                 block_col=64))
+    with pytest.raises(CodegenError, match="one tile per program"):
+        generate(prog)
+
+
 def test_split_decode_is_refused():
     [o], ins = ops.definition("DC-GQA", "float16", 128)
     progs = build_programs(plan([o]), ins, Schedule(block_m=16, num_warps=4, strategy="split",

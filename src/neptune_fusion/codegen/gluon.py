@@ -28,7 +28,8 @@ needs the program to have the attention shape (:func:`shape_of`, else a
   ``p`` goes to the second ``wgmma`` from registers, ``f`` is applied one tile late
   (``acc`` is linear in itself, so delaying ``p . v`` by a tile and scaling it by the
   next tile's ``f`` computes the same sum);
-* every other state over rows only; single phase, no split-k, no gathered loads.
+* every other state over rows only; the output columns one tile per program; single
+  phase, no split-k, no gathered loads.
 
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
@@ -149,6 +150,8 @@ def shape_of(prog: TileProgram) -> AttentionShape:
     if len(cols) != 1 or any(s.roles != ("row",) for s in prog.state if s not in cols):
         refuse("the state must be one (row, col) accumulator and row values")
     acc = cols[0]
+    if prog.col is None or prog.col.chunk is not None or prog.col.programs:
+        refuse("the output columns must be one tile per program (block_col=0)")
     low = Lowerer(prog, {s.param: Val(s.name, s.roles, "f32") for s in prog.state},
                   Block(Names(), 0), None, frozenset())
     qks = {r for seg in prog.segments for _, e in seg.body for r in walk(e)
