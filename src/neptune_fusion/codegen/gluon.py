@@ -60,9 +60,9 @@ from .source import (
     _decorator,
     _store_outputs,
     grid_ids,
-    heaviest_first,
     kernel_args,
     kernel_scope,
+    row_id,
 )
 from .triton_ops import ATOM, literal, tl_dtype
 
@@ -312,11 +312,7 @@ class _Kernel:
         """Program ids, the block's first row and the loop bounds (each partition
         computes them: a few scalar instructions)."""
         prog = self.prog
-        if heaviest_first(prog):
-            pre.comment("row blocks in reverse: the ones whose loop is longest start first")
-            pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
-        else:
-            pre.emit("pid_row = tl.program_id(0)")
+        row_id(prog, pre)
         grid_ids(prog, pre, env)
         pre.emit("i_first = pid_row * BLOCK_M")
         env[I_FIRST] = Val("i_first", (), "i32")

@@ -430,11 +430,8 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
     col = prog.col
     if col is not None and col.programs:
         _grouped_ids(prog, pre, low)
-    elif heaviest_first(prog):
-        pre.comment("row blocks in reverse: the ones whose loop is longest start first")
-        pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
     else:
-        pre.emit("pid_row = tl.program_id(0)")
+        row_id(prog, pre)
     grid_ids(prog, pre, env)
     if prog.split is not None and prog.split.stage == "partial":
         pre.emit("pid_split = tl.program_id(2)")
@@ -456,6 +453,15 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
             tiled = col_split or a.programs
             start = f"pid_col * {a.block} + " if tiled and a.role == "col" else ""
             pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
+
+
+def row_id(prog: TileProgram, pre: Block) -> None:
+    """``pid_row`` from ``program_id(0)``: in reverse where :func:`heaviest_first`."""
+    if heaviest_first(prog):
+        pre.comment("row blocks in reverse: the ones whose loop is longest start first")
+        pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
+    else:
+        pre.emit("pid_row = tl.program_id(0)")
 
 
 def grid_ids(prog: TileProgram, pre: Block, env: dict) -> None:
