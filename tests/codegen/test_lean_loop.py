@@ -93,3 +93,21 @@ def test_canonical_exp2_argument_keeps_the_value(rng):
             at = {p: fconst(v) for p, v in zip((s, m, l2), rng.uniform(0.5, 3.0, 3))}
             a, b = fold(substitute(e, at)), fold(substitute(c, at))
             assert abs(a.value - b.value) <= 1e-12 * max(1.0, abs(a.value)), (e, c)
+
+
+def test_a_distance_converts_per_row_and_per_column_not_per_element(rng):
+    """ALiBi's ``slope * float(j - i)``: the row and column positions are converted, then
+    subtracted in float32, which is the same value below 2**24."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j] - 0.25 * nf.cast(j - i, "float32"), j),
+                   name="m")
+    y = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, j] - 0.25 * nf.cast(j - i, "float32")
+                                                  - m[i]), j), name="y")
+    kernel = nf_compile(y, block_m=16, block_n=16)
+    assert "offs_j.to(tl.float32)[None, :]" in kernel.source, kernel.source
+    assert "offs_i[:, None]).to(" not in kernel.source, kernel.source
+    x_ = torch.tensor(rng.standard_normal((37, 45)) * 3, dtype=torch.float32)
+    want = nf.evaluate(y, {"x": x_.double().numpy()})
+    np.testing.assert_allclose(kernel(x_).double().numpy(), want, rtol=1e-5)

@@ -306,6 +306,15 @@ class Lowerer(TileOps):
         return Val(f"tl.exp2({float(n)!r} * tl.log2({x.code}))", x.axes, "f32")
 
     def cast(self, e: Cast, axes) -> Val:
+        d = e.x
+        if e.dtype.is_float and isinstance(d, Binary) and d.op in ("add", "sub") \
+                and not d.dtype.is_float and self.tile_roles(d.a) < self.tile_roles(d) \
+                and self.tile_roles(d.b) < self.tile_roles(d):
+            # float(a +- b) as float(a) +- float(b) for a row and a column value (ALiBi's
+            # distance j - i): a conversion per row and per column, not per element, where
+            # conversions share the exponential's throughput. The same value while |a|,
+            # |b| < 2**24 (both convert exactly; one rounding of the exact result)
+            return self.binary(Binary(d.op, Cast(d.a, e.dtype), Cast(d.b, e.dtype)), axes)
         x = self.value(e.x, axes)
         if e.dtype.is_float:
             return self.f32(x) if x.kind != "f64" else x
