@@ -101,6 +101,7 @@ def test_cache_list_and_clear(tmp_path, capsys):
     assert cli.main(["cache", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "1 tuned schedule(s)" in out and "N<=32" in out and "(model)" in out
+    assert "warps=" in out and "unreadable" not in out
     assert cli.main(["cache", "--dir", str(tmp_path), "--clear"]) == 0
     out = capsys.readouterr().out
     assert "removed 1 tuned schedule(s) and" in out and "stored kernel record(s)" in out

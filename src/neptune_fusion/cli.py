@@ -88,7 +88,9 @@ def _demo_kernel(args, console: Console, o, inputs, feeds, want) -> bool:
 
 def run_cache(args: argparse.Namespace, console: Console) -> int:
     """List the tuned schedules in the cache, or clear everything the package wrote."""
+    from .errors import NeptuneError
     from .runtime.disk_cache import DiskCache, clear_all
+    from .schedule.schedule import Schedule
     store = DiskCache(args.dir)
     if args.clear:
         n = clear_all(store.root)
@@ -102,12 +104,12 @@ def run_cache(args: argparse.Namespace, console: Console) -> int:
     for e in entries:
         key, rec = e["key"], e["record"]
         sizes = " ".join(f"{n}<={v}" for n, v in key.get("sizes", []))
-        sched = rec.get("schedule", {})
+        try:
+            sched = Schedule.from_dict(rec.get("schedule", {})).brief()
+        except NeptuneError as err:   # a record of another version: say so, list the rest
+            sched = f"unreadable schedule ({str(err).splitlines()[0]})"
         console.print(f"  {key.get('device', '?')}  {key.get('program', '?')[:12]}  {sizes}: "
-                      f"{sched.get('strategy')} {sched.get('block_m')}x{sched.get('block_n')}"
-                      f" splits={sched.get('splits')} warps={sched.get('num_warps')} "
-                      f"stages={sched.get('num_stages')} ({rec.get('source', '?')})",
-                      markup=False)
+                      f"{sched} ({rec.get('source', '?')})", markup=False)
     return 0
 
 

@@ -248,13 +248,6 @@ def choose(t: Target) -> Choice:
     return Choice(kernel, chosen, ranked, len(space), device, on_gpu)
 
 
-def brief(s) -> str:
-    """``split 16x128 warps=4 stages=3 splits=8``."""
-    split = f" splits={s.splits}" if s.strategy == "split" else ""
-    return (f"{s.strategy} {s.block_m}x{s.block_n} warps={s.num_warps} "
-            f"stages={s.num_stages}{split}")
-
-
 def schedule_text(t: Target, c: Choice, top: int = 5) -> str:
     """The chosen schedule as JSON, how it was chosen, and the best few candidates."""
     k = c.kernel.top_k
@@ -273,7 +266,7 @@ def schedule_text(t: Target, c: Choice, top: int = 5) -> str:
              f"{c.device.name}:"]
     for k, est in enumerate(c.ranked[:top], 1):
         mark = "   <- chosen" if est.schedule == c.schedule else ""
-        lines.append(f"#  {k}. {brief(est.schedule):<40} {est.seconds * 1e3:10.4f} ms{mark}")
+        lines.append(f"#  {k}. {est.schedule.brief():<40} {est.seconds * 1e3:10.4f} ms{mark}")
     return "\n".join(lines)
 
 
@@ -284,7 +277,7 @@ def source_text(t: Target, c: Choice) -> str:
     except NeptuneError as err:
         raise ShowError(f"{t.label}: {_one_line(err)}") from None
     n = len(kernel.kernels)
-    parts = [f"# {t.label} at {t.shape_text()}; schedule: {brief(c.schedule)}"]
+    parts = [f"# {t.label} at {t.shape_text()}; schedule: {c.schedule.brief()}"]
     for k, gk in enumerate(kernel.kernels, 1):
         parts.append(f"# ---- kernel {k} of {n}: {gk.name}, grid {gk.grid}\n{gk.source}")
     return "\n".join(parts)

@@ -405,3 +405,12 @@ def test_tuning_refuses_a_cuda_graph_capture(monkeypatch):
     sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
     with pytest.raises(nf.ScheduleError, match="call it once before the capture"):
         kern._measure(rank(problem, space, H200), [q, k, v], sizes, {})
+
+
+def test_brief_names_what_differs_from_the_portable_rolling_kernel():
+    assert Schedule(num_stages=2).brief() == "rolling 128x64 warps=8 stages=2"
+    s = Schedule(block_n=128, num_stages=2, dialect="gluon").brief()
+    assert s == "rolling 128x128 warps=8 stages=2 gluon"
+    assert Schedule(strategy="split", splits=8, block_m=16, block_n=128, num_warps=4,
+                    num_stages=3).brief() == "split 16x128 warps=4 stages=3 splits=8"
+    assert "row_programs=2" in Schedule(block_m=1, row_programs=2).brief()

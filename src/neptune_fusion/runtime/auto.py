@@ -283,7 +283,7 @@ class AutoKernel:
             return None
         if log_enabled(self._log):
             print(f"neptune-fusion: {self.name}: schedule from the cache "
-                  f"({self._store.path(key)}): {_brief(s)}", file=sys.stderr)
+                  f"({self._store.path(key)}): {s.brief()}", file=sys.stderr)
         return Choice(s, "cache", (), key)
 
     def _first_buildable(self, ranked, key: dict) -> Choice:
@@ -325,7 +325,7 @@ class AutoKernel:
                        f"{time.perf_counter() - t0:.1f} s", trials,
                        win.schedule if win else None)
         if win is None:
-            reasons = "; ".join(f"{_brief(t.schedule)}: {t.error}" for t in trials)
+            reasons = "; ".join(f"{t.schedule.brief()}: {t.error}" for t in trials)
             raise CodegenError(f"{self.name}: every candidate schedule failed: {reasons}")
         return Choice(win.schedule, "measured", tuple(trials), key)
 
@@ -336,14 +336,8 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _brief(s: Schedule) -> str:
-    split = f" splits={s.splits}" if s.strategy == "split" else ""
-    return (f"{s.strategy} {s.block_m}x{s.block_n} warps={s.num_warps} "
-            f"stages={s.num_stages}{split}")
-
-
 def _trial_json(t) -> dict:
-    return {"schedule": _brief(t.schedule), "model_ms": t.predicted_s * 1e3,
+    return {"schedule": t.schedule.brief(), "model_ms": t.predicted_s * 1e3,
             "measured_ms": None if t.measured_s is None else t.measured_s * 1e3,
             "error": t.error, "note": t.note, "spent_s": list(t.spent_s)}
 

@@ -165,6 +165,18 @@ class Schedule:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def brief(self) -> str:
+        """One line for logs and listings: ``rolling 128x128 warps=8 stages=2 gluon``,
+        ``split 16x128 warps=4 stages=3 splits=8``; fields at their defaults left out."""
+        extra = [f"splits={self.splits}" if self.strategy == "split" else "",
+                 f"block_col={self.block_col}" if self.block_col else "",
+                 f"row_programs={self.row_programs}" if self.row_programs else "",
+                 "tma" if self.tma else "",
+                 self.dialect if self.dialect != "triton" else ""]
+        return " ".join([f"{self.strategy} {self.block_m}x{self.block_n} "
+                         f"warps={self.num_warps} stages={self.num_stages}"]
+                        + [x for x in extra if x])
+
     def to_json(self) -> str:
         """The schedule as a JSON object (every field; :meth:`from_json` reads it back)."""
         import json
