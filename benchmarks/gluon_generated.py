@@ -35,7 +35,8 @@ from neptune_fusion.schedule.schedule import Schedule
 
 LOG = []
 PREFILL = ("PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi", "PF-SoftCap", "PF-Window")
-TILES = ((128, 128, 2), (128, 128, 3), (128, 64, 2), (128, 64, 3))   # block_m, block_n, stages
+# block_m, block_n, stages[, row_programs: a persistent grid of that many programs per SM]
+TILES = ((128, 128, 2), (128, 128, 3), (128, 64, 2), (128, 64, 3))
 
 
 def rec(**kw):
@@ -45,9 +46,10 @@ def rec(**kw):
         LOG[0].flush()
 
 
-def program(name, d, dtype, block_m, block_n):
+def program(name, d, dtype, block_m, block_n, row_programs=0):
     [o], ins = ops.definition(name, dtype, head_dim=d)
-    sched = Schedule(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=2)
+    sched = Schedule(block_m=block_m, block_n=block_n, num_warps=block_m // 16, num_stages=2,
+                     row_programs=row_programs, dialect="gluon")
     [prog] = build_programs(make_plan([o]), ins, sched, name="nf_o")
     return prog, ins
 
@@ -85,7 +87,11 @@ def arguments(prog, ins, tensors, out):
     for ax in prog.grid:
         grid *= ax.extent if isinstance(ax.extent, int) else sizes[ax.extent]
     n = sizes[prog.row.extent] if isinstance(prog.row.extent, Size) else prog.row.extent
-    return vals, (triton_cdiv(n, prog.schedule.block_m), grid)
+    blocks, rp = triton_cdiv(n, prog.schedule.block_m), prog.schedule.row_programs
+    if rp:   # persistent: the programs walk the (row block, grid) items
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        return vals, (min(blocks * grid, rp * sms), 1)
+    return vals, (blocks, grid)
 
 
 def triton_cdiv(a, b):
@@ -95,8 +101,8 @@ def triton_cdiv(a, b):
 def compile_only(args):
     from sm90 import compile_sm90
 
-    for name, d, (bm, bn, st) in itertools.product(args.ops, args.head_dims, args.tiles):
-        prog, _ = program(name, d, args.dtype, bm, bn)
+    for name, d, (bm, bn, st, *rp) in itertools.product(args.ops, args.head_dims, args.tiles):
+        prog, _ = program(name, d, args.dtype, bm, bn, *rp)
         try:
             src, fn = kernel_of(prog)
         except Exception as e:  # noqa: BLE001 - a probe records every failure
@@ -123,7 +129,8 @@ def compile_only(args):
             rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=False, stage="compile",
                 error=f"{type(e).__name__}: {str(e)[:600]}")
             continue
-        rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, ok=True,
+        rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0,
+            ok=True,
             shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info)
 
 
@@ -177,12 +184,12 @@ def case(name, d, n, dtype, t_end, gen, tiles, flex):
         fx = FLEX.prepare(op, q, k, v, None).fn
         base.update(flex_err=err_of(fx()), flex_ms=round(do_bench(fx, warmup=50, rep=300), 4))
     rec(**base)
-    for bm, bn, st in tiles:
+    for bm, bn, st, *rp in tiles:
         if time.time() > t_end:
             return
-        kw = dict(block_m=bm, block_n=bn, stages=st)
+        kw = dict(block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0)
         try:
-            prog, ins = program(name, d, str(dtype)[6:], bm, bn)
+            prog, ins = program(name, d, str(dtype)[6:], bm, bn, *rp)
             _, fn = kernel_of(prog)
             out = torch.empty_like(q)
             vals, grid = arguments(prog, ins, (q, k, v), out)
@@ -234,7 +241,8 @@ def main():
     ap.add_argument("--budget", type=float, default=300.0, help="seconds, then stop")
     ap.add_argument("--tiles", type=lambda s: [tuple(int(x) for x in t.split("x"))
                                                for t in s.split(",")], default=list(TILES),
-                    help="block_m x block_n x stages, comma-separated (128x128x2,...)")
+                    help="block_m x block_n x stages[ x row_programs], comma-separated "
+                         "(128x128x2,128x128x2x1,...; row_programs: a persistent grid)")
     ap.add_argument("--flex", action="store_true",
                     help="time FlexAttention too (compiled per operator and length)")
     args = ap.parse_args()

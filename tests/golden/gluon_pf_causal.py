@@ -136,24 +136,24 @@ def pf_causal_loads(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s
     j_hi_2 = tl.minimum(M, i_last + 1)
     j_full_hi_2 = tl.minimum(M, i_first + 1) // BLOCK_N * BLOCK_N
     n_tiles = tl.cdiv(j_hi_2 - 0, BLOCK_N)
-    q_base = q_ptr + tl.cast(b, tl.int64) * q_s0 + tl.cast(h, tl.int64) * q_s1
-    q_desc = tma.make_tensor_descriptor(q_base, shape=[N, 128], strides=[q_s2, 1], block_shape=[BLOCK_M // 2, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-    k_base = k_ptr + tl.cast(b, tl.int64) * k_s0 + tl.cast(h, tl.int64) * k_s1
-    k_desc = tma.make_tensor_descriptor(k_base, shape=[M, 128], strides=[k_s2, 1], block_shape=[BLOCK_N, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-    v_base = v_ptr + tl.cast(b, tl.int64) * v_s0 + tl.cast(h, tl.int64) * v_s1
-    v_desc = tma.make_tensor_descriptor(v_base, shape=[M, 128], strides=[v_s2, 1], block_shape=[BLOCK_N, BLOCK_E], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     if n_tiles > 0:
+        q_base = q_ptr + tl.cast(b, tl.int64) * q_s0 + tl.cast(h, tl.int64) * q_s1
+        q_desc = tma.make_tensor_descriptor(q_base, shape=[N, 128], strides=[q_s2, 1], block_shape=[BLOCK_M // 2, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        k_base = k_ptr + tl.cast(b, tl.int64) * k_s0 + tl.cast(h, tl.int64) * k_s1
+        k_desc = tma.make_tensor_descriptor(k_base, shape=[M, 128], strides=[k_s2, 1], block_shape=[BLOCK_N, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        v_base = v_ptr + tl.cast(b, tl.int64) * v_s0 + tl.cast(h, tl.int64) * v_s1
+        v_desc = tma.make_tensor_descriptor(v_base, shape=[M, 128], strides=[v_s2, 1], block_shape=[BLOCK_N, BLOCK_E], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         mbarrier.expect(a_bar, 2 * q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [i_first, 0], a_bar, q_smem.index(0))
         tma.async_copy_global_to_shared(q_desc, [i_first + BLOCK_M // 2, 0], a_bar, q_smem.index(1))
-    for t in range(n_tiles):
-        buf = t % STAGES
-        # a fresh barrier passes a wait on parity 1: the first STAGES tiles load at once
-        phase = ((t // STAGES) & 1) ^ 1
-        mbarrier.wait(b_empty.index(buf), phase)
-        _nf_tile(k_desc, 0 + t * BLOCK_N, b_full.index(buf), k_smem.index(buf), True)
-        mbarrier.wait(v_empty.index(buf), phase)
-        _nf_tile(v_desc, 0 + t * BLOCK_N, v_full.index(buf), v_smem.index(buf), True)
+        for t in range(n_tiles):
+            buf = t % STAGES
+            # a fresh barrier passes a wait on parity 1: the first STAGES tiles load at once
+            phase = ((t // STAGES) & 1) ^ 1
+            mbarrier.wait(b_empty.index(buf), phase)
+            _nf_tile(k_desc, 0 + t * BLOCK_N, b_full.index(buf), k_smem.index(buf), True)
+            mbarrier.wait(v_empty.index(buf), phase)
+            _nf_tile(v_desc, 0 + t * BLOCK_N, v_full.index(buf), v_smem.index(buf), True)
 
 
 @gluon.jit(do_not_specialize=['B', 'N', 'M'])

@@ -88,7 +88,8 @@ SKELETON_NAMES = frozenset((
     "warpgroup_mma", "warpgroup_mma_wait", "_nf_tile", "pid_row", "pid_grid", "i_first",
     "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "a_bar", "b_full", "v_full", "b_empty",
     "v_empty", "st", "WG", "HALF", "q_half", "phase", "n_tiles", "s_zero", "qk", "qk_token",
-    "acc_token", "p", "p_op", "t", "buf", "prev", "last"))
+    "acc_token", "p", "p_op", "t", "buf", "prev", "last", "q_empty", "w", "n_blocks",
+    "n_grid", "base", "it", "g", "back"))
 ROW_TILES = (128,)         # rows per program: two warpgroups of 64 (a partition each)
 # the launch's num_warps: the default partition's (one consumer warpgroup); the schedule's
 # num_warps (8) counts both consumers, the load warp comes on top
@@ -230,6 +231,11 @@ def generate(prog: TileProgram) -> str:
             {shape.b.tensor.dtype, shape.v.tensor.dtype} != {dt}:
         raise CodegenError("the Gluon dialect multiplies float16 or bfloat16 tiles of "
                            "one dtype")
+    clash = sorted(({a.name for a in prog.axes if a.role == "grid"}
+                    | {s.name for s in prog.state}) & SKELETON_NAMES)
+    if clash:
+        raise CodegenError(f"the Gluon dialect cannot print {prog.name}: {', '.join(clash)} "
+                           "are names of its skeleton (rename the axis or the compute)")
     names, env = kernel_scope(prog, args, SKELETON_NAMES | {f"{prog.name}_rows",
                                                              f"{prog.name}_loads"})
     funcs = _Kernel(prog, shape, names, env, dt, args).functions(
@@ -250,6 +256,13 @@ class _Kernel:
         self.state_params = frozenset(s.param for s in prog.state)
         self.tensor = {ld: next(a for a in prog.inputs if a.tensor == ld.tensor).name
                        for ld in (shape.a, shape.b, shape.v)}
+        # Schedule.row_programs: a persistent grid, each program walks (row block, grid)
+        # items; tile numbers then count on across items (``base`` + t)
+        self.walk = prog.schedule.row_programs > 0
+
+    def tile_no(self, t: str) -> str:
+        """The ring position of this item's tile ``t`` (its buffer and phase)."""
+        return f"(base + {t})" if self.walk else t
 
     # ------------------------------------------------------------------ the module
     def functions(self, decorator: str) -> list[str]:
@@ -258,7 +271,7 @@ class _Kernel:
         params = [x.name + (": tl.constexpr" if x.kind in CONSTEXPR_KINDS else "")
                   for x in self.args]
         shared = [f"{a}_smem", f"{b}_smem", f"{v}_smem", "a_bar", "b_full", "v_full",
-                  "b_empty", "v_empty"]
+                  "b_empty", "v_empty"] + (["q_empty"] if self.walk else [])
         plain = [x.name for x in self.args]
         rows, loads = f"{prog.name}_rows", f"{prog.name}_loads"
         out = []
@@ -287,6 +300,11 @@ class _Kernel:
             top.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [STAGES, 1], "
                      "mbarrier.MBarrierLayout())")
         top.emit("mbarrier.init(a_bar, count=1)")
+        if self.walk:
+            top.comment("both warpgroups are done with the row block's first operand")
+            top.emit("q_empty = gl.allocate_shared_memory(gl.int64, [1], "
+                     "mbarrier.MBarrierLayout())")
+            top.emit("mbarrier.init(q_empty, count=2)")
         with top.nested("for st in gl.static_range(STAGES):") as init:
             init.emit("mbarrier.init(b_full.index(st), count=1)")
             init.emit("mbarrier.init(v_full.index(st), count=1)")
@@ -308,12 +326,43 @@ class _Kernel:
         return next(a for a in self.prog.axes if a.var == ld.indices[-1])
 
     # ------------------------------------------------------------------ prologues
+    def _items(self, pre: Block, env: dict) -> Block:
+        """The block an item's work goes in: ``pre`` itself, or with a persistent grid
+        the body of the loop over the items ``w`` (row block ``w % n_blocks``, grid index
+        ``w // n_blocks``: the programs at work at once share a head's keys and values in
+        L2, as a program per row block does; heads first was 8-13 % slower at 16384 keys
+        on the H200), after ``base = 0`` (tiles consumed) and ``it = 0`` (items with
+        tiles)."""
+        if not self.walk:
+            return pre
+        prog = self.prog
+        low = Lowerer(prog, env, pre, None, frozenset())
+        n_rows = low.value(extent_expr(prog.row.extent)).code
+        grid = " * ".join(low.value(extent_expr(a.extent)).code for a in prog.grid) or "1"
+        pre.emit(f"n_blocks = tl.cdiv({n_rows}, BLOCK_M)")
+        pre.emit(f"n_grid = {grid}")
+        pre.emit("base = 0")
+        pre.emit("it = 0")
+        pre.comment("a persistent grid: this program walks items pid, pid + P, ...")
+        pre.emit("for w in range(tl.program_id(0), n_blocks * n_grid, tl.num_programs(0)):")
+        return pre.child()
+
+    def _close_items(self, pre: Block, item: Block) -> None:
+        """The item loop's body placed in ``pre``, counting the item's tiles on."""
+        if self.walk:
+            item.emit("base = base + n_tiles")
+            pre.extend(item)
+
     def _prologue(self, pre: Block, env: dict) -> dict:
         """Program ids, the block's first row and the loop bounds (each partition
         computes them: a few scalar instructions)."""
         prog = self.prog
-        row_id(prog, pre)
-        grid_ids(prog, pre, env)
+        if self.walk:
+            row_id(prog, pre, "w % n_blocks", "n_blocks")
+            grid_ids(prog, pre, env, "w // n_blocks")
+        else:
+            row_id(prog, pre)
+            grid_ids(prog, pre, env)
         pre.emit("i_first = pid_row * BLOCK_M")
         env[I_FIRST] = Val("i_first", (), "i32")
         env[BLOCK_N] = Val("BLOCK_N", (), "i32")
@@ -326,9 +375,48 @@ class _Kernel:
     def _producer(self) -> Block:
         prog, sh = self.prog, self.shape
         pre, env = Block(self.names, 1), dict(self.env)
-        bounds = self._prologue(pre, env)
+        item = self._items(pre, env)
+        bounds = self._prologue(item, env)
         lo = bounds[prog.segments[0].lo]
-        low = Lowerer(prog, env, pre, None, frozenset())
+        a, b, v = (self.tensor[x] for x in (sh.a, sh.b, sh.v))
+        with item.nested("if n_tiles > 0:") as run:
+            if self.walk:
+                run.comment("the descriptors are rewritten below: the last item's loads "
+                            "have landed first (its earlier tiles did before their buffer "
+                            "was refilled)")
+                with run.nested("if it > 0:") as done:
+                    done.emit("mbarrier.wait(a_bar, (it - 1) & 1)")
+                with run.nested("for back in gl.static_range(STAGES):") as done:
+                    done.emit("g = base - 1 - back")
+                    with done.nested("if g >= 0:") as wait:
+                        wait.emit("mbarrier.wait(b_full.index(g % STAGES), (g // STAGES) & 1)")
+                        wait.emit("mbarrier.wait(v_full.index(g % STAGES), (g // STAGES) & 1)")
+            descs = self._descriptors(run, env)
+            if self.walk:
+                run.emit("mbarrier.wait(q_empty, (it & 1) ^ 1)")
+                run.emit("it = it + 1")
+            run.emit(f"mbarrier.expect(a_bar, 2 * {descs[sh.a]}.block_type.nbytes)")
+            for half in (0, 1):
+                row = "i_first" if half == 0 else "i_first + BLOCK_M // 2"
+                run.emit(f"tma.async_copy_global_to_shared({descs[sh.a]}, [{row}, 0], a_bar, "
+                         f"{a}_smem.index({half}))")
+            with run.nested("for t in range(n_tiles):") as body:
+                body.emit(f"buf = {self.tile_no('t')} % STAGES")
+                body.comment("a fresh barrier passes a wait on parity 1: the first STAGES "
+                             "tiles load at once")
+                body.emit(f"phase = (({self.tile_no('t')} // STAGES) & 1) ^ 1")
+                for ld, name, bars in ((sh.b, b, "b"), (sh.v, v, "v")):
+                    body.emit(f"mbarrier.wait({bars}_empty.index(buf), phase)")
+                    body.emit(f"_nf_tile({descs[ld]}, {lo} + t * BLOCK_N, "
+                              f"{bars}_full.index(buf), {name}_smem.index(buf), True)")
+        self._close_items(pre, item)
+        return pre
+
+    def _descriptors(self, into: Block, env: dict) -> dict:
+        """A TMA descriptor per operand over this item's (batch, head) rows: reads past
+        the rows give zeros."""
+        prog, sh = self.prog, self.shape
+        low = Lowerer(prog, env, into, None, frozenset())
         descs = {}
         for ld, rows, block in ((sh.a, prog.row, "BLOCK_M // 2"), (sh.b, prog.loop, "BLOCK_N"),
                                 (sh.v, prog.loop, "BLOCK_N")):
@@ -338,26 +426,10 @@ class _Kernel:
             w = low.value(extent_expr(inner.extent)).code
             stride = low.value(low.args[ld.tensor].stride(len(ld.indices) - 2)).code
             lay = _shared_layout(inner.block_size, ld.tensor.dtype)
-            descs[ld] = pre.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
-                                 f"shape=[{n}, {w}], strides=[{stride}, 1], "
-                                 f"block_shape=[{block}, {inner.block}], layout={lay})")
-        a, b, v = (self.tensor[x] for x in (sh.a, sh.b, sh.v))
-        with pre.nested("if n_tiles > 0:") as run:
-            run.emit(f"mbarrier.expect(a_bar, 2 * {descs[sh.a]}.block_type.nbytes)")
-            for half in (0, 1):
-                row = "i_first" if half == 0 else "i_first + BLOCK_M // 2"
-                run.emit(f"tma.async_copy_global_to_shared({descs[sh.a]}, [{row}, 0], a_bar, "
-                         f"{a}_smem.index({half}))")
-        with pre.nested("for t in range(n_tiles):") as body:
-            body.emit("buf = t % STAGES")
-            body.comment("a fresh barrier passes a wait on parity 1: the first STAGES "
-                         "tiles load at once")
-            body.emit("phase = ((t // STAGES) & 1) ^ 1")
-            for ld, name, bars in ((sh.b, b, "b"), (sh.v, v, "v")):
-                body.emit(f"mbarrier.wait({bars}_empty.index(buf), phase)")
-                body.emit(f"_nf_tile({descs[ld]}, {lo} + t * BLOCK_N, {bars}_full.index(buf), "
-                          f"{name}_smem.index(buf), True)")
-        return pre
+            descs[ld] = into.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
+                                  f"shape=[{n}, {w}], strides=[{stride}, 1], "
+                                  f"block_shape=[{block}, {inner.block}], layout={lay})")
+        return descs
 
     # ------------------------------------------------------------------ consumer
     def _consumer(self) -> Block:
@@ -371,6 +443,7 @@ class _Kernel:
         pre.emit("P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, "
                  f"parent=O_LAYOUT, k_width={32 // self.dt.bits})")
         pre.emit("HALF: gl.constexpr = BLOCK_M // 2")
+        top, pre = pre, self._items(pre, env)
         bounds = self._prologue(pre, env)
         row = f"offs_{prog.row.name}"
         pre.emit(f"{row} = i_first + WG * HALF + gl.arange(0, HALF, "
@@ -388,20 +461,25 @@ class _Kernel:
         with pre.nested("if n_tiles > 0:") as run:
             run.emit(f"q_half = {a}_smem.index(WG)")
             run.emit("s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, S_LAYOUT)")
-            run.emit("mbarrier.wait(a_bar, 0)")
-            run.emit("mbarrier.wait(b_full.index(0), 0)")
-            run.emit(f"qk = warpgroup_mma(q_half, {b}_smem.index(0).permute((1, 0)), s_zero, "
-                     "use_acc=False)")
-            _release(run, "b", "0")
+            run.emit(f"mbarrier.wait(a_bar, {'it & 1' if self.walk else '0'})")
+            first = "base % STAGES" if self.walk else "0"
+            run.emit(f"mbarrier.wait(b_full.index({first}), "
+                     f"{'(base // STAGES) & 1' if self.walk else '0'})")
+            run.emit(f"qk = warpgroup_mma(q_half, {b}_smem.index({first}).permute((1, 0)), "
+                     "s_zero, use_acc=False)")
+            _release(run, "b", first)
             p, _ = self._tile(run, env, bounds, lo, "0")
             run.emit(f"p = {p}")
             with run.nested("for t in range(1, n_tiles):") as body:
-                body.emit("buf = t % STAGES")
-                body.emit("prev = (t - 1) % STAGES")
-                body.emit("mbarrier.wait(b_full.index(buf), (t // STAGES) & 1)")
+                if self.walk:
+                    body.emit("g = base + t")
+                g = "g" if self.walk else "t"
+                body.emit(f"buf = {g} % STAGES")
+                body.emit(f"prev = ({g} - 1) % STAGES")
+                body.emit(f"mbarrier.wait(b_full.index(buf), ({g} // STAGES) & 1)")
                 body.emit(f"qk_token = warpgroup_mma(q_half, {b}_smem.index(buf)"
                           ".permute((1, 0)), s_zero, use_acc=False, is_async=True)")
-                body.emit("mbarrier.wait(v_full.index(prev), ((t - 1) // STAGES) & 1)")
+                body.emit(f"mbarrier.wait(v_full.index(prev), (({g} - 1) // STAGES) & 1)")
                 body.emit(f"p_op = gl.convert_layout(p.to({cast}), P_LAYOUT)")
                 body.comment("the product of tile t - 1 runs under tile t's element work")
                 body.emit(f"acc_token = warpgroup_mma(p_op, {v}_smem.index(prev), {acc}, "
@@ -414,12 +492,18 @@ class _Kernel:
                 body.emit(f"{acc} = {acc} * gl.convert_layout({f}, "
                           "gl.SliceLayout(1, O_LAYOUT))[:, None]")
                 body.emit(f"p = {p}")
-            run.emit("last = n_tiles - 1")
+            if self.walk:   # the item's last q . k is done: the next item's may load
+                _release(run, "q", None)
+            run.emit(f"last = {self.tile_no('n_tiles')} - 1")
             run.emit("mbarrier.wait(v_full.index(last % STAGES), (last // STAGES) & 1)")
             run.emit(f"p_op = gl.convert_layout(p.to({cast}), P_LAYOUT)")
             run.emit(f"{acc} = warpgroup_mma(p_op, {v}_smem.index(last % STAGES), {acc})")
+            if self.walk:
+                _release(run, "v", "last % STAGES")
+                run.emit("it = it + 1")
         self._epilogue(pre, env)
-        return pre
+        self._close_items(top, pre)
+        return top
 
     def _tile(self, into: Block, env: dict, bounds: dict, lo: str, t: str) -> tuple[str, str]:
         """The element work of tile ``t`` from ``qk``: each segment's body in a branch
@@ -484,7 +568,8 @@ class _Kernel:
         _store_outputs(prog, pre, env, self.state_params, prog.outputs)
 
 
-def _release(block: Block, which: str, buf: str) -> None:
-    """Every warp of this warpgroup is past its wait: one arrive frees the buffer."""
+def _release(block: Block, which: str, buf: str | None) -> None:
+    """Every warp of this warpgroup is past its wait: one arrive frees the buffer (of
+    the ring, or the one buffer of ``which`` where ``buf`` is None)."""
     block.emit("gl.thread_barrier()")
-    block.emit(f"mbarrier.arrive({which}_empty.index({buf}))")
+    block.emit(f"mbarrier.arrive({which}_empty{'' if buf is None else f'.index({buf})'})")

@@ -455,21 +455,23 @@ def _program_ids(prog: TileProgram, pre: Block, env: dict) -> None:
             pre.emit(f"offs_{a.name} = {start}tl.arange(0, {a.block})")
 
 
-def row_id(prog: TileProgram, pre: Block) -> None:
-    """``pid_row`` from ``program_id(0)``: in reverse where :func:`heaviest_first`."""
+def row_id(prog: TileProgram, pre: Block, pid: str = "tl.program_id(0)",
+           count: str = "tl.num_programs(0)") -> None:
+    """``pid_row`` from ``pid`` (of ``count`` row blocks): in reverse where
+    :func:`heaviest_first`."""
     if heaviest_first(prog):
         pre.comment("row blocks in reverse: the ones whose loop is longest start first")
-        pre.emit("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)")
+        pre.emit(f"pid_row = {count} - 1 - {pid}")
     else:
-        pre.emit("pid_row = tl.program_id(0)")
+        pre.emit(f"pid_row = {pid}")
 
 
-def grid_ids(prog: TileProgram, pre: Block, env: dict) -> None:
-    """Each grid axis's value from ``program_id(1)`` (the grid flattened, innermost
-    axis fastest)."""
+def grid_ids(prog: TileProgram, pre: Block, env: dict, pid: str = "tl.program_id(1)") -> None:
+    """Each grid axis's value from ``pid`` (the grid flattened, innermost axis
+    fastest)."""
     low = Lowerer(prog, env, pre, None, frozenset())
     if prog.grid:
-        pre.emit("pid_grid = tl.program_id(1)")
+        pre.emit(f"pid_grid = {pid}")
     rest = "pid_grid"
     for k, a in enumerate(prog.grid):  # innermost first
         if k == len(prog.grid) - 1:

@@ -210,7 +210,9 @@ class AutoKernel:
             "base": {k: v for k, v in self.base.to_dict().items()
                      if k in ("exp2", "partition", "fast_tanh", "fp32_precision",
                               "count_visits", "static_sizes")},
-            "device": device.name, "sms": device.sms,
+            # the Gluon setting widens the search space: a choice made without it is
+            # not the answer with it (and the other way round)
+            "device": device.name, "sms": device.sms, "gluon": device.gluon,
             "versions": {"neptune_fusion": __version__, "code": code_version(),
                          "triton": triton.__version__,
                          "torch": torch.__version__.split("+")[0]},

@@ -361,8 +361,12 @@ class Kernel:
         for g in spec.grid:
             grid1 *= _value(g, sizes)
         grid0 = -(-_value(spec.rows, sizes) // spec.block_m)
-        if spec.row_programs and all(flag_value(a, sizes) for a in spec.args
-                                     if a[0] == "one"):   # the one tile walks the rows
+        if spec.row_programs and spec.dialect == "gluon":
+            # a persistent grid over the (row block, grid index) items (codegen/gluon.py)
+            grid0 = min(grid0 * grid1, spec.row_programs * _multiprocessors(device))
+            grid1 = 1
+        elif spec.row_programs and all(flag_value(a, sizes) for a in spec.args
+                                       if a[0] == "one"):   # the one tile walks the rows
             others = 1
             for g in spec.grid:
                 others *= _value(g, sizes)

@@ -166,5 +166,6 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             if prog.col is not None and prog.col.programs else (),
             specialized=tuple(a.ref.name for a in kernel_args(prog) if a.kind == "size"
                               and a.ref not in unspecialized_sizes(prog)),
-            row_programs=s.row_programs if walks_rows(prog) else 0, dialect=s.dialect))
+            row_programs=s.row_programs if walks_rows(prog) or s.dialect == "gluon" else 0,
+            dialect=s.dialect))
     return tuple(specs)

@@ -74,7 +74,10 @@ class Schedule:
     * ``row_programs``: 0 (default) launches a program per row block. n > 0, for a row
       reduction whose one tile covers the row (a persistent schedule): n programs per
       multiprocessor walk the row blocks, each loading the next block's tile before this
-      one's arithmetic (codegen/source._walk_rows); no effect on other kernels;
+      one's arithmetic (codegen/source._walk_rows); in the Gluon dialect, n programs per
+      multiprocessor walk the (row block, batch and head) items, the next item's loads
+      issued while this one's output is stored (codegen/gluon.py); no effect on other
+      kernels;
     * ``dialect``: ``"triton"`` (default: the portable kernel, every GPU and the
       interpreter) or ``"gluon"``: the same tile program printed in Triton's Gluon dialect
       for Hopper-class GPUs (TMA, asynchronous warpgroup MMAs: ``codegen/gluon.py``) --

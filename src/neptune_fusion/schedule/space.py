@@ -99,7 +99,8 @@ def gluon_device(capability: tuple[int, int]) -> bool:
 
 def gluon_candidates(problem: Problem, base: Schedule) -> list[Schedule]:
     """The Gluon dialect's schedules for ``problem`` (codegen/gluon.py): 128 rows as two
-    warpgroups, 64 or 128 keys a tile, two stages (the forms measured on the H200:
+    warpgroups, 64 or 128 keys a tile, two stages, a program per row block or a
+    persistent grid of one program per multiprocessor (the forms measured on the H200:
     docs/hopper.md). Only 16-bit attention-shaped problems of at least 128 rows whose
     loop loads directly; a program without the attention shape fails to build, and the
     tuner drops it."""
@@ -107,7 +108,8 @@ def gluon_candidates(problem: Problem, base: Schedule) -> list[Schedule]:
             or problem.gathers or problem.rows < 128:
         return []
     return [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
-                    dialect="gluon", tma=False, block_col=0) for bn in (128, 64)]
+                    dialect="gluon", tma=False, block_col=0, row_programs=rp)
+            for bn in (128, 64) for rp in (0, 1)]
 
 
 @dataclass(frozen=True)
