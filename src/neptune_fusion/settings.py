@@ -55,13 +55,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_DIRECT_LAUNCH", "1",
             "`0`: always launch through Triton's dispatcher instead of calling the compiled "
             "kernel's launcher directly after the first call (for debugging)."),
-    Setting("NEPTUNE_FUSION_GLUON", "0",
-            "`1`: on Hopper-class GPUs (sm_90) with Triton 3.6, the auto-scheduler also "
+    Setting("NEPTUNE_FUSION_GLUON", "1",
+            "On Hopper-class GPUs (sm_90) with Triton 3.6, the auto-scheduler also "
             "measures the Gluon dialect's schedules (`Schedule.dialect`, "
             "[hopper.md](hopper.md)) for attention-shaped programs and keeps one when it "
             "is fastest; a call such a kernel cannot take (CPU tensors, an address or "
-            "stride off the 16-byte grid) runs the same tile in the Triton dialect. Off "
-            "until measured through the tuner."),
+            "stride off the 16-byte grid) runs the same tile in the Triton dialect. `0`: "
+            "the Triton dialect only (a first compile a few seconds shorter)."),
     Setting("TRITON_INTERPRET", "0",
             "Triton's own variable. neptune-fusion sets it only while it imports or runs a "
             "kernel under the interpreter (CPU tensors); the benchmark refuses to time with "

@@ -210,7 +210,11 @@ def test_the_space_offers_gluon_on_a_gluon_device_only():
     hopper = replace(H200, gluon=True)
     got = [s for s in candidates(_problem(), hopper) if s.dialect == "gluon"]
     assert {(s.block_m, s.block_n, s.num_warps, s.num_stages, s.row_programs)
-            for s in got} == {(128, bn, 8, 2, rp) for bn in (128, 64) for rp in (0, 1)}
+            for s in got} == {(128, 128, 8, 2, 0), (128, 64, 8, 2, 0), (128, 128, 8, 2, 1)}
+    # the persistent grid only where a multiprocessor has few row blocks to walk
+    longer = [s for s in candidates(_problem(rows=16384, loop=16384), hopper)
+              if s.dialect == "gluon"]
+    assert len(longer) == 2 and not any(s.row_programs for s in longer)
     assert not [s for s in candidates(_problem(), H200) if s.dialect == "gluon"]
     for other in (dict(fp32=True, itemsize=4), dict(rows=16), dict(gathers=True)):
         assert not [s for s in candidates(_problem(**other), hopper) if s.dialect == "gluon"]

@@ -97,19 +97,28 @@ def gluon_device(capability: tuple[int, int]) -> bool:
     return triton.__version__.startswith("3.6")
 
 
-def gluon_candidates(problem: Problem, base: Schedule) -> list[Schedule]:
+# the persistent Gluon grid is offered up to this many row blocks per multiprocessor
+GLUON_WALK_ITEMS = 8
+
+
+def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[Schedule]:
     """The Gluon dialect's schedules for ``problem`` (codegen/gluon.py): 128 rows as two
-    warpgroups, 64 or 128 keys a tile, two stages, a program per row block or a
-    persistent grid of one program per multiprocessor (the forms measured on the H200:
-    docs/hopper.md). Only 16-bit attention-shaped problems of at least 128 rows whose
-    loop loads directly; a program without the attention shape fails to build, and the
-    tuner drops it."""
+    warpgroups, 64 or 128 keys a tile, two stages, a program per row block; and, where
+    each multiprocessor has at most :data:`GLUON_WALK_ITEMS` row blocks to do, 128 x 128
+    on a persistent grid of one program per multiprocessor (the forms measured on the
+    H200: docs/hopper.md; persistent gained 2-4 % at 1024 blocks and lost up to 14 %
+    on causal masks at 4096). Only 16-bit attention-shaped problems of at least 128
+    rows whose loop loads directly; a program without the attention shape fails to
+    build, and the tuner drops it."""
     if not problem.contraction or problem.fp32 or problem.itemsize != 2 \
             or problem.gathers or problem.rows < 128:
         return []
-    return [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
-                    dialect="gluon", tma=False, block_col=0, row_programs=rp)
-            for bn in (128, 64) for rp in (0, 1)]
+    out = [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
+                   dialect="gluon", tma=False, block_col=0, row_programs=0)
+           for bn in (128, 64)]
+    if problem.programs * -(-problem.rows // 128) <= GLUON_WALK_ITEMS * device.sms:
+        out.append(replace(out[0], row_programs=1))
+    return out
 
 
 @dataclass(frozen=True)
@@ -271,7 +280,7 @@ def candidates(problem: Problem, device: Device, base: Schedule | None = None
                     out.append(replace(base, block_m=bm, block_n=bn, num_warps=w,
                                        num_stages=st))
     if device.gluon:
-        out += gluon_candidates(problem, base)
+        out += gluon_candidates(problem, device, base)
     if problem.col > COL_WHOLE_MAX:     # a matmul epilogue: row x column tiles
         ms = tuple(m for m in GEMM_M if m <= rows_p2) or (rows_p2,)
         for bm in ms:
