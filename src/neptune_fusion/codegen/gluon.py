@@ -458,9 +458,14 @@ class _Kernel:
         a, b, v = (self.tensor[x] for x in (sh.a, sh.b, sh.v))
         acc, cast = sh.acc, tl_dtype(self.dt)
         lo = bounds[prog.segments[0].lo]
-        with pre.nested("if n_tiles > 0:") as run:
-            run.emit(f"q_half = {a}_smem.index(WG)")
-            run.emit("s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, S_LAYOUT)")
+        with pre.nested("if n_tiles > 0:") as outer:
+            outer.emit(f"q_half = {a}_smem.index(WG)")
+            outer.emit("s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, S_LAYOUT)")
+            # the element work's values that no tile changes (a per-head ALiBi slope's
+            # load, row offsets) are bound once here: nothing moves a load across the
+            # loop's barriers (measured on the H200: 0.44 -> 0.34 ms, PF-ALiBi at 4096)
+            hoist = Block(self.names, outer.level, parent=outer)
+            run = Block(self.names, outer.level, parent=hoist)
             run.emit(f"mbarrier.wait(a_bar, {'it & 1' if self.walk else '0'})")
             first = "base % STAGES" if self.walk else "0"
             run.emit(f"mbarrier.wait(b_full.index({first}), "
@@ -468,7 +473,7 @@ class _Kernel:
             run.emit(f"qk = warpgroup_mma(q_half, {b}_smem.index({first}).permute((1, 0)), "
                      "s_zero, use_acc=False)")
             _release(run, "b", first)
-            p, _ = self._tile(run, env, bounds, lo, "0")
+            p, _ = self._tile(run, env, bounds, lo, "0", hoist)
             run.emit(f"p = {p}")
             with run.nested("for t in range(1, n_tiles):") as body:
                 if self.walk:
@@ -486,7 +491,7 @@ class _Kernel:
                           "is_async=True)")
                 body.emit("qk = warpgroup_mma_wait(1, deps=(qk_token, ))")
                 _release(body, "b", "buf")
-                p, f = self._tile(body, env, bounds, lo, "t")
+                p, f = self._tile(body, env, bounds, lo, "t", hoist)
                 body.emit(f"{acc}, p_op = warpgroup_mma_wait(0, deps=(acc_token, p_op))")
                 _release(body, "v", "prev")
                 body.emit(f"{acc} = {acc} * gl.convert_layout({f}, "
@@ -501,15 +506,19 @@ class _Kernel:
             if self.walk:
                 _release(run, "v", "last % STAGES")
                 run.emit("it = it + 1")
+            outer.extend(hoist)
+            outer.extend(run)
         self._epilogue(pre, env)
         self._close_items(top, pre)
         return top
 
-    def _tile(self, into: Block, env: dict, bounds: dict, lo: str, t: str) -> tuple[str, str]:
+    def _tile(self, into: Block, env: dict, bounds: dict, lo: str, t: str,
+              hoist: Block) -> tuple[str, str]:
         """The element work of tile ``t`` from ``qk``: each segment's body in a branch
-        chosen by the tile's start; the row states updated, ``p`` and the accumulator's
-        factor ``f`` bound to the names returned. The first tile's factor is not applied
-        (the accumulator is still zero)."""
+        chosen by the tile's start, what no tile changes bound in ``hoist``; the row
+        states updated, ``p`` and the accumulator's factor ``f`` bound to the names
+        returned. The first tile's factor is not applied (the accumulator is still
+        zero)."""
         prog, sh = self.prog, self.shape
         loop = prog.loop.name
         j0 = into.bind(f"{loop}0", f"{lo} + {t} * BLOCK_N")
@@ -536,7 +545,7 @@ class _Kernel:
                 uses = count_uses(roots)
                 for r in roots:   # a root another root reads is bound once, not twice
                     uses[r] = uses.get(r, 0) + 1
-                low = Lowerer(prog, local, br, None, self.state_params | {TILE_START, TILE_END},
+                low = Lowerer(prog, local, br, hoist, self.state_params | {TILE_START, TILE_END},
                               guard=seg.guard, uses=uses, hints=dict(seg.hints))
                 vals = [low.value(body[s.name]) for s in rows]
                 pv, fv = low.value(p, ("row", "loop")), low.value(f)
