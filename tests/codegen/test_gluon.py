@@ -265,3 +265,35 @@ def test_the_gluon_setting_is_part_of_the_cache_key():
     k = nf.compile(o, ins)
     sizes = {e: 256 for p in ins for e in p.shape if isinstance(e, Size)}
     assert k._key(sizes, H200) != k._key(sizes, replace(H200, gluon=True))
+
+
+def test_a_grid_axis_named_like_the_skeleton_is_refused_not_shadowed():
+    """The skeleton prints names of its own (``t``: the tile counter); a grid axis of the
+    same name would be overwritten mid-kernel, so the dialect refuses the program (the
+    auto-scheduler then keeps the Triton kernel)."""
+    T, N = nf.sizes("T N")
+    D = 64
+    q, k, v = (nf.placeholder((T, N, D), "float16", name=x) for x in "qkv")
+    c, j = nf.reduce_axis(D, "c"), nf.reduce_axis(N, "j")
+    s = nf.compute((T, N, N), lambda t, i, j_: nf.sum(q[t, i, c] * k[t, j_, c], c) * 0.1,
+                   name="s")
+    m = nf.compute((T, N), lambda t, i: nf.max(s[t, i, j], j), name="m")
+    l = nf.compute((T, N), lambda t, i: nf.sum(nf.exp(s[t, i, j] - m[t, i]), j),  # noqa: E741
+                   name="l")
+    o = nf.compute((T, N, D), lambda t, i, e: nf.sum(
+        nf.exp(s[t, i, j] - m[t, i]) * v[t, j, e], j) / l[t, i], name="o")
+    [prog] = build_programs(plan([o]), [q, k, v], replace(HOPPER, dialect="gluon"), "att")
+    assert any(a.name == "t" and a.role == "grid" for a in prog.axes)
+    with pytest.raises(CodegenError, match="names of its skeleton"):
+        generate(prog)
+
+
+def test_the_tuners_log_names_the_dialect():
+    import io
+
+    from neptune_fusion.runtime.tune import Trial, log_trials
+    g = replace(GLUON, row_programs=1)
+    out = io.StringIO()
+    log_trials("attention", [Trial(Schedule(), 1e-3, 1.2e-3), Trial(g, 1e-3, 1e-3)], g, out)
+    text = out.getvalue()
+    assert "rolling (walks rows), gluon" in text and text.count("gluon") == 1

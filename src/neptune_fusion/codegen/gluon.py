@@ -39,8 +39,11 @@ module binds the name ``tl`` to Gluon's language module, which has the same elem
 functions; what needs a layout (``arange``, ``full``, the MMA operands) is printed here
 with one. Gluon's API is Triton-version specific: this prints Triton 3.6's (what the H200
 machine has), and nothing runs it under the interpreter. Selected by
-``Schedule(dialect="gluon")``, or by the auto-scheduler with ``NEPTUNE_FUSION_GLUON=1``
-(docs/hopper.md says what is measured and what is next).
+``Schedule(dialect="gluon")``, or by the auto-scheduler on sm_90 with Triton 3.6 (unless
+``NEPTUNE_FUSION_GLUON=0``; docs/hopper.md says what is measured and what is next).
+``Schedule.row_programs`` makes the grid persistent: each partition walks (row block,
+batch and head) items, the ring positions counting on across items, and the load warp
+loads the next item's first operand once both warpgroups release it (``q_empty``).
 """
 
 from __future__ import annotations
@@ -215,9 +218,10 @@ def check_schedule(prog: TileProgram) -> None:
                            f"got {s.block_n}")
     for ax in prog.axes:
         if ax.role in ("col", "inner") and ax.block_size not in (16, 32, 64, 128, 256):
+            got = "symbolic (give its extent as an int)" if ax.block_size is None \
+                else ax.block_size
             raise CodegenError(f"the Gluon dialect holds the {ax.role} axis {ax.name} in "
-                               f"one tile of 16-256 (a power of two); it is "
-                               f"{ax.block_size}")
+                               f"one tile of 16-256 (a power of two); it is {got}")
 
 
 def generate(prog: TileProgram) -> str:
@@ -463,7 +467,8 @@ class _Kernel:
             outer.emit("s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, S_LAYOUT)")
             # the element work's values that no tile changes (a per-head ALiBi slope's
             # load, row offsets) are bound once here: nothing moves a load across the
-            # loop's barriers (measured on the H200: 0.44 -> 0.34 ms, PF-ALiBi at 4096)
+            # loop's barriers (on the H200 a slope loaded per tile made PF-ALiBi's kernel
+            # 0.44 ms at 4096, 0.34 with the slope computed in the kernel)
             hoist = Block(self.names, outer.level, parent=outer)
             run = Block(self.names, outer.level, parent=hoist)
             run.emit(f"mbarrier.wait(a_bar, {'it & 1' if self.walk else '0'})")

@@ -244,7 +244,8 @@ def log_trials(title: str, trials: list[Trial], chosen: Schedule, stream=None) -
     for t in trials:
         s = t.schedule
         table.add_row("*" if s == chosen else "",
-                      s.strategy + (" (walks rows)" if s.row_programs else ""), str(s.block_m),
+                      s.strategy + (" (walks rows)" if s.row_programs else "")
+                      + ("" if s.dialect == "triton" else f", {s.dialect}"), str(s.block_m),
                       str(s.block_n), str(s.splits), str(s.num_warps), str(s.num_stages),
                       f"{t.predicted_s * 1e3:.4f}",
                       "" if t.measured_s is None else f"{t.measured_s * 1e3:.4f}",

@@ -82,8 +82,9 @@ class Schedule:
       interpreter) or ``"gluon"``: the same tile program printed in Triton's Gluon dialect
       for Hopper-class GPUs (TMA, asynchronous warpgroup MMAs: ``codegen/gluon.py``) --
       rolling attention-shaped programs only, CUDA only, 16-byte aligned inputs, ``block_m``
-      128 with 8 warps (two warpgroups), ``num_stages`` buffers per operand. Opt-in (in
-      the auto-scheduler's space with ``NEPTUNE_FUSION_GLUON=1``: docs/hopper.md);
+      128 with 8 warps (two warpgroups), ``num_stages`` buffers per operand. In the
+      auto-scheduler's space on sm_90 with Triton 3.6 unless ``NEPTUNE_FUSION_GLUON=0``
+      (docs/hopper.md);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
       buffer (masked and interior tiles apart): ``Kernel.launch(...).visits``.
     """
