@@ -40,6 +40,26 @@ def test_persistent_source(golden):
     golden("gluon_pf_causal_walk.py", generate(prog))
 
 
+def _ragged(d: int = 64):
+    from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+    [o], ins = attention_definition(AttentionSpec("float16", 4, 2, d, d, d ** -0.5,
+                                                  mask_mod=ops.Causal(), kv_lens=True))
+    return o, ins
+
+
+def test_ragged_batch_source(golden):
+    """kv_lens: the key and value boxes end at the sequence's length (TMA reads zeros
+    past it, as the Triton kernel's masked loads do), so cache rows past the length are
+    never read, whatever they hold."""
+    o, ins = _ragged()
+    [prog] = build_programs(plan([o]), ins, replace(HOPPER, dialect="gluon"), "ragged")
+    sh = shape_of(prog)
+    assert sh.loop_bound is not None and len(sh.qks) == len(prog.segments) == 2
+    src = generate(prog)
+    assert src.count("shape=[tl.minimum(M, kv_lens") == 2
+    golden("gluon_ragged.py", src)
+
+
 def test_window_softcap_gqa_source(golden):
     [prog] = _program("PF-Window", sched=Schedule(block_m=128, block_n=64, num_warps=8,
                                                   num_stages=3))
@@ -105,7 +125,8 @@ def _gluon_of_triton_36():
 
 
 @pytest.mark.parametrize("name, walk", [("PF-Causal", 0), ("PF-ALiBi", 0), ("PF-Window", 0),
-                                        ("PF-Causal", 1), ("PF-GQA", 1)])
+                                        ("PF-Causal", 1), ("PF-GQA", 1), ("ragged", 0),
+                                        ("ragged", 1)])
 def test_compiles_for_sm90(name, walk):
     """Where Triton 3.6 is installed (the H200 machine's): the source compiles for sm_90
     with no GPU (layouts, types and the pipeline's barriers are checked by the compiler)."""
@@ -116,12 +137,16 @@ def test_compiles_for_sm90(name, walk):
     from neptune_fusion.codegen.source import kernel_args
     from neptune_fusion.runtime.loader import load_kernel_module
 
-    [prog] = _program(name, 64, replace(HOPPER, row_programs=walk))
+    if name == "ragged":
+        o, ins = _ragged()
+        [prog] = build_programs(plan([o]), ins, replace(HOPPER, row_programs=walk), "ragged")
+    else:
+        [prog] = _program(name, 64, replace(HOPPER, row_programs=walk))
     fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
     sig, consts = {}, {"STAGES": 2}
     for a in kernel_args(prog):
         if a.kind == "tensor":
-            sig[a.name] = "*fp16"
+            sig[a.name] = "*i32" if a.name.startswith("kv_lens") else "*fp16"
         elif a.kind in ("stride", "size"):
             sig[a.name] = "i32"
         else:
@@ -183,7 +208,9 @@ def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype):
     from neptune_fusion.runtime.pipeline import compile as nf_compile
     op = ops.operator(name)
     g, d, n = op.q_heads // op.kv_heads, 64, 333
-    hkv = 2 if g == 1 else 1
+    # persistent: 2 x 48 heads x 3 row blocks, more items than two per multiprocessor,
+    # so programs walk several (and ring positions count on across them)
+    hkv = 48 // g if walk else (2 if g == 1 else 1)
     hq = g * hkv
     [o], ins = ops.definition(name, dtype, d, q_heads=hq, kv_heads=hkv)
     k = nf_compile(o, ins, schedule=replace(GLUON, row_programs=walk))
@@ -195,6 +222,36 @@ def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype):
         got = k(*x).double().cpu().numpy()
         err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
         assert err < (2e-3 if dtype == "float16" else 1e-2), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("walk", [0, 1])
+def test_ragged_batch_reads_nothing_past_the_lengths_on_hopper(walk):
+    """kv_lens on the Gluon dialect: cache rows past each sequence's length hold NaN, and
+    the output still matches float64 (the key and value boxes end at the length)."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper-class GPU")
+    _gluon_of_triton_36()
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    B, hq, hkv, n, cap, d = 3, 4, 2, 130, 333, 64
+    lens = [333, 200, 131]
+    q = torch.randn(B, hq, n, d, device="cuda", dtype=torch.float16, generator=gen)
+    k, v = (torch.randn(B, hkv, cap, d, device="cuda", dtype=torch.float16, generator=gen)
+            for _ in range(2))
+    for b, L in enumerate(lens):
+        k[b, :, L:], v[b, :, L:] = float("nan"), float("nan")
+    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    got = ops.attention(q, k, v, scale=d ** -0.5, causal=True, kv_lens=kv_lens,
+                        schedule=replace(GLUON, row_programs=walk)).double()
+    for b, L in enumerate(lens):
+        kk, vv = (t[b, :, :L].double().repeat_interleave(hq // hkv, 0) for t in (k, v))
+        s = q[b].double() @ kk.transpose(-1, -2) * d ** -0.5
+        pos = torch.arange(n, device="cuda")[:, None] + (L - n)
+        s = s.masked_fill(torch.arange(L, device="cuda")[None, :] > pos, float("-inf"))
+        want = torch.softmax(s, -1) @ vv
+        err = float((got[b] - want).norm() / want.norm())
+        assert err < 2e-3, (b, err)
 
 
 # ---------------------------------------------------------------- selection (stand-in)
@@ -216,7 +273,8 @@ def test_the_space_offers_gluon_on_a_gluon_device_only():
               if s.dialect == "gluon"]
     assert len(longer) == 2 and not any(s.row_programs for s in longer)
     assert not [s for s in candidates(_problem(), H200) if s.dialect == "gluon"]
-    for other in (dict(fp32=True, itemsize=4), dict(rows=16), dict(gathers=True)):
+    for other in (dict(fp32=True, itemsize=4), dict(rows=16), dict(gathers=True),
+                  dict(lengths=2)):   # ragged: printed, not yet run on a GPU
         assert not [s for s in candidates(_problem(**other), hopper) if s.dialect == "gluon"]
 
 

@@ -31,6 +31,11 @@ needs the program to have the attention shape (:func:`shape_of`, else a
 * every other state over rows only; the output columns one tile per program; single
   phase, no split-k, no gathered loads.
 
+``b`` and ``v`` may be read as zeros past a per-program length (``where(j < L, k, 0)``,
+a ragged batch's ``kv_lens[b]``; the segments' contractions then differ only in that
+mask): their TMA boxes end at ``min(extent, L)``, so the copy engine fills zeros past
+it and the cache rows there are never read.
+
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
 
@@ -67,6 +72,7 @@ from .source import (
     kernel_scope,
     row_id,
 )
+from .tiles import masked_load
 from .triton_ops import ATOM, literal, tl_dtype
 
 HEADER = (
@@ -105,12 +111,15 @@ LOOP_TILES = (64, 128)     # keys per tile
 class AttentionShape:
     """The parts of a tile program the Gluon skeleton places (module docstring)."""
 
-    qk: Reduce              # the inner contraction (its value: the first wgmma)
-    a: Load                 # its (row, inner) operand
-    b: Load                 # its (loop, inner) operand
+    qks: tuple              # per segment: its inner contraction (the first wgmma's value)
+    a: Load                 # their (row, inner) operand
+    b: Load                 # their (loop, inner) operand
     v: Load                 # the (loop, col) operand of the accumulator's product
     acc: str                # the accumulator state's name
     updates: tuple          # per segment: (p expr, f expr) of ``acc * f + sum_j p * v``
+    # the per-program length past which b and v read as zeros (``where(j < L, k, 0)``:
+    # a ragged batch's kv_lens[b]), or None: the loop axis's extent
+    loop_bound: Expr | None = None
 
 
 def _accumulation(e: Expr, acc: Param) -> tuple[Expr, Reduce] | None:
@@ -126,16 +135,26 @@ def _accumulation(e: Expr, acc: Param) -> tuple[Expr, Reduce] | None:
     return None
 
 
-def _tile_load(e: Expr, low: Lowerer, roles: tuple[str, str]) -> Load | None:
-    """``e`` as a plain load whose last two indices are the bare tile variables of
-    ``roles`` and whose others span no tile axis (a TMA box), else None."""
-    ld = loaded(e)
-    if ld is None or len(ld.indices) < 2 or \
-            any(low.tile_roles(i) for i in ld.indices[:-2]):
+def _tile_load(e: Expr, low: Lowerer, roles: tuple[str, str]
+               ) -> tuple[Load, Expr | None] | None:
+    """``(load, bound)``: ``e`` as a plain load whose last two indices are the bare tile
+    variables of ``roles`` and whose others span no tile axis (a TMA box), with
+    ``bound`` None; or as ``where(r < L, load, 0)`` for its row variable ``r`` and a
+    per-program ``L`` (a TMA box whose rows end at ``L``: zeros past it), with ``bound``
+    L. None for anything else."""
+    bound, ld = None, loaded(e)
+    if ld is None:
+        ld = masked_load(e)
+        cond = e.cond if ld is not None else None
+        if not (isinstance(cond, Binary) and cond.op == "lt" and len(ld.indices) >= 2
+                and cond.a is ld.indices[-2] and not low.tile_roles(cond.b)):
+            return None
+        bound = cond.b
+    if len(ld.indices) < 2 or any(low.tile_roles(i) for i in ld.indices[:-2]):
         return None
     last = tuple(low.role_of(i) if isinstance(i, IndexVar) else None
                  for i in ld.indices[-2:])
-    return ld if last == roles else None
+    return (ld, bound) if last == roles else None
 
 
 def shape_of(prog: TileProgram) -> AttentionShape:
@@ -158,19 +177,24 @@ def shape_of(prog: TileProgram) -> AttentionShape:
         refuse("the output columns must be one tile per program (block_col=0)")
     low = Lowerer(prog, {s.param: Val(s.name, s.roles, "f32") for s in prog.state},
                   Block(Names(), 0), None, frozenset())
-    qks = {r for seg in prog.segments for _, e in seg.body for r in walk(e)
-           if isinstance(r, Reduce) and low.role_of(r.axes[0]) == "inner"}
-    if len(qks) != 1:
-        refuse(f"{len(qks)} contractions over the inner axis; the skeleton has one")
-    [qk] = qks
-    con = match_contraction(qk, low.role_of, low.tile_roles)
-    if con is None or con.mask is not None or (con.x, con.y) != ("row", "loop"):
-        refuse("the inner sum is not an unmasked (row, loop) contraction")
-    a, b = _tile_load(con.lhs, low, ("row", "inner")), _tile_load(con.rhs, low, ("loop", "inner"))
-    if a is None or b is None:
-        refuse("an operand of the inner contraction is not a plain tile load")
-    updates, vs = [], set()
+    qks, operands, bounds, updates, vs = [], set(), set(), [], set()
     for seg in prog.segments:
+        found = {r for _, e in seg.body for r in walk(e)
+                 if isinstance(r, Reduce) and low.role_of(r.axes[0]) == "inner"}
+        if len(found) != 1:
+            refuse(f"{len(found)} contractions over the inner axis in a segment; the "
+                   "skeleton has one")
+        [qk] = found
+        con = match_contraction(qk, low.role_of, low.tile_roles)
+        if con is None or con.mask is not None or (con.x, con.y) != ("row", "loop"):
+            refuse("the inner sum is not an unmasked (row, loop) contraction")
+        a, b = _tile_load(con.lhs, low, ("row", "inner")), \
+            _tile_load(con.rhs, low, ("loop", "inner"))
+        if a is None or b is None or a[1] is not None:
+            refuse("an operand of the inner contraction is not a plain tile load")
+        qks.append(qk)
+        operands.add((a[0], b[0]))
+        bounds.add(b[1])
         body = dict((s.name, e) for s, e in seg.body)
         got = _accumulation(body[acc.name], acc.param)
         if got is None:
@@ -184,11 +208,19 @@ def shape_of(prog: TileProgram) -> AttentionShape:
             refuse(f"{acc.name}'s product or factor does not fit the skeleton")
         p = pv.lhs if pv.mask is None else \
             _masked(pv.lhs, pv.mask, low, refuse)
-        vs.add(v)
+        vs.add(v[0])
+        bounds.add(v[1])
         updates.append((p, f))
+    if len(operands) != 1:
+        refuse("the segments' inner contractions read different tiles")
     if len(vs) != 1:
         refuse("the segments multiply different value tiles")
-    return AttentionShape(qk, a, b, vs.pop(), acc.name, tuple(updates))
+    bounds.discard(None)
+    if len(bounds) > 1:
+        refuse("the key and value tiles end at different lengths")
+    [(a, b)] = operands
+    return AttentionShape(tuple(qks), a, b, vs.pop(), acc.name, tuple(updates),
+                          bounds.pop() if bounds else None)
 
 
 def _masked(p: Expr, mask: Expr, low: Lowerer, refuse) -> Expr:
@@ -427,6 +459,8 @@ class _Kernel:
             inner, name = self._inner(ld), self.tensor[ld]
             base, _, _ = low.address(ld.tensor, ld.indices)
             n = low.value(extent_expr(rows.extent)).code
+            if ld is not sh.a and sh.loop_bound is not None:   # zeros past the length
+                n = f"tl.minimum({n}, {low.value(sh.loop_bound).code})"
             w = low.value(extent_expr(inner.extent)).code
             stride = low.value(low.args[ld.tensor].stride(len(ld.indices) - 2)).code
             lay = _shared_layout(inner.block_size, ld.tensor.dtype)
@@ -543,7 +577,7 @@ class _Kernel:
                 ext = Lowerer(prog, env, br, None, frozenset()).value(
                     extent_expr(prog.loop.extent))
                 local[TILE_END] = Val(f"tl.minimum({j0} + BLOCK_N, {ext.code})", (), "i32")
-                br.remember(("v", sh.qk, ("row", "loop")), Val("qk", ("row", "loop"), "f32",
+                br.remember(("v", sh.qks[k], ("row", "loop")), Val("qk", ("row", "loop"), "f32",
                                                                 ATOM))
                 body = dict((s.name, e) for s, e in seg.body)
                 roots = [body[s.name] for s in rows] + [p, f]
