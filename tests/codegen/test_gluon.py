@@ -158,6 +158,16 @@ def test_compiles_for_sm90(name, walk):
     assert "wgmma.mma_async" in k.asm["ptx"]
 
 
+def test_buffers_past_hoppers_shared_memory_are_refused_with_the_fix():
+    """Head dim 256: 128 x 128 tiles in two stages need 320 KiB (measured by the sm_90
+    compile: 327984 bytes); 128 x 64 need 192 KiB and print."""
+    [prog] = _program("PF-Causal", 256)
+    with pytest.raises(CodegenError, match="320 KiB of shared memory.*block_n=64"):
+        generate(prog)
+    [prog] = _program("PF-Causal", 256, replace(HOPPER, block_n=64))
+    assert "warpgroup_mma" in generate(prog)
+
+
 GLUON = Schedule(block_m=128, block_n=64, num_warps=8, num_stages=2, dialect="gluon")
 
 

@@ -105,6 +105,7 @@ ROW_TILES = (128,)         # rows per program: two warpgroups of 64 (a partition
 LAUNCH_WARPS = 4
 CONSUMER_REGS, PRODUCER_REGS = 240, 24   # registers per thread (setmaxnreg)
 LOOP_TILES = (64, 128)     # keys per tile
+SHARED_BYTES = 227 * 1024  # shared memory one program may allocate on sm_90
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,15 @@ def check_schedule(prog: TileProgram) -> None:
                 else ax.block_size
             raise CodegenError(f"the Gluon dialect holds the {ax.role} axis {ax.name} in "
                                f"one tile of 16-256 (a power of two); it is {got}")
+    width = {ax.role: ax.block_size for ax in prog.axes if ax.role in ("col", "inner")}
+    need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
+                * (width["inner"] + width["col"]))   # 16-bit q, and the k and v rings
+    if need > SHARED_BYTES:
+        raise CodegenError(
+            f"the Gluon dialect's buffers need {need // 1024} KiB of shared memory at "
+            f"block_n={s.block_n}, num_stages={s.num_stages} and head dims "
+            f"{width['inner']}/{width['col']}; Hopper has {SHARED_BYTES // 1024} KiB per "
+            "program (take block_n=64 or fewer stages)")
 
 
 def generate(prog: TileProgram) -> str:
