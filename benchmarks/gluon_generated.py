@@ -101,7 +101,8 @@ def triton_cdiv(a, b):
 def compile_only(args):
     from sm90 import compile_sm90
 
-    for name, d, (bm, bn, st, *rp) in itertools.product(args.ops, args.head_dims, args.tiles):
+    for name, d, (bm, bn, st, *rp) in itertools.product(args.ops, args.head_dims or [128],
+                                                        args.tiles):
         prog, _ = program(name, d, args.dtype, bm, bn, *rp)
         try:
             src, fn = kernel_of(prog)
@@ -164,6 +165,7 @@ def case(name, d, n, dtype, t_end, gen, tiles, flex):
     v = torch.randn(1, hkv, n, d, device="cuda", dtype=dtype, generator=gen)
     g = hq // hkv
     opts = attention_options(op, n, q.device)
+    opts["scale"] = d ** -0.5    # as ops.definition scales at head dim d
     ref = reference(op, q, k, v, opts["scale"])
 
     def err_of(o):
@@ -219,12 +221,12 @@ def gpu(args):
     gen = torch.Generator(device="cuda").manual_seed(0)
     t_end = time.time() + args.budget
     for name, n in itertools.product(args.ops, args.seqs):
-        if time.time() > t_end:
-            rec(stopped="budget")
-            break
-        case(name, ops.operator(name).head_dim, n, getattr(torch, args.dtype), t_end, gen,
-             args.tiles, args.flex)
-        torch.cuda.empty_cache()
+        for d in args.head_dims or [ops.operator(name).head_dim]:
+            if time.time() > t_end:
+                rec(stopped="budget")
+                return
+            case(name, d, n, getattr(torch, args.dtype), t_end, gen, args.tiles, args.flex)
+            torch.cuda.empty_cache()
 
 
 def main():
@@ -234,7 +236,7 @@ def main():
     ap.add_argument("--out", default="gluon-generated")
     ap.add_argument("--ops", type=lambda s: s.split(","), default=list(PREFILL))
     ap.add_argument("--head-dims", type=lambda s: [int(x) for x in s.split(",")],
-                    default=[128], help="compile-only (on the GPU the operators' own, 128)")
+                    default=None, help="head dims (default: the operators' own, 128)")
     ap.add_argument("--seqs", type=lambda s: [int(x) for x in s.split(",")],
                     default=[4096, 16384])
     ap.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))

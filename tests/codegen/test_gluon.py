@@ -14,7 +14,7 @@ import pytest
 import neptune_fusion as nf
 from neptune_fusion import ops
 from neptune_fusion.codegen.gluon import LAUNCH_WARPS, generate, shape_of
-from neptune_fusion.errors import CodegenError
+from neptune_fusion.errors import CodegenError, ScheduleError
 from neptune_fusion.fusion.plan import plan
 from neptune_fusion.runtime.pipeline import build_programs
 from neptune_fusion.schedule.schedule import Schedule
@@ -124,10 +124,10 @@ def _gluon_of_triton_36():
     return triton
 
 
-@pytest.mark.parametrize("name, walk", [("PF-Causal", 0), ("PF-ALiBi", 0), ("PF-Window", 0),
-                                        ("PF-Causal", 1), ("PF-GQA", 1), ("ragged", 0),
-                                        ("ragged", 1)])
-def test_compiles_for_sm90(name, walk):
+@pytest.mark.parametrize("name, walk, rows", [
+    ("PF-Causal", 0, 128), ("PF-ALiBi", 0, 128), ("PF-Window", 0, 128), ("PF-Causal", 1, 128),
+    ("PF-GQA", 1, 128), ("ragged", 0, 128), ("ragged", 1, 128), ("PF-GQA", 0, 192)])
+def test_compiles_for_sm90(name, walk, rows):
     """Where Triton 3.6 is installed (the H200 machine's): the source compiles for sm_90
     with no GPU (layouts, types and the pipeline's barriers are checked by the compiler)."""
     triton = _gluon_of_triton_36()
@@ -137,11 +137,13 @@ def test_compiles_for_sm90(name, walk):
     from neptune_fusion.codegen.source import kernel_args
     from neptune_fusion.runtime.loader import load_kernel_module
 
+    sched = replace(HOPPER, row_programs=walk, block_m=rows, num_warps=rows // 16,
+                    block_n=128 if rows == 128 else 64, dialect="gluon")
     if name == "ragged":
         o, ins = _ragged()
-        [prog] = build_programs(plan([o]), ins, replace(HOPPER, row_programs=walk), "ragged")
+        [prog] = build_programs(plan([o]), ins, sched, "ragged")
     else:
-        [prog] = _program(name, 64, replace(HOPPER, row_programs=walk))
+        [prog] = _program(name, 64, sched)
     fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
     sig, consts = {}, {"STAGES": 2}
     for a in kernel_args(prog):
@@ -156,6 +158,19 @@ def test_compiles_for_sm90(name, walk):
     k = triton.compile(GluonASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": LAUNCH_WARPS})
     assert "wgmma.mma_async" in k.asm["ptx"]
+
+
+def test_three_consumer_warpgroups():
+    """192 rows: three consumer partitions of 64 rows (FlashAttention-3's form at head
+    dim 64), each buffer released by all three, 160 registers a consumer thread."""
+    from neptune_fusion.codegen.gluon import consumer_regs
+    assert (consumer_regs(2), consumer_regs(3)) == (240, 160)
+    [prog] = _program("PF-GQA", 64, replace(GLUON, block_m=192, num_warps=12))
+    src = generate(prog)
+    assert src.count("(pf_gqa_rows, (") == 3 and "], [4, 4, 1], [160, 160, 24])" in src
+    assert "count=3)" in src and "i_first + 2 * WG_ROWS" in src
+    with pytest.raises(ScheduleError, match="block_m=192 with num_warps=12"):
+        Schedule(block_m=192, num_warps=12).check()   # the Triton dialect: powers of two
 
 
 def test_buffers_past_hoppers_shared_memory_are_refused_with_the_fix():
@@ -203,14 +218,15 @@ def test_bad_schedules_say_what_to_fix(bad, why):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("walk, dtype", [(0, "float16"), (1, "float16"), (1, "bfloat16")])
+@pytest.mark.parametrize("walk, dtype, rows", [(0, "float16", 128), (1, "float16", 128),
+                                              (1, "bfloat16", 128), (0, "float16", 192)])
 @pytest.mark.parametrize("name", ["PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi",
                                   "PF-SoftCap", "PF-Window"])
-def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype):
+def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype, rows):
     """On a Hopper GPU with Triton 3.6: each prefill operator through the Gluon dialect
-    (a program per row block, or a persistent grid), ragged lengths (boundary tiles, TMA
-    zero fill), fp16 and bf16, against the float64 reference evaluator on the same
-    data."""
+    (a program per row block, or a persistent grid; two or three consumer warpgroups),
+    ragged lengths (boundary tiles, TMA zero fill), fp16 and bf16, against the float64
+    reference evaluator on the same data."""
     import torch
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs a Hopper-class GPU")
@@ -223,7 +239,8 @@ def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype):
     hkv = 48 // g if walk else (2 if g == 1 else 1)
     hq = g * hkv
     [o], ins = ops.definition(name, dtype, d, q_heads=hq, kv_heads=hkv)
-    k = nf_compile(o, ins, schedule=replace(GLUON, row_programs=walk))
+    k = nf_compile(o, ins, schedule=replace(GLUON, row_programs=walk, block_m=rows,
+                                            num_warps=rows // 16))
     gen = torch.Generator(device="cuda").manual_seed(1)
     x = [torch.randn(2, h, n, d, device="cuda", dtype=getattr(torch, dtype), generator=gen)
          for h in (hq, hkv, hkv)]

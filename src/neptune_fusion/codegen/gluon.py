@@ -3,15 +3,16 @@
 The same tile program the Triton emitter prints (:mod:`.source`) printed for Triton's
 Gluon dialect, where the kernel says what Triton's compiler otherwise decides. A program
 of 128 rows runs as three partitions (``gl.warp_specialize``): a load warp and two
-consumer warpgroups of 64 rows each. The load warp brings the K and V tiles by TMA
-(device-side descriptors, one per program) into a ring of ``STAGES`` (the schedule's
-``num_stages``) shared-memory buffers, each signalled by an mbarrier and released by
-both consumers. Each consumer runs both products as asynchronous warpgroup MMAs
-(``wgmma``), the product ``q . k`` of tile ``t`` issued before ``p . v`` of tile
-``t - 1``, so the element work of tile ``t`` (the derived repairs, masks and score
-modifiers: every state update but the products) runs while the tensor cores still
-multiply tile ``t - 1`` (FlashAttention-3's intra-warpgroup overlap); and as the two
-consumers synchronise only themselves, one's element work runs under the other's MMAs
+consumer warpgroups of 64 rows each (192 rows: three consumers). The load warp brings
+the K and V tiles by TMA (device-side descriptors, one per program) into a ring of
+``STAGES`` (the schedule's ``num_stages``) shared-memory buffers, each signalled by an
+mbarrier and released by every consumer. Each consumer runs both products as
+asynchronous warpgroup MMAs (``wgmma``), the product ``q . k`` of tile ``t`` issued
+before ``p . v`` of tile ``t - 1``, so the element work of tile ``t`` (the derived
+repairs, masks and score modifiers: every state update but the products) runs while the
+tensor cores still multiply tile ``t - 1`` (FlashAttention-3's intra-warpgroup overlap);
+and as the consumers synchronise only themselves, one's element work runs under another's
+MMAs
 (measured on the H200: this split, not the overlap, is what reaches cuDNN;
 docs/hopper.md).
 
@@ -48,7 +49,7 @@ machine has), and nothing runs it under the interpreter. Selected by
 ``NEPTUNE_FUSION_GLUON=0``; docs/hopper.md says what is measured and what is next).
 ``Schedule.row_programs`` makes the grid persistent: each partition walks (row block,
 batch and head) items, the ring positions counting on across items, and the load warp
-loads the next item's first operand once both warpgroups release it (``q_empty``).
+loads the next item's first operand once every consumer releases it (``q_empty``).
 """
 
 from __future__ import annotations
@@ -96,14 +97,25 @@ SKELETON_NAMES = frozenset((
     "tl", "gl", "triton", "gluon", "fence_async_shared", "mbarrier", "tma",
     "warpgroup_mma", "warpgroup_mma_wait", "_nf_tile", "pid_row", "pid_grid", "i_first",
     "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "a_bar", "b_full", "v_full", "b_empty",
-    "v_empty", "st", "WG", "HALF", "q_half", "phase", "n_tiles", "s_zero", "qk", "qk_token",
+    "v_empty", "st", "WG", "WG_ROWS", "q_half", "phase", "n_tiles", "s_zero", "qk", "qk_token",
     "acc_token", "p", "p_op", "t", "buf", "prev", "last", "q_empty", "w", "n_blocks",
     "n_grid", "base", "it", "g", "back"))
-ROW_TILES = (128,)         # rows per program: two warpgroups of 64 (a partition each)
+# rows per program: two or three consumer warpgroups of 64 rows (a partition each)
+ROW_TILES = (128, 192)
+WG_ROWS = 64
 # the launch's num_warps: the default partition's (one consumer warpgroup); the schedule's
-# num_warps (8) counts both consumers, the load warp comes on top
+# num_warps (8 or 12) counts the consumers, the load warp comes on top
 LAUNCH_WARPS = 4
-CONSUMER_REGS, PRODUCER_REGS = 240, 24   # registers per thread (setmaxnreg)
+PRODUCER_REGS = 24         # registers per thread of the load warp (setmaxnreg)
+
+
+def consumer_regs(groups: int) -> int:
+    """Registers per thread each of ``groups`` consumer warpgroups can get when the load
+    warp keeps :data:`PRODUCER_REGS`: Triton pads the partitions to whole warpgroups and
+    starts every thread at 64K / threads (a multiple of 8); what the load warp's group
+    gives up is shared by the consumers (240 for two, 160 for three)."""
+    start = 65536 // ((groups + 1) * 128) // 8 * 8
+    return min(240, (start * (groups + 1) - PRODUCER_REGS) // groups // 8 * 8)
 LOOP_TILES = (64, 128)     # keys per tile
 SHARED_BYTES = 227 * 1024  # shared memory one program may allocate on sm_90
 
@@ -244,7 +256,7 @@ def check_schedule(prog: TileProgram) -> None:
     s = prog.schedule
     if s.block_m not in ROW_TILES or s.num_warps != s.block_m // 16:
         raise CodegenError(f"the Gluon dialect takes block_m in {ROW_TILES} with 16 rows "
-                           f"per warp (num_warps = block_m // 16: two warpgroups of 64 rows); "
+                           f"per warp (num_warps = block_m // 16: a warpgroup per 64 rows); "
                            f"got block_m={s.block_m}, num_warps={s.num_warps}")
     if s.block_n not in LOOP_TILES:
         raise CodegenError(f"the Gluon dialect takes block_n in {LOOP_TILES}; "
@@ -287,7 +299,7 @@ def generate(prog: TileProgram) -> str:
     funcs = _Kernel(prog, shape, names, env, dt, args).functions(
         _decorator(prog, args, "gluon.jit"))
     return "\n".join(['"""Generated by neptune-fusion: a rolling-update kernel in Gluon '
-                      '(Hopper: TMA, wgmma, two warpgroups and a load warp)."""', *HEADER,
+                      '(Hopper: TMA, wgmma, consumer warpgroups and a load warp)."""', *HEADER,
                       "", "", *funcs, ""])
 
 
@@ -305,6 +317,7 @@ class _Kernel:
         # Schedule.row_programs: a persistent grid, each program walks (row block, grid)
         # items; tile numbers then count on across items (``base`` + t)
         self.walk = prog.schedule.row_programs > 0
+        self.groups = prog.schedule.block_m // WG_ROWS   # consumer warpgroups
 
     def tile_no(self, t: str) -> str:
         """The ring position of this item's tile ``t`` (its buffer and phase)."""
@@ -330,15 +343,15 @@ class _Kernel:
         body = self._producer()
         out += ["@gluon.jit",
                 f"def {loads}({', '.join(params + shared)}, STAGES: tl.constexpr):",
-                '    """One warp: the TMA loads, each buffer refilled once both warpgroups '
-                'are done with it."""',
+                '    """One warp: the TMA loads, each buffer refilled once every consumer '
+                'is done with it."""',
                 body.text(), "", ""]
         top = Block(self.names, 1)
         for ld, w in ((sh.a, None), (sh.b, "BLOCK_N"), (sh.v, "BLOCK_N")):
             inner = self._inner(ld)
             lay = _shared_layout(inner.block_size, ld.tensor.dtype)
-            shape = f"[2, BLOCK_M // 2, {inner.block}]" if w is None else \
-                f"[STAGES, BLOCK_N, {inner.block}]"
+            shape = f"[{self.groups}, BLOCK_M // {self.groups}, {inner.block}]" if w is None \
+                else f"[STAGES, BLOCK_N, {inner.block}]"
             top.emit(f"{self.tensor[ld]}_smem = gl.allocate_shared_memory("
                      f"{tl_dtype(self.dt)}, {shape}, {lay})")
         top.emit("a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
@@ -347,23 +360,25 @@ class _Kernel:
                      "mbarrier.MBarrierLayout())")
         top.emit("mbarrier.init(a_bar, count=1)")
         if self.walk:
-            top.comment("both warpgroups are done with the row block's first operand")
+            top.comment("every warpgroup is done with the row block's first operand")
             top.emit("q_empty = gl.allocate_shared_memory(gl.int64, [1], "
                      "mbarrier.MBarrierLayout())")
-            top.emit("mbarrier.init(q_empty, count=2)")
+            top.emit(f"mbarrier.init(q_empty, count={self.groups})")
         with top.nested("for st in gl.static_range(STAGES):") as init:
             init.emit("mbarrier.init(b_full.index(st), count=1)")
             init.emit("mbarrier.init(v_full.index(st), count=1)")
-            init.comment("both warpgroups release a buffer")
-            init.emit("mbarrier.init(b_empty.index(st), count=2)")
-            init.emit("mbarrier.init(v_empty.index(st), count=2)")
+            init.comment("every warpgroup releases a buffer")
+            init.emit(f"mbarrier.init(b_empty.index(st), count={self.groups})")
+            init.emit(f"mbarrier.init(v_empty.index(st), count={self.groups})")
         top.emit("fence_async_shared()")
         call = ", ".join(plain + shared)
         top.emit("gl.warp_specialize([")
-        top.emit(f"    ({rows}, ({call}, 0, STAGES)),")
-        top.emit(f"    ({rows}, ({call}, 1, STAGES)),")
+        for wg in range(self.groups):
+            top.emit(f"    ({rows}, ({call}, {wg}, STAGES)),")
         top.emit(f"    ({loads}, ({call}, STAGES)),")
-        top.emit(f"], [4, 1], [{CONSUMER_REGS}, {PRODUCER_REGS}])")
+        workers = self.groups - 1
+        regs = [consumer_regs(self.groups)] * workers + [PRODUCER_REGS]
+        top.emit(f"], {[4] * workers + [1]}, {regs})")
         out += [decorator, f"def {prog.name}({', '.join(params)}, STAGES: tl.constexpr):",
                 top.text()]
         return out
@@ -421,6 +436,7 @@ class _Kernel:
     def _producer(self) -> Block:
         prog, sh = self.prog, self.shape
         pre, env = Block(self.names, 1), dict(self.env)
+        pre.emit(f"WG_ROWS: gl.constexpr = {WG_ROWS}")
         item = self._items(pre, env)
         bounds = self._prologue(item, env)
         lo = bounds[prog.segments[0].lo]
@@ -441,11 +457,12 @@ class _Kernel:
             if self.walk:
                 run.emit("mbarrier.wait(q_empty, (it & 1) ^ 1)")
                 run.emit("it = it + 1")
-            run.emit(f"mbarrier.expect(a_bar, 2 * {descs[sh.a]}.block_type.nbytes)")
-            for half in (0, 1):
-                row = "i_first" if half == 0 else "i_first + BLOCK_M // 2"
+            run.emit(f"mbarrier.expect(a_bar, {self.groups} * "
+                     f"{descs[sh.a]}.block_type.nbytes)")
+            for wg in range(self.groups):
+                row = "i_first" if wg == 0 else f"i_first + {wg} * WG_ROWS"
                 run.emit(f"tma.async_copy_global_to_shared({descs[sh.a]}, [{row}, 0], a_bar, "
-                         f"{a}_smem.index({half}))")
+                         f"{a}_smem.index({wg}))")
             with run.nested("for t in range(n_tiles):") as body:
                 body.emit(f"buf = {self.tile_no('t')} % STAGES")
                 body.comment("a fresh barrier passes a wait on parity 1: the first STAGES "
@@ -464,7 +481,7 @@ class _Kernel:
         prog, sh = self.prog, self.shape
         low = Lowerer(prog, env, into, None, frozenset())
         descs = {}
-        for ld, rows, block in ((sh.a, prog.row, "BLOCK_M // 2"), (sh.b, prog.loop, "BLOCK_N"),
+        for ld, rows, block in ((sh.a, prog.row, "WG_ROWS"), (sh.b, prog.loop, "BLOCK_N"),
                                 (sh.v, prog.loop, "BLOCK_N")):
             inner, name = self._inner(ld), self.tensor[ld]
             base, _, _ = low.address(ld.tensor, ld.indices)
@@ -490,17 +507,17 @@ class _Kernel:
                  f"warps_per_cta=[4, 1], instr_shape=[16, {col.block}, 16])")
         pre.emit("P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, "
                  f"parent=O_LAYOUT, k_width={32 // self.dt.bits})")
-        pre.emit("HALF: gl.constexpr = BLOCK_M // 2")
+        pre.emit(f"WG_ROWS: gl.constexpr = {WG_ROWS}")
         top, pre = pre, self._items(pre, env)
         bounds = self._prologue(pre, env)
         row = f"offs_{prog.row.name}"
-        pre.emit(f"{row} = i_first + WG * HALF + gl.arange(0, HALF, "
+        pre.emit(f"{row} = i_first + WG * WG_ROWS + gl.arange(0, WG_ROWS, "
                  "layout=gl.SliceLayout(1, S_LAYOUT))")
         env[prog.row.var] = Val(row, ("row",), "i32")
         for st in prog.state:
             init, _ = literal(st.init)
             lay = "O_LAYOUT" if st.roles == ("row", "col") else "gl.SliceLayout(1, S_LAYOUT)"
-            shape = f"[HALF, {col.block}]" if st.roles == ("row", "col") else "[HALF]"
+            shape = f"[WG_ROWS, {col.block}]" if st.roles == ("row", "col") else "[WG_ROWS]"
             pre.emit(f"{st.name} = gl.full({shape}, {init}, gl.float32, {lay})")
             env[st.param] = Val(st.name, st.roles, "f32")
         a, b, v = (self.tensor[x] for x in (sh.a, sh.b, sh.v))
@@ -508,7 +525,7 @@ class _Kernel:
         lo = bounds[prog.segments[0].lo]
         with pre.nested("if n_tiles > 0:") as outer:
             outer.emit(f"q_half = {a}_smem.index(WG)")
-            outer.emit("s_zero = gl.zeros([HALF, BLOCK_N], gl.float32, S_LAYOUT)")
+            outer.emit("s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, S_LAYOUT)")
             # the element work's values that no tile changes (a per-head ALiBi slope's
             # load, row offsets) are bound once here: nothing moves a load across the
             # loop's barriers (on the H200 a slope loaded per tile made PF-ALiBi's kernel
@@ -616,7 +633,7 @@ class _Kernel:
                          "gl.SliceLayout(1, O_LAYOUT))")
                 env[s.param] = Val(f"{s.name}_out", ("row",), "f32")
         row = f"offs_{prog.row.name}_out"
-        pre.emit(f"{row} = i_first + WG * HALF + gl.arange(0, HALF, "
+        pre.emit(f"{row} = i_first + WG * WG_ROWS + gl.arange(0, WG_ROWS, "
                  "layout=gl.SliceLayout(1, O_LAYOUT))")
         env[prog.row.var] = Val(row, ("row",), "i32")
         col = prog.col

@@ -260,7 +260,9 @@ def _check_axes(prog: TileProgram) -> None:
             _fail(prog, "axis roles", f"{a.name} has role {a.role!r} where {role!r} belongs")
         if (a.block is None) != (role == "grid"):
             _fail(prog, "axis roles", f"{role} axis {a.name} has tile size {a.block!r}")
-        if a.block_size is not None and not _pow2(a.block_size):
+        if a.block_size is not None and not _pow2(a.block_size) and not (
+                role == "row" and prog.schedule.dialect == "gluon"
+                and a.block_size % 64 == 0):   # Gluon: whole 64-row warpgroups
             _fail(prog, "tile sizes", f"{a.block} = {a.block_size} is not a power of two")
         if a.programs and (role != "col" or a.block_size is None or a.chunk is not None
                            or prog.split is not None):

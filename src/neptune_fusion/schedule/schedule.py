@@ -82,7 +82,8 @@ class Schedule:
       interpreter) or ``"gluon"``: the same tile program printed in Triton's Gluon dialect
       for Hopper-class GPUs (TMA, asynchronous warpgroup MMAs: ``codegen/gluon.py``) --
       rolling attention-shaped programs only, CUDA only, 16-byte aligned inputs, ``block_m``
-      128 with 8 warps (two warpgroups), ``num_stages`` buffers per operand. In the
+      128 with 8 warps (two consumer warpgroups) or 192 with 12 (three; the one block_m
+      that is not a power of two), ``num_stages`` buffers per operand. In the
       auto-scheduler's space on sm_90 with Triton 3.6 unless ``NEPTUNE_FUSION_GLUON=0``
       (docs/hopper.md);
     * ``count_visits``: debug; the kernel counts the tiles it visits per program into a
@@ -109,15 +110,19 @@ class Schedule:
 
     def check(self) -> Schedule:
         """Raise :class:`ScheduleError` naming the first violated invariant; return self."""
+        # the Gluon dialect's three consumer warpgroups: 192 rows on 12 warps
+        three = self.dialect == "gluon" and (self.block_m, self.num_warps) == (192, 12)
         for name in ("block_m", "block_n"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v) \
-                    or v > MAX_BLOCK:
+            if (not isinstance(v, int) or isinstance(v, bool) or not _pow2(v)
+                    or v > MAX_BLOCK) and not (three and name == "block_m"):
                 raise ScheduleError(f"schedule: {name} must be a power of two in "
-                                    f"[1, {MAX_BLOCK}], got {v!r}")
-        if self.num_warps not in (1, 2, 4, 8, 16):
+                                    f"[1, {MAX_BLOCK}] (or block_m=192 with num_warps=12 "
+                                    f"in the Gluon dialect), got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16) and not three:
             raise ScheduleError(
-                f"schedule: num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps!r}")
+                f"schedule: num_warps must be one of 1, 2, 4, 8, 16 (or 12 with block_m=192 "
+                f"in the Gluon dialect), got {self.num_warps!r}")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             raise ScheduleError(
                 f"schedule: num_stages must be an int in [1, 8], got {self.num_stages!r}")
