@@ -98,3 +98,33 @@ def _preload_for_interpreter() -> None:
     # the interpreter has patched triton.language; importing it here avoids that.
     with contextlib.suppress(Exception):
         import triton.experimental.gluon  # noqa: F401
+    _mend_interpreter_index()
+
+
+def _mend_interpreter_index() -> None:
+    """Triton 3.6's interpreter reads a scalar used as an index (a loop bound) with
+    ``int(data)`` of a one-element array, which NumPy 2.4 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"): every kernel with a computed loop bound
+    failed on CPU tensors there (torch 2.11's Triton with a current NumPy). Triton 3.9
+    squeezes the array first; this gives 3.6's interpreter the same ``__index__``. A
+    compatibility mend of Triton's module, made once, only where it is needed."""
+    import numpy as np
+    from triton.runtime import interpreter
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_nf_mended", False):
+        return
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return                                   # this NumPy still converts
+    except TypeError:
+        pass
+    import inspect
+    if ".squeeze()" in inspect.getsource(patch):
+        return                                   # this Triton already squeezes
+
+    def mended(tensor, scope, _patch=patch):
+        _patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    mended._nf_mended = True
+    interpreter._patch_lang_tensor = mended
