@@ -1,4 +1,4 @@
-"""The mend of Triton 3.6's interpreter (runtime/loader._mend_interpreter_index): a
+"""The mend of Triton 3.6's interpreter (runtime/loader.mend_interpreter_index): a
 scalar used as a loop bound must index under NumPy releases that refuse ``int()`` of a
 one-element array. CI's Triton already squeezes; this test plays 3.6's function."""
 
@@ -16,7 +16,7 @@ def test_a_one_element_scalar_indexes_after_the_mend(monkeypatch):
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
 
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", triton36)
-    loader._mend_interpreter_index()
+    loader.mend_interpreter_index()
     mended = interpreter._patch_lang_tensor
     try:
         int(np.zeros(1, dtype=np.int32))
@@ -38,5 +38,5 @@ def test_a_one_element_scalar_indexes_after_the_mend(monkeypatch):
     t = Tensor()
     t.handle = type("Handle", (), {"data": np.array([7], dtype=np.int32)})()
     assert list(range(t)) == list(range(7))
-    loader._mend_interpreter_index()            # once: not wrapped again
+    loader.mend_interpreter_index()            # once: not wrapped again
     assert interpreter._patch_lang_tensor is mended

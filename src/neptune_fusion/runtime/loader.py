@@ -98,10 +98,10 @@ def _preload_for_interpreter() -> None:
     # the interpreter has patched triton.language; importing it here avoids that.
     with contextlib.suppress(Exception):
         import triton.experimental.gluon  # noqa: F401
-    _mend_interpreter_index()
+    mend_interpreter_index()
 
 
-def _mend_interpreter_index() -> None:
+def mend_interpreter_index() -> None:
     """Triton 3.6's interpreter reads a scalar used as an index (a loop bound) with
     ``int(data)`` of a one-element array, which NumPy 2.4 refuses ("only 0-dimensional
     arrays can be converted to Python scalars"): every kernel with a computed loop bound

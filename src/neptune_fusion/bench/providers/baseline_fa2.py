@@ -142,6 +142,9 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
     if q.device.type == "cpu" and type(_fa2_forward).__name__ != "InterpretedFunction":
         raise RuntimeError("fa2_forward: CPU tensors need TRITON_INTERPRET=1 set before "
                            "neptune_fusion.bench.providers.baseline_fa2 is imported")
+    if q.device.type == "cpu":   # Triton 3.6's interpreter under NumPy 2.4 (runtime/loader)
+        from ...runtime.loader import mend_interpreter_index
+        mend_interpreter_index()
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     batch, q_heads, seq, head_dim = q.shape
     out = torch.empty_like(q)
