@@ -107,6 +107,8 @@ WG_ROWS = 64
 # num_warps (8 or 12) counts the consumers, the load warp comes on top
 LAUNCH_WARPS = 4
 PRODUCER_REGS = 24         # registers per thread of the load warp (setmaxnreg)
+LOOP_TILES = (64, 128)     # keys per tile
+SHARED_BYTES = 227 * 1024  # shared memory one program may allocate on sm_90
 
 
 def consumer_regs(groups: int) -> int:
@@ -116,8 +118,6 @@ def consumer_regs(groups: int) -> int:
     gives up is shared by the consumers (240 for two, 160 for three)."""
     start = 65536 // ((groups + 1) * 128) // 8 * 8
     return min(240, (start * (groups + 1) - PRODUCER_REGS) // groups // 8 * 8)
-LOOP_TILES = (64, 128)     # keys per tile
-SHARED_BYTES = 227 * 1024  # shared memory one program may allocate on sm_90
 
 
 @dataclass(frozen=True)
