@@ -106,7 +106,7 @@ def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[S
     warpgroups, 64 or 128 keys a tile, two stages, a program per row block; and, where
     each multiprocessor has at most :data:`GLUON_WALK_ITEMS` row blocks to do, 128 x 128
     on a persistent grid of one program per multiprocessor (the forms measured on the
-    H200: docs/hopper.md; persistent gained 2-4 % at 1024 blocks and lost up to 14 %
+    H200: docs/hopper.md; persistent gained up to 4 % at 1024 blocks and lost up to 15 %
     on causal masks at 4096). Only 16-bit attention-shaped problems of at least 128
     rows whose loop loads directly; a program without the attention shape fails to
     build, and the tuner drops it."""
