@@ -39,6 +39,9 @@ def test_cpu_smoke_runs_end_to_end(tmp_path):
     assert status["PF-SoftCap", "sdpa-flash"] == "unsupported"
     assert status["DC-GQA", "triton-fa2"] == "unsupported"
     assert all(r["status"] in ("ok", "unsupported") for r in doc["records"])
+    # the note names the kernel the auto-scheduler chose for each point
+    notes = {r["op"]: r["note"] for r in doc["records"] if r["provider"] == "neptune"}
+    assert all("schedule: rolling" in n or "schedule: split" in n for n in notes.values()), notes
     report = (tmp_path / "report.md").read_text()
     assert "CPU smoke run" in report and "| PF-GQA | 64 | triton-fa2 | ok |" in report
     # No speed claims on the terminal.

@@ -80,3 +80,16 @@ def test_relative_error_and_thresholds():
     with pytest.raises(ValueError, match="no correctness threshold"):
         threshold_for(torch.int32)
     assert not check(torch.zeros(4), ref, torch.float16).passed
+
+
+def test_describe_adds_to_the_note_and_a_failing_one_costs_nothing():
+    def described(note_of):
+        def prepare(op, q, k, v, ctx):
+            p = correct_prepare(op, q, k, v, ctx)
+            return Prepared(p.fn, "plain", note_of)
+        return prepare
+
+    rec, _ = run(fake("said", described(lambda: "schedule: rolling 16x16")))
+    assert rec.status == "ok" and rec.note == "plain; schedule: rolling 16x16"
+    rec, _ = run(fake("mute", described(lambda: 1 / 0)))
+    assert rec.status == "ok" and rec.note == "plain"

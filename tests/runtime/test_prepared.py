@@ -42,6 +42,9 @@ def test_prepared_matches_float64_on_fresh_data(hq, n, sched):
         assert rel(out, reference(q, k, v, keep=_keep, offset=m - n)) < 1e-5
         outs.append(out.clone())
     assert not torch.equal(outs[0], outs[1])
+    # what it launches, named: the given schedule here (the bench's notes print it)
+    assert prepared.schedule.strategy == sched.strategy
+    assert prepared.schedule.block_m == sched.block_m
 
 
 @pytest.mark.parametrize("hq,n,sched", [(4, 1, SPLIT), (2, 3, ROLL)])

@@ -66,6 +66,18 @@ def release_memory(device: torch.device, collect: bool = True) -> None:
         torch.cuda.empty_cache()
 
 
+def _described(prepared) -> str:
+    """The prepared note and what ``describe()`` adds (nothing if it fails: a note never
+    fails a point)."""
+    extra, describe = "", getattr(prepared, "describe", None)   # a backward Step has none
+    if describe is not None:
+        try:
+            extra = describe()
+        except Exception:  # noqa: BLE001 - the note is a courtesy, the record stands
+            extra = ""
+    return "; ".join(x for x in (prepared.note, extra) if x)
+
+
 def measure_point(make: Callable[..., object], prepare: Callable[[], object],
                   gate: Callable[[object], object], timer, device: torch.device,
                   rate: Callable[[float], tuple[float, float | None]]):
@@ -85,6 +97,7 @@ def measure_point(make: Callable[..., object], prepare: Callable[[], object],
         compile_ms = (time.perf_counter() - t0) * 1e3
         result = gate(out)
         del out
+        note = _described(prepared)
     except Exception as exc:  # noqa: BLE001 - any provider fault becomes a record
         status, reason = classify_failure(exc)
         return make(status=status, reason=reason, note=note)

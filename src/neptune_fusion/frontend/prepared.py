@@ -67,6 +67,12 @@ class PreparedAttention:
         """The output tensor every matching call writes and returns."""
         return self._out
 
+    @property
+    def schedule(self):
+        """The schedule of the kernel a matching call launches (the auto-scheduler's
+        choice for this signature, or the one given)."""
+        return self._launch.kernel.schedule
+
 
 def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
                       enable_gqa: bool = False, q_offset=None, buffers=None, cache=None,

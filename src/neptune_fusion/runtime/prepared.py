@@ -59,7 +59,7 @@ def cheap_signature(tensors) -> tuple:
 class PreparedLaunch:
     """``kernel``'s launches for the signature of ``tensors``, bound (see the module)."""
 
-    __slots__ = ("signature", "device", "outputs", "cuda", "stream", "_workspace",
+    __slots__ = ("signature", "device", "outputs", "cuda", "stream", "kernel", "_workspace",
                  "_launches", "_fresh", "_index", "_bound_stream", "_get_device", "_scratch")
 
     def __init__(self, kernel, tensors, given=None, fresh: bool = False,
@@ -78,6 +78,7 @@ class PreparedLaunch:
         tensors = tuple(tensors)
         if kernel.fallback is not None and not kernel.takes(tensors):
             kernel = kernel.fallback   # a Gluon kernel's Triton twin (runtime/auto.py)
+        self.kernel = kernel           # the kernel whose launches these are
         if not all(type(t) is torch.Tensor for t in tensors):
             raise FeedError("a prepared call needs plain torch tensors (not a subclass)")
         cuda = self.cuda = tensors[0].is_cuda

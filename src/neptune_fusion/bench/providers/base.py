@@ -43,10 +43,13 @@ class Unsupported:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A ready-to-time callable and a note on how the operator was expressed."""
+    """A ready-to-time callable and a note on how the operator was expressed;
+    ``describe()``, called after the first call, adds to the note what only that call
+    decided (the kernel the auto-scheduler chose)."""
 
     fn: Callable[[], torch.Tensor]
     note: str = ""
+    describe: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ...ops import OpSpec, attention
+from ...ops import prepare as prepare_call
 from ..workloads import attention_options
 from .base import Prepared, Provider, RunContext, Unsupported
 
@@ -27,7 +28,10 @@ def prepare(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             ctx: RunContext) -> Prepared | Unsupported:
     """Bind the operator's options to neptune-fusion's attention entry point."""
     options = attention_options(op, k.shape[2], q.device)
-    return Prepared(lambda: attention(q, k, v, **options), ENTRY_POINT)
+
+    def chosen() -> str:   # the kernel the first call chose, as the report names it
+        return f"schedule: {prepare_call(q, k, v, **options).schedule.brief()}"
+    return Prepared(lambda: attention(q, k, v, **options), ENTRY_POINT, chosen)
 
 
 NEPTUNE = Provider("neptune", "neptune-fusion", "neptune",
