@@ -113,10 +113,6 @@ def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[S
     if not problem.contraction or problem.fp32 or problem.itemsize != 2 \
             or problem.gathers or problem.rows < 128:
         return []
-    if problem.lengths:
-        # a ragged batch (kv_lens): the dialect prints it (its key and value boxes end at
-        # each sequence's length), but it has not run on a GPU yet (docs/hopper.md)
-        return []
     out = [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
                    dialect="gluon", tma=False, block_col=0, row_programs=0)
            for bn in (128, 64)]
