@@ -44,7 +44,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("NEPTUNE_FUSION_DUMP", "",
             "Comma-separated stage names (or `all`): print the IR after each named stage "
             "to stderr. Stages: `canon`, `normalize`, `graph`, `plan`, `lower`, `exp2`, "
-            "`partition`, `defer`, `split`, `source`."),
+            "`partition`, `separate`, `defer`, `split`, `source`."),
     Setting("NEPTUNE_FUSION_VERIFY", "0",
             "`1`: check invariants between passes (the IR verifier after canonicalise and "
             "normalise, `TileProgram.check()` after lowering). The test suite turns it on."),

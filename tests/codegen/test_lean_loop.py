@@ -96,8 +96,10 @@ def test_canonical_exp2_argument_keeps_the_value(rng):
 
 
 def test_a_distance_converts_per_row_and_per_column_not_per_element(rng):
-    """ALiBi's ``slope * float(j - i)``: the row and column positions are converted, then
-    subtracted in float32, which is the same value below 2**24."""
+    """ALiBi's ``slope * float(j - i)``: the distance is recentred on the block's first
+    row and its two parts leave the element work (stage ``separate``): ``float(j - i0)``
+    per column, ``float(i - i0)`` per row, the per-row term added to the tile maximum and
+    to the exponential's per-row part."""
     N, M = nf.sizes("N M")
     x = nf.placeholder((N, M), name="x")
     j = nf.reduce_axis(M, "j")
@@ -106,7 +108,7 @@ def test_a_distance_converts_per_row_and_per_column_not_per_element(rng):
     y = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, j] - 0.25 * nf.cast(j - i, "float32")
                                                   - m[i]), j), name="y")
     kernel = nf_compile(y, block_m=16, block_n=16)
-    assert "offs_j.to(tl.float32)[None, :]" in kernel.source, kernel.source
+    assert "(offs_j - i_first).to(tl.float32))[None, :]" in kernel.source, kernel.source
     assert "offs_i[:, None]).to(" not in kernel.source, kernel.source
     x_ = torch.tensor(rng.standard_normal((37, 45)) * 3, dtype=torch.float32)
     want = nf.evaluate(y, {"x": x_.double().numpy()})

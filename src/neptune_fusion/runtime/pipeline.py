@@ -11,13 +11,15 @@
                                                 masks yet)
             --apply_exp2--> TileProgram        (codegen/exp2.py: when Schedule.exp2)
             --partition_loop--> TileProgram    (codegen/variants.py: boundary/interior)
+            --separate--> TileProgram          (codegen/separate.py: per-row terms out of
+                                                the tile maxima and exponentials)
             --split_programs--> TileProgram(s) (codegen/split.py: when strategy "split")
             --generate--> Triton source        (codegen/source.py), one per program
             --specs_of--> KernelSpec(s)        (runtime/spec.py) --> Kernel
 
 :func:`build_programs` and :func:`kernel_specs` are that list as code.
-``NEPTUNE_FUSION_DUMP=lower,exp2,partition,split,source`` prints the result of each
-stage (see :mod:`neptune_fusion.settings`). A :class:`Builder` drives them for one
+``NEPTUNE_FUSION_DUMP=lower,exp2,partition,separate,defer,split,source`` prints the
+result of each stage (see :mod:`neptune_fusion.settings`). A :class:`Builder` drives them for one
 definition, once per schedule, through the disk cache: the kernel specs (generated
 source included) are stored as checksummed JSON under ``<cache>/specs``, keyed by the
 definition's fingerprint, input names/dtypes/shapes, the schedule and the package
@@ -54,6 +56,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     from ..codegen.exp2 import apply_exp2
     from ..codegen.lower import check_phased, lower
     from ..codegen.outline import outline
+    from ..codegen.separate import separate
     from ..codegen.split import split_programs
     from ..codegen.variants import partition_loop
 
@@ -72,6 +75,7 @@ def build_programs(plan, inputs, schedule: Schedule, name: str) -> tuple:
     [prog] = done("lower", (lower(plan, list(inputs), schedule, name=name),))
     [prog] = done("exp2", (apply_exp2(prog),))
     [prog] = done("partition", (partition_loop(prog),))
+    [prog] = done("separate", (separate(prog),))
     if schedule.strategy == "rolling":
         [prog] = done("defer", (defer_tile_reductions(prog),))
         return done("split", (prog,))
