@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import time
 
 import torch
@@ -54,8 +55,83 @@ def program(name, d, dtype, block_m, block_n, row_programs=0):
     return prog, ins
 
 
-def kernel_of(prog):
-    src = generate(prog)
+COLS = "(t_2 * (offs_j - i_first).to(tl.float32))"
+
+
+def _magic_cvt(src: str) -> str:
+    """ALiBi's column positions converted without I2F (which shares the exponential's
+    throughput): ``float(d) = bits(d + 0x4B400000) - 1.5 * 2**23``, exact for ``|d| <
+    2**22`` -- an experiment only, the emitter cannot assume that range."""
+    return src.replace(COLS, "(t_2 * ((offs_j - i_first + 0x4B400000).to(tl.float32, "
+                             "bitcast=True) - 12582912.0))")
+
+
+def _hoisted_cols(src: str) -> str:
+    """ALiBi's column positions as ``float(arange)`` bound once before the loop plus the
+    tile's start converted once: no per-column conversion, one add per column."""
+    out, start = [], None
+    for line in src.splitlines():
+        got = re.match(r"\s*offs_j = (\w+) \+ gl\.arange", line)
+        if got:
+            start = got.group(1)
+        if line.strip().startswith("t_2 = ") and "cj =" not in src:
+            pad = line[:len(line) - len(line.lstrip())]
+            out.append(line)
+            out.append(pad + "cj = t_2 * gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, "
+                             "S_LAYOUT)).to(tl.float32)")
+            continue
+        out.append(line.replace(COLS, f"(cj + t_2 * tl.cast({start} - i_first, "
+                                      "tl.float32))") if start else line)
+    return "\n".join(out) + "\n"
+
+
+def _no_store(src: str) -> str:
+    """Diagnostic (its output is wrong, so it is timed unchecked): the epilogue's store
+    behind a condition that is never true at run time, so nothing is removed but the
+    store itself -- what the output's write costs."""
+    out = []
+    for line in src.splitlines():
+        if line.lstrip().startswith("tl.store(o_base"):
+            pad = line[:len(line) - len(line.lstrip())]
+            out += [pad + "if M < 0:", "    " + line]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+STORE = re.compile(r"tl\.store\(o_base \+ \(\(offs_i_out \* o_s2\)\[:, None\] \+ "
+                   r"offs_e\[None, :\]\), (.*), mask=\(offs_i_out < N\)\[:, None\]\)$")
+
+
+def _blocked_store(src: str) -> str:
+    """The epilogue's output converted (through shared memory) from the MMA layout, where
+    a thread holds pairs of columns (a pointer per 4 bytes), to a blocked layout of
+    16-byte vectors (a pointer per 16 bytes) before the store; head dim 128 only."""
+    out = []
+    for line in src.splitlines():
+        pad = line[:len(line) - len(line.lstrip())]
+        body = line.strip()
+        if body.startswith("O_LAYOUT: gl.constexpr"):
+            out += [line, pad + "ST_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread="
+                    "[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])"]
+        elif body.startswith(("offs_i_out =", "offs_e =")):
+            out.append(line.replace("O_LAYOUT))", "ST_LAYOUT))"))
+        elif STORE.search(body):
+            value = STORE.search(body).group(1)
+            out.append(line.replace(value, f"gl.convert_layout({value}, ST_LAYOUT)"))
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+# --edits: textual edits of the generated source, each timed beside the unedited kernel;
+# a "diag-" edit changes the result and is timed without the float64 check
+EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
+         "blocked-store": _blocked_store, "diag-no-store": _no_store}
+
+
+def kernel_of(prog, edit: str = "none"):
+    src = EDITS[edit](generate(prog))
     return src, getattr(load_kernel_module(src, prog.name, interpret=False), prog.name)
 
 
@@ -101,11 +177,11 @@ def triton_cdiv(a, b):
 def compile_only(args):
     from sm90 import compile_sm90
 
-    for name, d, (bm, bn, st, *rp) in itertools.product(args.ops, args.head_dims or [128],
-                                                        args.tiles):
+    for name, d, (bm, bn, st, *rp), edit in itertools.product(
+            args.ops, args.head_dims or [128], args.tiles, args.edits):
         prog, _ = program(name, d, args.dtype, bm, bn, *rp)
         try:
-            src, fn = kernel_of(prog)
+            src, fn = kernel_of(prog, edit)
         except Exception as e:  # noqa: BLE001 - a probe records every failure
             rec(op=name, d=d, block_m=bm, block_n=bn, ok=False, stage="generate",
                 error=f"{type(e).__name__}: {e}")
@@ -131,7 +207,7 @@ def compile_only(args):
                 error=f"{type(e).__name__}: {str(e)[:600]}")
             continue
         rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0,
-            ok=True,
+            edit=edit, ok=True,
             shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info)
 
 
@@ -149,7 +225,7 @@ def reference(op, q, k, v, scale):
     return torch.softmax(s, -1) @ v[:, :1].double()
 
 
-def case(name, d, n, dtype, t_end, gen, tiles, flex):
+def case(name, d, n, dtype, t_end, gen, tiles, flex, edits=("none",)):
     """One operator and length: the references, then each tile of the generated kernel."""
     from functools import partial
 
@@ -186,20 +262,22 @@ def case(name, d, n, dtype, t_end, gen, tiles, flex):
         fx = FLEX.prepare(op, q, k, v, None).fn
         base.update(flex_err=err_of(fx()), flex_ms=round(do_bench(fx, warmup=50, rep=300), 4))
     rec(**base)
-    for bm, bn, st, *rp in tiles:
+    for (bm, bn, st, *rp), edit in itertools.product(tiles, edits):
         if time.time() > t_end:
             return
         kw = dict(block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0)
+        if edit != "none":
+            kw["edit"] = edit
         try:
             prog, ins = program(name, d, str(dtype)[6:], bm, bn, *rp)
-            _, fn = kernel_of(prog)
+            _, fn = kernel_of(prog, edit)
             out = torch.empty_like(q)
             vals, grid = arguments(prog, ins, (q, k, v), out)
             call = partial(fn[grid], **vals, STAGES=st, num_warps=LAUNCH_WARPS)
             call()
             torch.cuda.synchronize()
             err = err_of(out)
-            if not err <= 3 * base["nf_err"] + 1e-3:
+            if not err <= 3 * base["nf_err"] + 1e-3 and not edit.startswith("diag-"):
                 rec(**base, **kw, ok=False, err=err, why="wrong")
                 continue
             t = do_bench(call, warmup=50, rep=300)
@@ -225,7 +303,8 @@ def gpu(args):
             if time.time() > t_end:
                 rec(stopped="budget")
                 return
-            case(name, d, n, getattr(torch, args.dtype), t_end, gen, args.tiles, args.flex)
+            case(name, d, n, getattr(torch, args.dtype), t_end, gen, args.tiles, args.flex,
+                 args.edits)
             torch.cuda.empty_cache()
 
 
@@ -247,6 +326,8 @@ def main():
                          "(128x128x2,128x128x2x1,...; row_programs: a persistent grid)")
     ap.add_argument("--flex", action="store_true",
                     help="time FlexAttention too (compiled per operator and length)")
+    ap.add_argument("--edits", type=lambda s: s.split(","), default=["none"],
+                    help=f"source edits to time beside each other ({', '.join(EDITS)})")
     args = ap.parse_args()
     if args.compile_only:
         compile_only(args)

@@ -40,6 +40,10 @@ it and the cache rows there are never read.
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
 
+The (row, col) outputs are converted from the MMA layout to 16-byte vectors before
+their store (:func:`store_layout`): stored from the MMA layout, the address tile alone
+was 64 pointers a thread, and the consumers spilled.
+
 The element expressions are printed with the shared ``tl.*`` op tables: the generated
 module binds the name ``tl`` to Gluon's language module, which has the same element-wise
 functions; what needs a layout (``arange``, ``full``, the MMA operands) is printed here
@@ -96,9 +100,9 @@ HEADER = (
 SKELETON_NAMES = frozenset((
     "tl", "gl", "triton", "gluon", "fence_async_shared", "mbarrier", "tma",
     "warpgroup_mma", "warpgroup_mma_wait", "_nf_tile", "pid_row", "pid_grid", "i_first",
-    "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "a_bar", "b_full", "v_full", "b_empty",
-    "v_empty", "st", "WG", "WG_ROWS", "q_half", "phase", "n_tiles", "s_zero", "qk", "qk_token",
-    "acc_token", "p", "p_op", "t", "buf", "prev", "last", "q_empty", "w", "n_blocks",
+    "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "ST_LAYOUT", "a_bar", "b_full", "v_full",
+    "b_empty", "v_empty", "st", "WG", "WG_ROWS", "q_half", "phase", "n_tiles", "s_zero", "qk",
+    "qk_token", "acc_token", "p", "p_op", "t", "buf", "prev", "last", "q_empty", "w", "n_blocks",
     "n_grid", "base", "it", "g", "back"))
 # rows per program: two or three consumer warpgroups of 64 rows (a partition each)
 ROW_TILES = (128, 192)
@@ -276,6 +280,27 @@ def check_schedule(prog: TileProgram) -> None:
             f"block_n={s.block_n}, num_stages={s.num_stages} and head dims "
             f"{width['inner']}/{width['col']}; Hopper has {SHARED_BYTES // 1024} KiB per "
             "program (take block_n=64 or fewer stages)")
+
+
+def store_layout(prog: TileProgram, tiles: list) -> str | None:
+    """The blocked layout the (row, col) outputs ``tiles`` are stored from: 16-byte
+    vectors along the columns, a warpgroup's 64 rows; None (store from the MMA layout)
+    where there is none or the conversion's shared memory (one warpgroup's tile) would
+    not fit beside the buffers. Measured on the H200 (docs/hopper.md): 2-5 % on every
+    prefill operator, the consumers' spills gone."""
+    if not tiles:
+        return None
+    s, width = prog.schedule, {ax.role: ax.block_size for ax in prog.axes
+                               if ax.role in ("col", "inner")}
+    size = max(o.arg.tensor.dtype.bits for o in tiles) // 8
+    need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
+                * (width["inner"] + width["col"])) + WG_ROWS * width["col"] * size
+    if need > SHARED_BYTES:
+        return None
+    vec = min(16 // size, width["col"])
+    cols = min(32, width["col"] // vec)
+    return (f"gl.BlockedLayout(size_per_thread=[1, {vec}], threads_per_warp=[{32 // cols}, "
+            f"{cols}], warps_per_cta=[4, 1], order=[1, 0])")
 
 
 def generate(prog: TileProgram) -> str:
@@ -640,7 +665,24 @@ class _Kernel:
         pre.emit(f"offs_{col.name} = gl.arange(0, {col.block}, "
                  "layout=gl.SliceLayout(0, O_LAYOUT))")
         env[col.var] = Val(f"offs_{col.name}", ("col",), "i32")
-        _store_outputs(prog, pre, env, self.state_params, prog.outputs)
+        tiles = [o for o in prog.outputs if prog.row.var in o.axes and col.var in o.axes]
+        rest = [o for o in prog.outputs if o not in tiles]
+        layout = store_layout(prog, tiles)
+        if layout is None:
+            _store_outputs(prog, pre, env, self.state_params, prog.outputs)
+            return
+        # (row, col) outputs leave in 16-byte vectors: the MMA layout holds pairs of
+        # columns, a pointer (two registers) per 4 bytes -- what made the consumers spill
+        pre.emit(f"ST_LAYOUT: gl.constexpr = {layout}")
+        pre.emit(f"{row}_st = i_first + WG * WG_ROWS + gl.arange(0, WG_ROWS, "
+                 "layout=gl.SliceLayout(1, ST_LAYOUT))")
+        pre.emit(f"offs_{col.name}_st = gl.arange(0, {col.block}, "
+                 "layout=gl.SliceLayout(0, ST_LAYOUT))")
+        at = {prog.row.var: Val(f"{row}_st", ("row",), "i32"),
+              col.var: Val(f"offs_{col.name}_st", ("col",), "i32")}
+        _store_outputs(prog, pre, env, self.state_params, tiles, relayout=("ST_LAYOUT", at))
+        if rest:
+            _store_outputs(prog, pre, env, self.state_params, rest)
 
 
 def _release(block: Block, which: str, buf: str | None) -> None:

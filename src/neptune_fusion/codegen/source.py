@@ -644,10 +644,15 @@ def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params,
 
 
 def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
-                   guard: bool = False) -> None:
+                   guard: bool = False, relayout: tuple[str, dict] | None = None) -> None:
+    """``relayout``: (a layout, index values in it): each value is converted to that
+    layout before its store, whose addresses and mask are formed from those indices
+    (the Gluon dialect's blocked store)."""
     # nothing is hoisted out of the epilogue: it would stay live through the loops
     low = Lowerer(prog, env, post, None, state_params, guard=guard,
                   uses=count_uses([o.body for o in outputs]))
+    at = low if relayout is None else \
+        Lowerer(prog, {**env, **relayout[1]}, post, None, state_params, guard=guard)
     for o in outputs:
         axes = tuple(a for a in ("row", "loop", "col")
                      if any(prog.role_of(v) is not None and prog.role_of(v).role == a
@@ -656,14 +661,16 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
         if not o.arg.tensor.dtype.is_float:
             raise CodegenError(f"output {o.arg.name} is {o.arg.tensor.dtype}; float outputs "
                                "are supported")
-        base, offset, mask = low.address(o.arg.tensor, o.axes)
-        off = low.value(offset, axes)
+        base, offset, mask = at.address(o.arg.tensor, o.axes)
+        off = at.value(offset, axes)
         data = low.expand(val, axes)
         if data == val.code and val.prec < ATOM:
             data = f"({data})"
-        store = f"tl.store({base} + {low.operand(off, axes, 5)}, " \
-                f"{data}.to({tl_dtype(o.arg.tensor.dtype)})"
+        data = f"{data}.to({tl_dtype(o.arg.tensor.dtype)})"
+        if relayout is not None:
+            data = f"gl.convert_layout({data}, {relayout[0]})"
+        store = f"tl.store({base} + {at.operand(off, axes, 5)}, {data}"
         if mask is not None:
-            store += f", mask={low.expand(low.value(mask, axes), axes)}"
+            store += f", mask={at.expand(at.value(mask, axes), axes)}"
         post.emit(store + ")")
 
