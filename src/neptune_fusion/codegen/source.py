@@ -651,8 +651,11 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
     # nothing is hoisted out of the epilogue: it would stay live through the loops
     low = Lowerer(prog, env, post, None, state_params, guard=guard,
                   uses=count_uses([o.body for o in outputs]))
+    # the addresses in the other layout: a block of their own, whose CSE table does not
+    # hand them the values lowered in the first one (same IR, other layout)
+    at_block = post if relayout is None else Block(post.names, post.level)
     at = low if relayout is None else \
-        Lowerer(prog, {**env, **relayout[1]}, post, None, state_params, guard=guard)
+        Lowerer(prog, {**env, **relayout[1]}, at_block, None, state_params, guard=guard)
     for o in outputs:
         axes = tuple(a for a in ("row", "loop", "col")
                      if any(prog.role_of(v) is not None and prog.role_of(v).role == a
@@ -672,5 +675,8 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
         store = f"tl.store({base} + {at.operand(off, axes, 5)}, {data}"
         if mask is not None:
             store += f", mask={at.expand(at.value(mask, axes), axes)}"
+        if at_block is not post:
+            post.extend(at_block)
+            at_block.lines.clear()
         post.emit(store + ")")
 
