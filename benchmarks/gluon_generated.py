@@ -26,10 +26,10 @@ import time
 import torch
 
 from neptune_fusion import ops
-from neptune_fusion.codegen.gluon import LAUNCH_WARPS, generate
-from neptune_fusion.codegen.source import kernel_args
+from neptune_fusion.codegen.gluon import LAUNCH_WARPS, generate, gluon_args
 from neptune_fusion.fusion.plan import plan as make_plan
 from neptune_fusion.ir.nodes import Size
+from neptune_fusion.runtime.descriptors import maker, signature_type
 from neptune_fusion.runtime.loader import load_kernel_module
 from neptune_fusion.runtime.pipeline import build_programs
 from neptune_fusion.schedule.schedule import Schedule
@@ -124,83 +124,10 @@ def _blocked_store(src: str) -> str:
     return "\n".join(out) + "\n"
 
 
-HD_ARGS = "q_hd, k_hd, v_hd, "
-DESC = re.compile(r"(\s*)(\w)_desc = tma\.make_tensor_descriptor\((\w)_base, .*block_shape=\[(\w+), (\w+)\], "
-                  r"layout=(.*)\)$")
-
-
-def _host_desc(src: str) -> str:
-    """The TMA descriptors built on the host (one per operand, over its (batch * heads *
-    rows, inner) matrix, passed as kernel parameters) instead of per program on the
-    device; a program's rows start at its (batch, head) offset over the row stride. Right
-    only for contiguous operands whose row count is a multiple of the tile (no box may
-    cross into the next head), as in this tool's problems."""
-    out, bases, skipping = [], {}, False
-    for line in src.splitlines():
-        body = line.strip()
-        pad = line[:len(line) - len(line.lstrip())]
-        # a persistent grid waits for the last item's loads before it rewrites the
-        # descriptors; descriptors made once need no such wait
-        if body.startswith("# the descriptors are rewritten below"):
-            skipping = True
-        if skipping and not body.startswith("q_base = "):
-            continue
-        skipping = False
-        got = re.match(r"(\w)_base = \w_ptr \+ (.*)$", body)
-        if got:
-            bases[got.group(1)] = got.group(2)
-            out.append(line)
-            continue
-        got = DESC.match(line)
-        if got:
-            x = got.group(2)
-            out += [pad + f"{x}_desc = {x}_hd",
-                    pad + f"{x}_row0 = (({bases[x]}) // {x}_s2).to(tl.int32)"]
-            continue
-        if body.startswith(("def nf_o_loads(", "def nf_o(")) or body.startswith("(nf_o_loads, ("):
-            line = line.replace("o_s2, ", "o_s2, " + HD_ARGS, 1)
-        line = line.replace("tma.async_copy_global_to_shared(q_desc, [", "tma.async_copy_global_to_shared(q_desc, [q_row0 + ")
-        line = re.sub(r"_nf_tile\((\w)_desc, ", lambda m: f"_nf_tile({m.group(1)}_desc, {m.group(1)}_row0 + ", line)
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
-def _with_descs(items, descs):
-    """Argument items with ``descs`` inserted after ``o_s2``, as ``_host_desc`` orders
-    them."""
-    out = []
-    for name, val in items:
-        out.append((name, val))
-        if name == "o_s2":
-            out += list(descs.items())
-    return out
-
-
-def host_descriptors(prog, tensors):
-    """``{name: (block shape, layout, 2-d tensor)}``: the three descriptors ``_host_desc``'s
-    kernel takes, for contiguous q, k, v, read off the unedited source's device-side
-    ones."""
-    from triton.experimental.gluon import language as gl
-
-    sizes = {a.name: a.ref.block_size for a in kernel_args(prog) if a.kind == "block"}
-    sizes["WG_ROWS"] = 64
-    descs = {}
-    for line in generate(prog).splitlines():
-        got = DESC.match(line)
-        if got:
-            x = got.group(2)
-            shape = [sizes[got.group(4)], sizes[got.group(5)]]
-            t = tensors["qkv".index(x)]
-            descs[f"{x}_hd"] = (shape, eval(got.group(6), {"gl": gl}),
-                                None if t is None else t.reshape(-1, t.shape[-1]))
-    return descs
-
-
 # --edits: textual edits of the generated source, each timed beside the unedited kernel;
 # a "diag-" edit changes the result and is timed without the float64 check
 EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
-         "blocked-store": _blocked_store, "diag-no-store": _no_store,
-         "host-desc": _host_desc}
+         "blocked-store": _blocked_store, "diag-no-store": _no_store}
 
 
 def kernel_of(prog, edit: str = "none"):
@@ -209,7 +136,7 @@ def kernel_of(prog, edit: str = "none"):
 
 
 def arguments(prog, ins, tensors, out):
-    """The kernel's arguments, in :func:`kernel_args` order, for torch ``tensors``."""
+    """The kernel's arguments, in :func:`gluon_args` order, for torch ``tensors``."""
     by_tensor = dict(zip(ins, tensors))
     by_tensor[prog.outputs[0].arg.tensor] = out
     sizes = {}
@@ -218,7 +145,7 @@ def arguments(prog, ins, tensors, out):
             if isinstance(ext, Size):
                 sizes[ext] = n
     vals = {}
-    for a in kernel_args(prog):
+    for a in gluon_args(prog):
         if a.kind == "tensor":
             vals[a.name] = by_tensor[a.ref.tensor]
         elif a.kind == "stride":
@@ -230,6 +157,9 @@ def arguments(prog, ins, tensors, out):
             vals[a.name] = a.ref.block_size
         elif a.kind == "flag":
             vals[a.name] = False
+        elif a.kind == "desc":   # a host-side TMA descriptor, as the runtime makes it
+            d = a.ref
+            vals[a.name] = maker(d.block, d.swizzle, d.bits)(by_tensor[d.arg.tensor])
         else:
             raise ValueError(f"argument {a.name} ({a.kind}) is not supported here")
     grid = 1
@@ -263,20 +193,17 @@ def compile_only(args):
             print(src)
         sig, consts = {}, {}
         ptr = "*bf16" if args.dtype == "bfloat16" else "*fp16"
-        for a in kernel_args(prog):
+        for a in gluon_args(prog):
             if a.kind == "tensor":
                 sig[a.name] = ptr
             elif a.kind in ("stride", "size"):
                 sig[a.name] = "i32"
+            elif a.kind == "desc":
+                sig[a.name] = signature_type(a.ref)
             else:
                 sig[a.name] = "constexpr"
                 consts[a.name] = a.ref.block_size if a.kind == "block" else False
         sig["STAGES"], consts["STAGES"] = "constexpr", st
-        if edit == "host-desc":
-            descs = host_descriptors(prog, (None, None, None))
-            sig = dict(_with_descs(list(sig.items()), {
-                n: f"tensordesc<{ptr[1:]}[{shape[0]},{shape[1]}],{layout!r}>"
-                for n, (shape, layout, _) in descs.items()}))
         t0 = time.time()
         try:
             k, info = compile_sm90(fn, sig, consts, LAUNCH_WARPS)
@@ -351,11 +278,6 @@ def case(name, d, n, dtype, t_end, gen, tiles, flex, edits=("none",)):
             _, fn = kernel_of(prog, edit)
             out = torch.empty_like(q)
             vals, grid = arguments(prog, ins, (q, k, v), out)
-            if edit == "host-desc":
-                from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-                vals = dict(_with_descs(list(vals.items()), {
-                    n: TensorDescriptor.from_tensor(t, shape, layout)
-                    for n, (shape, layout, t) in host_descriptors(prog, (q, k, v)).items()}))
             call = partial(fn[grid], **vals, STAGES=st, num_warps=LAUNCH_WARPS)
             call()
             torch.cuda.synchronize()

@@ -134,7 +134,8 @@ def test_compiles_for_sm90(name, walk, rows):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from neptune_fusion.codegen.source import kernel_args
+    from neptune_fusion.codegen.gluon import gluon_args
+    from neptune_fusion.runtime.descriptors import signature_type
     from neptune_fusion.runtime.loader import load_kernel_module
 
     sched = replace(HOPPER, row_programs=walk, block_m=rows, num_warps=rows // 16,
@@ -146,11 +147,13 @@ def test_compiles_for_sm90(name, walk, rows):
         [prog] = _program(name, 64, sched)
     fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
     sig, consts = {}, {"STAGES": 2}
-    for a in kernel_args(prog):
+    for a in gluon_args(prog):
         if a.kind == "tensor":
             sig[a.name] = "*i32" if a.name.startswith("kv_lens") else "*fp16"
         elif a.kind in ("stride", "size"):
             sig[a.name] = "i32"
+        elif a.kind == "desc":
+            sig[a.name] = signature_type(a.ref)
         else:
             sig[a.name] = "constexpr"
             consts[a.name] = a.ref.block_size if a.kind == "block" else False
@@ -295,10 +298,16 @@ def test_the_space_offers_gluon_on_a_gluon_device_only():
     got = [s for s in candidates(_problem(), hopper) if s.dialect == "gluon"]
     assert {(s.block_m, s.block_n, s.num_warps, s.num_stages, s.row_programs)
             for s in got} == {(128, 128, 8, 2, 0), (128, 64, 8, 2, 0), (128, 128, 8, 2, 1)}
-    # the persistent grid only where a multiprocessor has few row blocks to walk
-    longer = [s for s in candidates(_problem(rows=16384, loop=16384), hopper)
+    # the persistent grid where a multiprocessor has few row blocks to walk, or where
+    # every item's loop is as long as every other's
+    causal = ((128, 128, 0.5), (128, 64, 0.5))
+    longer = [s for s in candidates(_problem(rows=16384, loop=16384, visits=causal), hopper)
               if s.dialect == "gluon"]
     assert len(longer) == 2 and not any(s.row_programs for s in longer)
+    assert [s for s in candidates(_problem(rows=16384, loop=16384), hopper)
+            if s.dialect == "gluon" and s.row_programs]
+    assert not [s for s in candidates(_problem(rows=16384, loop=16384, lengths=1), hopper)
+                if s.dialect == "gluon" and s.row_programs]
     assert not [s for s in candidates(_problem(), H200) if s.dialect == "gluon"]
     for other in (dict(fp32=True, itemsize=4), dict(rows=16), dict(gathers=True)):
         assert not [s for s in candidates(_problem(**other), hopper) if s.dialect == "gluon"]
@@ -383,3 +392,75 @@ def test_the_tuners_log_names_the_dialect():
     log_trials("attention", [Trial(Schedule(), 1e-3, 1.2e-3), Trial(g, 1e-3, 1e-3)], g, out)
     text = out.getvalue()
     assert "rolling (walks rows), gluon" in text and text.count("gluon") == 1
+
+
+# ---------------------------------------------------------------- host-side descriptors
+
+def test_descriptors_are_made_on_the_host_unless_the_boxes_end_per_program():
+    """A prefill program takes three descriptor parameters (q's box a warpgroup's 64 rows,
+    k's and v's a tile of keys, 1 in the batch and head dimensions), which the spec
+    carries through the cache; a ragged batch's boxes end at each program's length, so
+    its descriptors are still made on the device."""
+    from neptune_fusion.codegen.gluon import descriptor_args
+    from neptune_fusion.runtime.spec import KernelSpec, specs_of
+    [prog] = _program("PF-GQA", 64, GLUON)
+    descs = descriptor_args(prog)
+    assert [(a.name, a.ref.block, a.ref.swizzle, a.ref.bits) for a in descs] == [
+        ("q_desc", (1, 1, 64, 64), 128, 16), ("k_desc", (1, 1, 64, 64), 128, 16),
+        ("v_desc", (1, 1, 64, 64), 128, 16)]
+    src = generate(prog)
+    assert "make_tensor_descriptor" not in src and "[b, h // 8, 0 + t * BLOCK_N, 0]" in src
+    [spec] = specs_of([prog], [a.tensor for a in prog.inputs], [src])
+    got = [a for a in spec.args if a[0] == "desc"]
+    assert got == [("desc", "in0", [1, 1, 64, 64], 128, 16),
+                   ("desc", "in1", [1, 1, 64, 64], 128, 16),
+                   ("desc", "in2", [1, 1, 64, 64], 128, 16)]
+    assert KernelSpec.from_dict(spec.to_dict()).args == spec.args
+    o, ins = _ragged()
+    [ragged] = build_programs(plan([o]), ins, GLUON, "ragged")
+    assert descriptor_args(ragged) == () and "make_tensor_descriptor" in generate(ragged)
+
+
+def test_a_descriptor_covers_the_input_as_laid_out():
+    """The descriptor keeps the input's own strides (a transposed view is read in place);
+    a dimension of extent 1 gets a stride the copy engine takes, a zero extent (no keys)
+    is encoded as 1; a broadcast dimension (stride 0) is refused, so the call runs the
+    Triton twin."""
+    import torch
+
+    from neptune_fusion.runtime.descriptors import box_strides, maker
+    from neptune_fusion.runtime.kernel import tma_strides
+    x = torch.zeros(2, 40, 4, 64, dtype=torch.float16).transpose(1, 2)
+    made = maker((1, 1, 64, 64), 128, 16)(x)
+    assert list(made.shape) == [2, 4, 40, 64] and list(made.strides) == [10240, 64, 256, 1]
+    assert box_strides((1, 4, 40, 64), (0, 64, 256, 1)) == [256, 64, 256, 1]
+    empty = torch.zeros(1, 2, 0, 64, dtype=torch.float16)
+    assert list(maker((1, 1, 64, 64), 128, 16)(empty).shape) == [1, 2, 1, 64]
+    assert tma_strides([x]) and not tma_strides([torch.zeros(1, 1, 8, 64).expand(2, 3, 8, 64)])
+    assert tma_strides([torch.zeros(1, 3, 8, 64)[:, :1].expand(1, 1, 8, 64)])
+
+
+@pytest.mark.gpu
+def test_gluon_reads_views_in_place_and_prepared_calls_on_hopper():
+    """On a Hopper GPU: the host descriptors over inputs as Hugging Face lays them out
+    ((B, S, H, D) transposed to (B, H, S, D)), rows that end inside a tile, and a prepared
+    call (its descriptors made per call from the addresses), against float64."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper-class GPU")
+    _gluon_of_triton_36()
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    B, hq, hkv, n, d = 2, 8, 2, 197, 64
+    q, k, v = (torch.randn(B, n, h, d, device="cuda", dtype=torch.float16,
+                           generator=gen).transpose(1, 2) for h in (hq, hkv, hkv))
+    kk, vv = (t.double().repeat_interleave(hq // hkv, 1) for t in (k, v))
+    s = (q.double() @ kk.transpose(-1, -2) * d ** -0.5).masked_fill(
+        torch.ones(n, n, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.softmax(s, -1) @ vv
+    opts = dict(scale=d ** -0.5, causal=True, schedule=GLUON)
+    got = ops.attention(q, k, v, **opts).double()
+    assert float((got - want).norm() / want.norm()) < 2e-3
+    run = ops.prepare(q, k, v, **opts)
+    for _ in range(2):
+        got = run(q, k, v).double()
+        assert float((got - want).norm() / want.norm()) < 2e-3

@@ -166,8 +166,8 @@ def test_allocations_per_call(monkeypatch):
     monkeypatch.setattr(torch, "empty", counting)
     monkeypatch.setattr(prepared_mod, "_runner", None)   # nothing binds from here on
     for launch in [step._launch] + [got[0] for got in cache.bound._table.values()]:
-        launch._launches = tuple((lambda args, stream: None, t, s)
-                                 for _, t, s in launch._launches)
+        launch._launches = tuple((lambda args, stream: None, t, s, d)
+                                 for _, t, s, d in launch._launches)
     for _ in range(3):
         assert step(q, k, v) is step.output
     assert made == []

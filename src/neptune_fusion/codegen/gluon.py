@@ -4,8 +4,9 @@ The same tile program the Triton emitter prints (:mod:`.source`) printed for Tri
 Gluon dialect, where the kernel says what Triton's compiler otherwise decides. A program
 of 128 rows runs as three partitions (``gl.warp_specialize``): a load warp and two
 consumer warpgroups of 64 rows each (192 rows: three consumers). The load warp brings
-the K and V tiles by TMA (device-side descriptors, one per program) into a ring of
-``STAGES`` (the schedule's ``num_stages``) shared-memory buffers, each signalled by an
+the K and V tiles by TMA (descriptors the runtime makes on the host over each whole
+input, :func:`descriptor_args`; a ragged batch's made per program on the device) into a
+ring of ``STAGES`` (the schedule's ``num_stages``) shared-memory buffers, each signalled by an
 mbarrier and released by every consumer. Each consumer runs both products as
 asynchronous warpgroup MMAs (``wgmma``), the product ``q . k`` of tile ``t`` issued
 before ``p . v`` of tile ``t - 1``, so the element work of tile ``t`` (the derived
@@ -32,10 +33,14 @@ needs the program to have the attention shape (:func:`shape_of`, else a
 * every other state over rows only; the output columns one tile per program; single
   phase, no split-k, no gathered loads.
 
-``b`` and ``v`` may be read as zeros past a per-program length (``where(j < L, k, 0)``,
-a ragged batch's ``kv_lens[b]``; the segments' contractions then differ only in that
-mask): their TMA boxes end at ``min(extent, L)``, so the copy engine fills zeros past
-it and the cache rows there are never read.
+A host descriptor covers its input as laid out (up to five dimensions, a box of 1 in
+all but the tile's last two, addressed at the program's batch and head indices), so
+rows past a head's end read as zeros and any view with 16-byte strides is read in
+place. ``b`` and ``v`` may be read as zeros past a per-program length
+(``where(j < L, k, 0)``, a ragged batch's ``kv_lens[b]``; the segments' contractions then
+differ only in that mask): then each program makes its descriptors over its own (batch,
+head) rows, boxes ending at ``min(extent, L)``, so the copy engine fills zeros past it
+and the cache rows there are never read.
 
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
@@ -69,6 +74,7 @@ from .patterns import gathers, loaded, match_contraction
 from .program import BLOCK_N, I_FIRST, LOOP_LO, TILE_END, TILE_START, TileProgram, extent_expr
 from .source import (
     CONSTEXPR_KINDS,
+    KernelArg,
     _bounds,
     _decorator,
     _store_outputs,
@@ -247,13 +253,68 @@ def _masked(p: Expr, mask: Expr, low: Lowerer, refuse) -> Expr:
     return Where(mask, p, Const(0.0, p.dtype))
 
 
-def _shared_layout(inner: int, dtype) -> str:
-    """The NVMMA shared layout of a (rows, ``inner``) tile of ``dtype`` (TMA and wgmma
-    read it): the widest swizzle the row's bytes allow."""
+def _swizzle(inner: int, dtype) -> int:
+    """The widest swizzle a (rows, ``inner``) tile's row of ``dtype`` allows."""
     row_bytes = inner * dtype.bits // 8
-    swizzle = max(w for w in (0, 32, 64, 128) if w <= row_bytes)
-    return f"gl.NVMMASharedLayout(swizzle_byte_width={swizzle}, " \
-           f"element_bitwidth={dtype.bits}, rank=2)"
+    return max(w for w in (0, 32, 64, 128) if w <= row_bytes)
+
+
+def _shared_layout(inner: int, dtype, rank: int = 2) -> str:
+    """The NVMMA shared layout of a (rows, ``inner``) tile of ``dtype`` (TMA and wgmma
+    read it), or of its box of ``rank`` dimensions (leading ones of extent 1)."""
+    return f"gl.NVMMASharedLayout(swizzle_byte_width={_swizzle(inner, dtype)}, " \
+           f"element_bitwidth={dtype.bits}, rank={rank})"
+
+
+@dataclass(frozen=True)
+class HostDescriptor:
+    """A TMA descriptor the runtime makes per call over a whole input (a kernel
+    parameter): its box (1 in every dimension but the tile's last two) and the NVMMA
+    layout (swizzle bytes, element bits) the box lands in."""
+
+    arg: object          # the input's TensorArg
+    block: tuple[int, ...]
+    swizzle: int
+    bits: int
+
+
+# TMA boxes have at most five dimensions
+TMA_RANK = 5
+
+
+def gluon_args(prog: TileProgram) -> tuple:
+    """The Gluon kernel's parameters: the Triton kernel's (:func:`.source.kernel_args`),
+    then the host-side descriptors' (:func:`descriptor_args`); the constexpr ``STAGES``
+    comes last."""
+    return kernel_args(prog) + descriptor_args(prog)
+
+
+def descriptor_args(prog: TileProgram) -> tuple:
+    """The kernel parameters of the host-side descriptors (one per operand: the first
+    product's two, the accumulator's), or () where the device makes them: a program
+    without the attention shape, an operand of more than five dimensions, or key and
+    value boxes that end at a per-program length (a ragged batch: each program's box
+    ends at its own ``kv_lens[b]``). Made per program on the device, a descriptor is
+    written to global memory and fenced before its first load; on the H200 that cost
+    1-6 % at 4096 keys (docs/hopper.md)."""
+    try:
+        sh = shape_of(prog)
+    except CodegenError:
+        return ()
+    loads = ((sh.a, WG_ROWS), (sh.b, prog.schedule.block_n), (sh.v, prog.schedule.block_n))
+    if sh.loop_bound is not None or any(ld.tensor.ndim > TMA_RANK for ld, _ in loads):
+        return ()
+    out, taken = [], set()
+    for (ld, rows), role in zip(loads, "abv"):
+        arg = next(a for a in prog.inputs if a.tensor == ld.tensor)
+        inner = next(a for a in prog.axes if a.var == ld.indices[-1])
+        name = f"{arg.name}_desc" if f"{arg.name}_desc" not in taken \
+            else f"{arg.name}_{role}_desc"
+        taken.add(name)
+        out.append(KernelArg(name, "desc", HostDescriptor(
+            arg, (1,) * (ld.tensor.ndim - 2) + (rows, inner.block_size),
+            _swizzle(inner.block_size, ld.tensor.dtype), ld.tensor.dtype.bits)))
+    return tuple(out)
 
 
 def check_schedule(prog: TileProgram) -> None:
@@ -308,7 +369,7 @@ def generate(prog: TileProgram) -> str:
     constexpr ``STAGES``), or a CodegenError when it has not the attention shape."""
     shape = shape_of(prog)
     check_schedule(prog)
-    args = kernel_args(prog)
+    args = gluon_args(prog)
     dt = shape.a.tensor.dtype
     if dt.name not in ("float16", "bfloat16") or \
             {shape.b.tensor.dtype, shape.v.tensor.dtype} != {dt}:
@@ -343,6 +404,9 @@ class _Kernel:
         # items; tile numbers then count on across items (``base`` + t)
         self.walk = prog.schedule.row_programs > 0
         self.groups = prog.schedule.block_m // WG_ROWS   # consumer warpgroups
+        # the host-side descriptors' parameters per operand (descriptor_args), or {}
+        host = [x.name for x in args if x.kind == "desc"]
+        self.host = dict(zip((shape.a, shape.b, shape.v), host)) if host else {}
 
     def tile_no(self, t: str) -> str:
         """The ring position of this item's tile ``t`` (its buffer and phase)."""
@@ -467,7 +531,7 @@ class _Kernel:
         lo = bounds[prog.segments[0].lo]
         a, b, v = (self.tensor[x] for x in (sh.a, sh.b, sh.v))
         with item.nested("if n_tiles > 0:") as run:
-            if self.walk:
+            if self.walk and not self.host:
                 run.comment("the descriptors are rewritten below: the last item's loads "
                             "have landed first (its earlier tiles did before their buffer "
                             "was refilled)")
@@ -482,30 +546,48 @@ class _Kernel:
             if self.walk:
                 run.emit("mbarrier.wait(q_empty, (it & 1) ^ 1)")
                 run.emit("it = it + 1")
-            run.emit(f"mbarrier.expect(a_bar, {self.groups} * "
-                     f"{descs[sh.a]}.block_type.nbytes)")
+            desc, at, box = descs[sh.a]
+            run.emit(f"mbarrier.expect(a_bar, {self.groups} * {desc}.block_type.nbytes)")
             for wg in range(self.groups):
                 row = "i_first" if wg == 0 else f"i_first + {wg} * WG_ROWS"
-                run.emit(f"tma.async_copy_global_to_shared({descs[sh.a]}, [{row}, 0], a_bar, "
-                         f"{a}_smem.index({wg}))")
+                run.emit(f"tma.async_copy_global_to_shared({desc}, [{at}{row}, 0], a_bar, "
+                         f"{a}_smem.index({wg}){box})")
             with run.nested("for t in range(n_tiles):") as body:
                 body.emit(f"buf = {self.tile_no('t')} % STAGES")
                 body.comment("a fresh barrier passes a wait on parity 1: the first STAGES "
                              "tiles load at once")
                 body.emit(f"phase = (({self.tile_no('t')} // STAGES) & 1) ^ 1")
                 for ld, name, bars in ((sh.b, b, "b"), (sh.v, v, "v")):
+                    desc, at, box = descs[ld]
                     body.emit(f"mbarrier.wait({bars}_empty.index(buf), phase)")
-                    body.emit(f"_nf_tile({descs[ld]}, {lo} + t * BLOCK_N, "
-                              f"{bars}_full.index(buf), {name}_smem.index(buf), True)")
+                    if not self.host:
+                        body.emit(f"_nf_tile({desc}, {lo} + t * BLOCK_N, "
+                                  f"{bars}_full.index(buf), {name}_smem.index(buf), True)")
+                        continue
+                    body.emit(f"mbarrier.expect({bars}_full.index(buf), "
+                              f"{desc}.block_type.nbytes)")
+                    body.emit(f"tma.async_copy_global_to_shared({desc}, [{at}{lo} + t * "
+                              f"BLOCK_N, 0], {bars}_full.index(buf), "
+                              f"{name}_smem.index(buf){box})")
         self._close_items(pre, item)
         return pre
 
     def _descriptors(self, into: Block, env: dict) -> dict:
-        """A TMA descriptor per operand over this item's (batch, head) rows: reads past
-        the rows give zeros."""
+        """Per operand ``(descriptor, coordinates before the row's, view of the
+        buffer)``: the host-side descriptor over the whole input, addressed at this
+        item's (batch, head) indices, its buffer viewed with the box's leading 1s; else
+        one made here over this item's (batch, head) rows. Reads past the rows give
+        zeros either way."""
         prog, sh = self.prog, self.shape
         low = Lowerer(prog, env, into, None, frozenset())
         descs = {}
+        if self.host:
+            for ld, block in ((sh.a, "WG_ROWS"), (sh.b, "BLOCK_N"), (sh.v, "BLOCK_N")):
+                at = "".join(f"{low.value(i).code}, " for i in ld.indices[:-2])
+                box = f".reshape([{'1, ' * (len(ld.indices) - 2)}{block}, " \
+                      f"{self._inner(ld).block}])" if len(ld.indices) > 2 else ""
+                descs[ld] = (self.host[ld], at, box)
+            return descs
         for ld, rows, block in ((sh.a, prog.row, "WG_ROWS"), (sh.b, prog.loop, "BLOCK_N"),
                                 (sh.v, prog.loop, "BLOCK_N")):
             inner, name = self._inner(ld), self.tensor[ld]
@@ -516,9 +598,10 @@ class _Kernel:
             w = low.value(extent_expr(inner.extent)).code
             stride = low.value(low.args[ld.tensor].stride(len(ld.indices) - 2)).code
             lay = _shared_layout(inner.block_size, ld.tensor.dtype)
-            descs[ld] = into.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
-                                  f"shape=[{n}, {w}], strides=[{stride}, 1], "
-                                  f"block_shape=[{block}, {inner.block}], layout={lay})")
+            descs[ld] = (into.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
+                                   f"shape=[{n}, {w}], strides=[{stride}, 1], "
+                                   f"block_shape=[{block}, {inner.block}], layout={lay})"),
+                         "", "")
         return descs
 
     # ------------------------------------------------------------------ consumer

@@ -45,8 +45,8 @@ class KernelArg:
     """One parameter of the generated kernel and where its value comes from."""
 
     name: str
-    kind: str      # tensor | stride | size | block | flag | tma | visits | even | one
-    ref: object    # TensorArg | (TensorArg, dim) | Size | Axis | None
+    kind: str      # tensor | stride | size | block | flag | tma | visits | even | one | desc
+    ref: object    # TensorArg | (TensorArg, dim) | Size | Axis | HostDescriptor | None
 
 
 EVEN = "LOOP_EVEN"

@@ -19,6 +19,7 @@ from ..errors import CodegenError
 from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
+from .descriptors import maker
 from .inputs import CacheInfo, check_inputs, remember, signature
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import interpreted_launch, load_kernel_module
@@ -91,6 +92,9 @@ class _Step:
     # a Gluon kernel (Schedule.dialect): it reads every tile by TMA, so an input whose
     # address is not 16-byte aligned is refused at the launch (strides: at the setup)
     needs_aligned: bool = False
+    # its host-side TMA descriptors: (argument position, tensor key, make(tensor)),
+    # made per launch (runtime/descriptors.py)
+    descs: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -382,6 +386,7 @@ class Kernel:
             grid += (spec.col_blocks,)
         interpret = device.type != "cuda"
         args: list[tuple[int, object]] = []
+        descs: list = []
         for a in spec.args:
             kind = a[0]
             if kind == "tensor":
@@ -401,6 +406,9 @@ class Kernel:
                 args.append((_CONST, tma_strides(tensors)))
             elif kind in _FLAGS:
                 args.append((_CONST, flag_value(a, sizes)))
+            elif kind == "desc":   # ("desc", key, box, swizzle, bits): made per launch
+                descs.append((len(args), a[1], maker(tuple(a[2]), a[3], a[4])))
+                args.append((_CONST, None))
             else:
                 args.append((_CONST, interpret))
         tma_at = next((i for i, (a, (_, v)) in enumerate(zip(spec.args, args))
@@ -420,7 +428,7 @@ class Kernel:
                                 (k, reuse_key(*zip(*consts)) if consts else ()),
                                 device.index)
         return _Step(outputs, out_keys, grid, tuple(args), fn, interpret, opts,
-                     launcher, scratch, nbytes, tma_at, spec.dialect == "gluon")
+                     launcher, scratch, nbytes, tma_at, spec.dialect == "gluon", tuple(descs))
 
     def _launch_one(self, k: int, step: _Step, by_tensor: dict, sizes: dict, device,
                     visits=None, is_aligned: bool = False, addresses_aligned: bool = False):
@@ -446,6 +454,8 @@ class Kernel:
                             ".clone()) or use dialect='triton'")
         if step.tma_at is not None and not addresses_aligned:
             args[step.tma_at] = False
+        for pos, key, make in step.descs:
+            args[pos] = make(by_tensor[key])
         if step.interpret:
             with interpreted_launch():
                 step.fn[grid](*args, **step.opts)
@@ -541,10 +551,13 @@ def _gluon_ready(spec: KernelSpec, device, tensors) -> None:
 
 def tma_strides(tensors) -> bool:
     """Whether every input's strides suit tensor descriptors: the last 1, each other a
-    multiple of 16 bytes (the copy engine's rule; addresses are checked per call)."""
+    multiple of 16 bytes and, where the dimension has more than one element, not 0 (the
+    copy engine's rules; a broadcast dimension has no box; addresses are checked per
+    call)."""
     for t in tensors:
         st, size = t.stride(), t.element_size()
-        if t.dim() and (st[-1] != 1 or any(x * size % 16 for x in st[:-1])):
+        if t.dim() and (st[-1] != 1 or any(x * size % 16 or (x == 0 and n > 1)
+                                           for x, n in zip(st[:-1], t.shape))):
             return False
     return True
 

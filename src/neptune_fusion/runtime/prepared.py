@@ -128,7 +128,8 @@ class PreparedLaunch:
             by_tensor.update(zip(step.output_keys, outs))
             if step.fn is None:   # an empty grid: nothing to launch
                 continue
-            launches.append((_runner(step),) + _bind(step, setup, by_tensor, cuda))
+            launches.append((_runner(step),) + _bind(step, setup, by_tensor, cuda)
+                            + (_descriptors(step, setup, tensors, cuda),))
         self.outputs = None if fresh else outs
         self._launches = tuple(launches)
         self._scratch = (scratch, tuple(offsets)) if transient and offsets else None
@@ -160,20 +161,24 @@ class PreparedLaunch:
                 outs = [torch.empty(shape, dtype=dt, device=self.device)
                         for shape, dt in self._fresh]
                 vals = vals + [o.data_ptr() for o in outs]
-            for run, template, slots in self._launches:
+            for run, template, slots, descs in self._launches:
                 args = template.copy()   # a copy per call: threads may share a launch
                 for pos, k in slots:
                     args[pos] = vals[k]
+                for pos, k, make in descs:   # a Gluon kernel's, over an input
+                    args[pos] = make(vals[k])
                 run(args, stream)
             return outs
         if self._fresh is not None:
             outs = [torch.empty(shape, dtype=dt, device=self.device)
                     for shape, dt in self._fresh]
             vals = vals + outs
-        for run, template, slots in self._launches:
+        for run, template, slots, descs in self._launches:
             args = template.copy()
             for pos, k in slots:
                 args[pos] = vals[k]
+            for pos, k, make in descs:
+                args[pos] = make(vals[k])
             run(args, None)
         return outs
 
@@ -203,6 +208,22 @@ def _runner(step):
         raise FeedError("a prepared call needs the direct launch path (this Triton has no "
                         "compiled-kernel launcher, or NEPTUNE_FUSION_DIRECT_LAUNCH=0)")
     return runner
+
+
+def _descriptors(step, setup, tensors, cuda: bool) -> tuple:
+    """``(position, input index, make(value))`` of each host-side TMA descriptor of
+    ``step`` (a Gluon kernel's, runtime/descriptors.py: always over an input), made per
+    call from the input's address (CUDA) or the tensor."""
+    from .descriptors import address_maker
+    out = []
+    for pos, key, make in step.descs:
+        if key in setup.keys:
+            k = setup.keys.index(key)
+            out.append((pos, k, address_maker(make, tensors[k]) if cuda else make))
+        else:
+            raise FeedError(f"a prepared call cannot bind a descriptor over {key}, which "
+                            "is not an input")
+    return tuple(out)
 
 
 def _bind(step, setup, by_tensor: dict, cuda: bool) -> tuple[list, tuple]:

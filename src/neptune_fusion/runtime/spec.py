@@ -38,6 +38,8 @@ class KernelSpec:
     #                            ("visits",) ("block", int)
     #                            ("block_ext", ext[, cap]) ("flag",) ("tma",)
     #                            ("even", ext, block_n) ("one", ext, block_n)
+    #                            ("desc", key, box, swizzle, bits): a host-side TMA
+    #                            descriptor over tensor key (runtime/descriptors.py)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -83,7 +85,7 @@ class KernelSpec:
             raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
                                "identifier")
         kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma",
-                 "even", "one"}
+                 "even", "one", "desc"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
         if spec.dialect not in ("triton", "gluon"):
@@ -112,6 +114,7 @@ def ext_of(e) -> Ext:
 
 def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
     """The kernel specs of ``programs`` (one per generated kernel, in launch order)."""
+    from ..codegen.gluon import gluon_args
     from ..codegen.source import kernel_args, unspecialized_sizes, walks_rows
     keys = {p: f"in{k}" for k, p in enumerate(inputs)}
 
@@ -128,7 +131,7 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             t = o.arg.tensor
             outs.append((key(t), tuple(ext_of(s) for s in t.shape), t.dtype.name))
         args = []
-        for a in kernel_args(prog):
+        for a in gluon_args(prog) if prog.schedule.dialect == "gluon" else kernel_args(prog):
             if a.kind == "tensor":
                 args.append(("tensor", key(a.ref.tensor)))
             elif a.kind == "stride":
@@ -152,6 +155,9 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
                 args.append(("tma",))
             elif a.kind in ("even", "one"):   # (kind, length, BLOCK_N): kernel.flag_value
                 args.append((a.kind, a.ref.name, prog.schedule.block_n))
+            elif a.kind == "desc":
+                d = a.ref
+                args.append(("desc", key(d.arg.tensor), list(d.block), d.swizzle, d.bits))
             else:
                 args.append(("flag",))
         s = prog.schedule

@@ -98,7 +98,8 @@ def gluon_device(capability: tuple[int, int]) -> bool:
 
 
 # the persistent Gluon grid is offered up to this many row blocks per multiprocessor
-GLUON_WALK_ITEMS = 8
+# (more where every item is as long as every other)
+GLUON_WALK_ITEMS = 16
 
 
 def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[Schedule]:
@@ -106,17 +107,20 @@ def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[S
     warpgroups, 64 or 128 keys a tile, two stages, a program per row block; and, where
     each multiprocessor has at most :data:`GLUON_WALK_ITEMS` row blocks to do, 128 x 128
     on a persistent grid of one program per multiprocessor (the forms measured on the
-    H200: docs/hopper.md; persistent gained up to 4 % at 1024 blocks and lost up to 15 %
-    on causal masks at 4096). Only 16-bit attention-shaped problems of at least 128
-    rows whose loop loads directly; a program without the attention shape fails to
-    build, and the tuner drops it."""
+    H200: docs/hopper.md; with host-side descriptors persistent gained 2-7 % at 1024
+    and 2048 blocks, 2 % at 4096 blocks of equal length, and lost 12-14 % on causal
+    masks at 4096 blocks), or at any count where every item's loop is equally long (no
+    mask partition, no per-batch length). Only 16-bit attention-shaped problems of at
+    least 128 rows whose loop loads directly; a program without the attention shape
+    fails to build, and the tuner drops it."""
     if not problem.contraction or problem.fp32 or problem.itemsize != 2 \
             or problem.gathers or problem.rows < 128:
         return []
     out = [replace(base, block_m=128, block_n=bn, num_warps=8, num_stages=2,
                    dialect="gluon", tma=False, block_col=0, row_programs=0)
            for bn in (128, 64)]
-    if problem.programs * -(-problem.rows // 128) <= GLUON_WALK_ITEMS * device.sms:
+    even = not problem.lengths and all(frac >= 1.0 for _, _, frac in problem.visits)
+    if even or problem.programs * -(-problem.rows // 128) <= GLUON_WALK_ITEMS * device.sms:
         out.append(replace(out[0], row_programs=1))
     return out
 

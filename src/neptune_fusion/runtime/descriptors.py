@@ -1,0 +1,79 @@
+"""Host-side TMA descriptors for the Gluon kernels (codegen/gluon.descriptor_args).
+
+A descriptor covers a whole input -- its shape and strides as given, a box of 1 in every
+dimension but the tile's last two -- and is made per call from the tensor (Triton's
+launcher encodes it as a kernel parameter). Made once on the host, no program writes and
+fences its own before the first load; on the H200 that was 1-6 % of a prefill at 4096
+keys (docs/hopper.md).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+
+@cache
+def _layout(swizzle: int, bits: int, rank: int):
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=rank)
+
+
+def box_strides(shape, strides) -> list[int]:
+    """``strides`` with each dimension of extent 1 given the stride a contiguous one
+    would have (it is never stepped, and the copy engine refuses a stride of 0 or one
+    off its 16-byte grid there)."""
+    out = list(strides)
+    for d in range(len(out) - 2, -1, -1):
+        if shape[d] == 1:
+            out[d] = out[d + 1] * max(shape[d + 1], 1)
+    return out
+
+
+def maker(block, swizzle: int, bits: int):
+    """``make(tensor) -> descriptor`` for the box ``block`` in the NVMMA layout of
+    ``swizzle`` bytes and ``bits``-bit elements. A zero extent (no keys: the kernel then
+    loads nothing) is encoded as 1, since the copy engine takes no empty dimension."""
+    block = list(block)
+
+    def make(t):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+        layout = _layout(swizzle, bits, len(block))
+        shape = t.shape
+        return TensorDescriptor(t, [max(n, 1) for n in shape],
+                                box_strides(shape, t.stride()), block, layout)
+    return make
+
+
+class _View:
+    """What a descriptor reads of its tensor (address, dtype, shape, strides), for a
+    prepared call that holds addresses."""
+
+    __slots__ = ("ptr", "dtype", "shape", "strides")
+
+    def __init__(self, ptr: int, dtype, shape, strides) -> None:
+        self.ptr, self.dtype, self.shape, self.strides = ptr, dtype, shape, strides
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def stride(self):
+        return self.strides
+
+
+def address_maker(make, t):
+    """``(address) -> descriptor`` over memory laid out as ``t`` (a prepared call's
+    signature fixes its shape, strides and dtype)."""
+    shape, strides, dtype = tuple(t.shape), t.stride(), t.dtype
+    return lambda ptr: make(_View(ptr, dtype, shape, strides))
+
+
+_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def signature_type(desc) -> str:
+    """The Triton signature type of a host descriptor parameter (a
+    ``codegen.gluon.HostDescriptor``): what ``triton.compile`` takes for it when a kernel
+    is compiled without a launch (the sm_90 compile checks)."""
+    box = ",".join(str(n) for n in desc.block)
+    layout = _layout(desc.swizzle, desc.bits, len(desc.block))
+    return f"tensordesc<{_SHORT[desc.arg.tensor.dtype.name]}[{box}],{layout!r}>"
