@@ -107,12 +107,12 @@ def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[S
     warpgroups, 64 or 128 keys a tile, two stages, a program per row block; and, where
     each multiprocessor has at most :data:`GLUON_WALK_ITEMS` row blocks to do, 128 x 128
     on a persistent grid of one program per multiprocessor (the forms measured on the
-    H200: docs/hopper.md; with host-side descriptors persistent gained 2-7 % at 1024
-    and 2048 blocks, 2 % at 4096 blocks of equal length, and lost 12-14 % on causal
-    masks at 4096 blocks), or at any count where every item's loop is equally long (no
-    mask partition, no per-batch length). Only 16-bit attention-shaped problems of at
-    least 128 rows whose loop loads directly; a program without the attention shape
-    fails to build, and the tuner drops it."""
+    H200: docs/hopper.md; with host-side descriptors the persistent grid beat a program
+    per row block by 2-4 % at 1024 and 2048 blocks and by 2 % at 4096 blocks of equal
+    length, and lost 4-14 % on causal masks at 4096-8192 blocks), or at any count where
+    every item's loop is equally long (no mask partition, no per-batch length). Only
+    16-bit attention-shaped problems of at least 128 rows whose loop loads directly; a
+    program without the attention shape fails to build, and the tuner drops it."""
     if not problem.contraction or problem.fp32 or problem.itemsize != 2 \
             or problem.gathers or problem.rows < 128:
         return []
