@@ -464,3 +464,31 @@ def test_gluon_reads_views_in_place_and_prepared_calls_on_hopper():
     for _ in range(2):
         got = run(q, k, v).double()
         assert float((got - want).norm() / want.norm()) < 2e-3
+
+
+def test_each_thread_binds_the_cuda_context_once_before_a_descriptor(monkeypatch):
+    """Encoding a host descriptor needs a current CUDA context, which a fresh thread (the
+    tuner's first launches) may not have: each thread synchronises once per device (a
+    runtime call binds the primary context), and not again."""
+    import threading
+
+    import torch
+
+    from neptune_fusion.runtime import descriptors
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(
+        (threading.get_ident(), d.index)))
+    dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
+
+    both = threading.Barrier(2)   # both threads alive at once (distinct identities)
+
+    def work():
+        for d in (dev0, dev0, dev1, dev0):
+            descriptors.bind_context(d)
+        both.wait()
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for _, i in calls) == [0, 0, 1, 1] and len({t for t, _ in calls}) == 2

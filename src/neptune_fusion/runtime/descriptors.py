@@ -9,13 +9,35 @@ keys (docs/hopper.md).
 
 from __future__ import annotations
 
+import threading
 from functools import cache
+
+_THREAD = threading.local()   # the CUDA devices whose context this thread has bound
 
 
 @cache
 def _layout(swizzle: int, bits: int, rank: int):
     from triton.experimental.gluon import language as gl
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=rank)
+
+
+def bind_context(device) -> None:
+    """Make ``device``'s primary CUDA context current on this thread, once per thread.
+
+    Triton encodes a host descriptor (``cuTensorMapEncodeTiled``) before the launch, and
+    that driver call needs a current context; a thread that has not yet launched or
+    allocated anything on the device has none (Triton binds one only when it loads a
+    module). The tuner's first launches run in fresh threads, and a kernel loaded by an
+    earlier tuning is not loaded again: on the H200 (2026-12-03) one candidate in three
+    failed there with "invalid device context" and lost its place to a slower kernel.
+    A synchronisation is a runtime call, which binds the primary context."""
+    bound = getattr(_THREAD, "devices", None)
+    if bound is None:
+        bound = _THREAD.devices = set()
+    if device.index not in bound:
+        import torch
+        torch.cuda.synchronize(device)
+        bound.add(device.index)
 
 
 def box_strides(shape, strides) -> list[int]:

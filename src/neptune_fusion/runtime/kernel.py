@@ -19,7 +19,7 @@ from ..errors import CodegenError
 from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
-from .descriptors import maker
+from .descriptors import bind_context, maker
 from .inputs import CacheInfo, check_inputs, remember, signature
 from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
 from .loader import interpreted_launch, load_kernel_module
@@ -454,8 +454,10 @@ class Kernel:
                             ".clone()) or use dialect='triton'")
         if step.tma_at is not None and not addresses_aligned:
             args[step.tma_at] = False
-        for pos, key, make in step.descs:
-            args[pos] = make(by_tensor[key])
+        if step.descs:
+            bind_context(device)
+            for pos, key, make in step.descs:
+                args[pos] = make(by_tensor[key])
         if step.interpret:
             with interpreted_launch():
                 step.fn[grid](*args, **step.opts)

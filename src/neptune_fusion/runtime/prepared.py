@@ -33,6 +33,7 @@ takes the general path.
 from __future__ import annotations
 
 from ..errors import FeedError
+from .descriptors import bind_context
 from .launcher import aligned, stream_getter
 
 
@@ -165,8 +166,10 @@ class PreparedLaunch:
                 args = template.copy()   # a copy per call: threads may share a launch
                 for pos, k in slots:
                     args[pos] = vals[k]
-                for pos, k, make in descs:   # a Gluon kernel's, over an input
-                    args[pos] = make(vals[k])
+                if descs:   # a Gluon kernel's, over an input
+                    bind_context(self.device)
+                    for pos, k, make in descs:
+                        args[pos] = make(vals[k])
                 run(args, stream)
             return outs
         if self._fresh is not None:
