@@ -470,6 +470,7 @@ def test_each_thread_binds_the_cuda_context_once_before_a_descriptor(monkeypatch
     """Encoding a host descriptor needs a current CUDA context, which a fresh thread (the
     tuner's first launches) may not have: each thread synchronises once per device (a
     runtime call binds the primary context), and not again."""
+    import contextlib
     import threading
 
     import torch
@@ -478,6 +479,8 @@ def test_each_thread_binds_the_cuda_context_once_before_a_descriptor(monkeypatch
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(
         (threading.get_ident(), d.index)))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     dev0, dev1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
     both = threading.Barrier(2)   # both threads alive at once (distinct identities)
@@ -492,3 +495,9 @@ def test_each_thread_binds_the_cuda_context_once_before_a_descriptor(monkeypatch
     for t in threads:
         t.join()
     assert sorted(i for _, i in calls) == [0, 0, 1, 1] and len({t for t, _ in calls}) == 2
+    # a thread capturing a CUDA graph has a context and may not synchronise
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    capture = threading.Thread(target=descriptors.bind_context, args=(dev0,))
+    capture.start()
+    capture.join()
+    assert len(calls) == 4

@@ -30,13 +30,17 @@ def bind_context(device) -> None:
     module). The tuner's first launches run in fresh threads, and a kernel loaded by an
     earlier tuning is not loaded again: on the H200 (2026-12-03) one candidate in three
     failed there with "invalid device context" and lost its place to a slower kernel.
-    A synchronisation is a runtime call, which binds the primary context."""
+    A synchronisation is a runtime call, which binds the primary context; a thread that
+    is capturing a CUDA graph has one already (beginning the capture bound it), and may
+    not synchronise."""
     bound = getattr(_THREAD, "devices", None)
     if bound is None:
         bound = _THREAD.devices = set()
     if device.index not in bound:
         import torch
-        torch.cuda.synchronize(device)
+        with torch.cuda.device(device):
+            if not torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize(device)
         bound.add(device.index)
 
 
