@@ -547,8 +547,9 @@ def _gluon_ready(spec: KernelSpec, device, tensors) -> None:
                            f"class only; on {device.type} tensors use dialect='triton'")
     if not tma_strides(tensors):
         raise FeedError(f"{spec.name}: every stride but the last must be a multiple of 16 "
-                        "bytes for a Gluon kernel (Schedule.dialect='gluon': TMA loads); "
-                        "pass contiguous tensors or use dialect='triton'")
+                        "bytes, and not 0 (a broadcast dimension), for a Gluon kernel "
+                        "(Schedule.dialect='gluon': TMA loads); pass contiguous tensors or "
+                        "use dialect='triton'")
 
 
 def tma_strides(tensors) -> bool:
