@@ -99,35 +99,10 @@ def _no_store(src: str) -> str:
     return "\n".join(out) + "\n"
 
 
-STORE = re.compile(r"tl\.store\(o_base \+ \(\(offs_i_out \* o_s2\)\[:, None\] \+ "
-                   r"offs_e\[None, :\]\), (.*), mask=\(offs_i_out < N\)\[:, None\]\)$")
-
-
-def _blocked_store(src: str) -> str:
-    """The epilogue's output converted (through shared memory) from the MMA layout, where
-    a thread holds pairs of columns (a pointer per 4 bytes), to a blocked layout of
-    16-byte vectors (a pointer per 16 bytes) before the store; head dim 128 only."""
-    out = []
-    for line in src.splitlines():
-        pad = line[:len(line) - len(line.lstrip())]
-        body = line.strip()
-        if body.startswith("O_LAYOUT: gl.constexpr"):
-            out += [line, pad + "ST_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread="
-                    "[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])"]
-        elif body.startswith(("offs_i_out =", "offs_e =")):
-            out.append(line.replace("O_LAYOUT))", "ST_LAYOUT))"))
-        elif STORE.search(body):
-            value = STORE.search(body).group(1)
-            out.append(line.replace(value, f"gl.convert_layout({value}, ST_LAYOUT)"))
-        else:
-            out.append(line)
-    return "\n".join(out) + "\n"
-
-
 # --edits: textual edits of the generated source, each timed beside the unedited kernel;
 # a "diag-" edit changes the result and is timed without the float64 check
 EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
-         "blocked-store": _blocked_store, "diag-no-store": _no_store}
+         "diag-no-store": _no_store}
 
 
 def kernel_of(prog, edit: str = "none"):
