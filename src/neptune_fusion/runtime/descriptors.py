@@ -28,8 +28,9 @@ def bind_context(device) -> None:
     that driver call needs a current context; a thread that has not yet launched or
     allocated anything on the device has none (Triton binds one only when it loads a
     module). The tuner's first launches run in fresh threads, and a kernel loaded by an
-    earlier tuning is not loaded again: on the H200 (2026-12-03) one candidate in three
-    failed there with "invalid device context" and lost its place to a slower kernel.
+    earlier tuning is not loaded again: on the H200 (2026-12-03) 5 of the 17 Gluon
+    candidates of the second shape classes failed there with "invalid device context",
+    and a slower kernel could win.
     A synchronisation is a runtime call, which binds the primary context; a thread that
     is capturing a CUDA graph has one already (beginning the capture bound it), and may
     not synchronise."""
@@ -59,14 +60,17 @@ def maker(block, swizzle: int, bits: int):
     """``make(tensor) -> descriptor`` for the box ``block`` in the NVMMA layout of
     ``swizzle`` bytes and ``bits``-bit elements. A zero extent (no keys: the kernel then
     loads nothing) is encoded as 1, since the copy engine takes no empty dimension."""
-    block = list(block)
+    block, made = list(block), []   # made: Triton's descriptor class and the layout,
+    #                                 resolved at the first call (Triton is imported late)
 
     def make(t):
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        layout = _layout(swizzle, bits, len(block))
+        if not made:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+            made.extend((TensorDescriptor, _layout(swizzle, bits, len(block))))
+        cls, layout = made
         shape = t.shape
-        return TensorDescriptor(t, [max(n, 1) for n in shape],
-                                box_strides(shape, t.stride()), block, layout)
+        return cls(t, [max(n, 1) for n in shape], box_strides(shape, t.stride()), block,
+                   layout)
     return make
 
 
