@@ -1,8 +1,10 @@
 """Replacing a translated region by one call of its compiled operator.
 
-The call is the ``neptune_fusion::kernel`` op (:mod:`neptune_fusion.runtime.torch_ops`)
-with the operator's handle, so the rest of the graph -- Inductor or eager -- runs it as
-an opaque op. Boolean inputs (masks) are passed as ``int32``, as kernels take no bool.
+The call is the ``neptune_fusion::fused`` op (:mod:`neptune_fusion.runtime.torch_ops`:
+``neptune_fusion::kernel`` without the custom op's per-call Python wrappers; the graph is
+AOTAutograd's forward or inference graph, which nothing differentiates through) with the
+operator's handle, so the rest of the graph -- Inductor or eager -- runs it as an opaque
+op. Boolean inputs (masks) are passed as ``int32``, as kernels take no bool.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
                 shape = packed.input_shape(tuple(n.meta["val"].shape))
                 n = graph.call_function(torch.ops.aten.reshape.default, (n, list(shape)))
             args.append(n)
-        call = graph.call_function(torch.ops.neptune_fusion.kernel.default, (args, h))
+        call = graph.call_function(torch.ops.neptune_fusion.fused.default, (args, h))
         gets = [graph.call_function(operator.getitem, (call, k))
                 for k in range(len(region.outputs))]
         if packed is not None:   # (B, Hkv, g N, Dv) -> (B, Hq, N, Dv): a view

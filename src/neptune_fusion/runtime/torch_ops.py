@@ -8,7 +8,10 @@ trace has no graph break and tunes or launches nothing:
 * ``neptune_fusion::kernel(Tensor[] inputs, int handle) -> Tensor[]`` for a
   :class:`~.kernel.Kernel`, :class:`~.auto.AutoKernel` or :class:`~.staged.StagedKernel`;
 * ``neptune_fusion::attention(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle)
-  -> Tensor`` for ``nf.attention`` (registered by :mod:`neptune_fusion.frontend.attention`).
+  -> Tensor`` for ``nf.attention`` (registered by :mod:`neptune_fusion.frontend.attention`);
+* ``neptune_fusion::fused(Tensor[] inputs, int handle) -> Tensor[]``: ``kernel`` without
+  the custom op's per-call Python wrappers, for the regions the jit backend fuses in a
+  graph AOTAutograd has already differentiated (:mod:`neptune_fusion.dynamo.rewrite`).
 
 An op takes tensors and plain values only, so what is not a tensor -- the compiled
 operator, or attention's mods, scale, cache and schedule -- is entered once in a table of
@@ -125,13 +128,28 @@ def entry(h: int):
     return _ENTRIES[h]
 
 
+ENTRY_PREPARED_SIGNATURES = 64   # bound launches kept per compiled operator (then oldest out)
+
+
 class KernelEntry:
     """A compiled operator (``Kernel``, ``AutoKernel``, ``StagedKernel``,
     ``LibraryKernel``) as an op entry:
-    ``run`` is its eager call, ``fake`` allocates its outputs from the input shapes."""
+    ``run`` is its eager call, ``fake`` allocates its outputs from the input shapes.
+
+    A compiled graph calls ``run`` with the same input signature every time (its shapes
+    are static), so ``run`` binds the call once per signature, as ``nf.prepare_attention``
+    does (:class:`~.prepared.PreparedLaunch`: fresh outputs per call, the split-k
+    workspace allocated per call so the binding holds no device memory, the compiled
+    kernels' own launchers): one signature compare per call instead of the general
+    path's checks, lookups and argument lists (issue 19: a decode step through the
+    backend). Where a binding does not apply -- a multi-pass or library operator,
+    tensor subclasses, inputs that require grad, a graph capture in progress, another
+    stream than the bound one -- the general path runs (and says what is wrong)."""
 
     def __init__(self, kernel) -> None:
         self.kernel = kernel
+        self._bound: dict = {}   # input signature -> PreparedLaunch, or False (never)
+        self.hits = 0            # calls that took a bound launch
 
     def run(self, tensors) -> list:
         """The eager call (not the kernel's ``__call__``, which would route to the op if
@@ -140,6 +158,9 @@ class KernelEntry:
         k, tensors = self.kernel, tuple(tensors)
         if hasattr(k, "run"):                         # StagedKernel, LibraryKernel
             return list(k.run(tensors))
+        got = self._bound_run(tensors)
+        if got is not None:
+            return got
         sig = signature(tensors)
         if hasattr(k, "specs"):                       # Kernel
             got = k.call_signed(tensors, sig)
@@ -147,6 +168,52 @@ class KernelEntry:
             kern, checked = k._kernel_signed(tensors, sig)
             got = kern.call_signed(tensors, sig, checked)
         return list(got) if isinstance(got, (list, tuple)) else [got]
+
+    def _bound_run(self, tensors) -> list | None:
+        """The outputs of the bound launch of ``tensors``' signature, binding it at the
+        signature's first call (after the general path has compiled and tuned it); None
+        where none applies."""
+        from .prepared import signed
+        if not tensors:
+            return None
+        cuda = tensors[0].is_cuda
+        sig, vals = signed(tensors, cuda)
+        key = tuple(sig)
+        got = self._bound.get(key)
+        if got is None:
+            got = self._bind(tensors, key)
+        if got is False:
+            return None
+        outs = got.launch(vals)
+        if outs is None:   # another stream than the bound one
+            return None
+        self.hits += 1
+        return list(outs)
+
+    def _bind(self, tensors, key):
+        """A fresh-output, transient :class:`~.prepared.PreparedLaunch` of ``tensors``
+        (kept under ``key``), or False: not bindable. Not kept while a CUDA graph is
+        being captured (its preparation may launch once): the next call binds."""
+        import torch
+
+        from ..errors import NeptuneError
+        from .inputs import remember
+        from .prepared import PreparedLaunch
+        if any(type(t) is not torch.Tensor or t.requires_grad for t in tensors):
+            return False
+        if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        k = self.kernel
+        try:
+            kern = k.kernel_for(*tensors) if hasattr(k, "kernel_for") else k
+            launch = PreparedLaunch(kern, tensors, fresh=True, transient=True)
+        except NeptuneError:
+            launch = False
+        if launch is not False and len(launch._fresh or ()) != len(kern.outputs):
+            launch = False   # outputs not all written by the last launch: general path
+        with _LOCK:
+            remember(self._bound, key, launch, ENTRY_PREPARED_SIGNATURES)
+        return launch
 
     def fake(self, tensors) -> list:
         import torch
@@ -191,6 +258,19 @@ def define_ops() -> None:
         def _(inputs, handle):
             return entry(handle).fake(inputs)
 
+        # the same call for graphs the jit backend rewrote (dynamo/rewrite.py), defined
+        # through the dispatcher's own registration: no Python autograd or aliasing
+        # wrapper per call (custom_op's: about 9 us of a 13 us op call on the CPU).
+        # Only a forward or inference graph AOTAutograd has already derived calls it, so
+        # nothing differentiates through it; a call with inputs that require grad in grad
+        # mode is refused by the eager path's check, as any kernel call is.
+        lib = torch.library.Library("neptune_fusion", "FRAGMENT")
+        lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]")
+        lib.impl("fused", lambda inputs, handle: entry(handle).run(inputs),
+                 "CompositeExplicitAutograd")
+        torch.library.register_fake("neptune_fusion::fused",
+                                    lambda inputs, handle: entry(handle).fake(inputs), lib=lib)
+
         @torch.library.custom_op(
             "neptune_fusion::attention", mutates_args=(),
             schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle) -> Tensor")
@@ -226,4 +306,4 @@ def define_ops() -> None:
             return dq, dk, dv, [None] * ctx.buffers, None
 
         attention_op.register_autograd(backward, setup_context=setup_context)
-        _DEFINED.extend([kernel_op, attention_op, attention_backward_op])
+        _DEFINED.extend([kernel_op, attention_op, attention_backward_op, lib])

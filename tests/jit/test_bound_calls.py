@@ -1,0 +1,110 @@
+"""The fused regions' calls in a compiled graph (runtime/torch_ops.KernelEntry): bound once
+per input signature, the ``neptune_fusion::fused`` op, and what never binds -- each
+result checked against float64 on fresh inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import neptune_fusion as nf
+from neptune_fusion.bench.providers.compiled import plain_attention
+from neptune_fusion.errors import FeedError
+from neptune_fusion.ops import OPERATORS
+from neptune_fusion.runtime import torch_ops
+from runtime.test_staged import SMALL, two_lengths
+
+
+def _entry(kernel):
+    return torch_ops.entry(torch_ops.handle(torch_ops.KernelEntry,
+                                            torch_ops.constant_key(kernel)))
+
+
+def _rel(got, want) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("name", ["DC-GQA", "DC-SoftCap", "PF-Causal"])
+def test_a_graph_called_again_takes_the_bound_launch(name):
+    op = dataclasses.replace(OPERATORS[name], q_heads=4, kv_heads=2, head_dim=16)
+    seq = 11
+    fn = plain_attention(op, seq)
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    outs = []
+    for _ in range(3):   # fresh inputs of one signature each call
+        q = torch.randn(1, op.q_heads, op.q_len(seq), op.head_dim)
+        k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim) for _ in range(2))
+        with torch.no_grad():
+            got = g(q, k, v)
+        assert _rel(got, fn(q.double(), k.double(), v.double())) < 1e-5
+        outs.append(got)
+    # each call's result is its own tensor (a bound launch allocates fresh outputs)
+    assert len({o.data_ptr() for o in outs}) == 3
+    (fused,) = [f for r in g.backend.reports for f in r.fused]
+    assert _entry(fused.kernel).hits >= 2   # the first call binds, the others launch it
+
+
+def test_the_rewritten_graph_calls_the_fused_op():
+    seen = []
+
+    def softmax(x):
+        return torch.softmax(x, -1)
+    torch._dynamo.reset()
+    backend = nf.dynamo.Backend(rest="eager")
+    backend._rest_forward = lambda gm, ex: (seen.extend(
+        n.target for n in gm.graph.nodes if n.op == "call_function"), _boxed(gm))[1]
+    x = torch.randn(5, 7)
+    got = torch.compile(softmax, backend=backend)(x)
+    assert _rel(got, torch.softmax(x.double(), -1)) < 1e-6
+    assert torch.ops.neptune_fusion.fused.default in seen
+
+
+def _boxed(gm):
+    from torch._functorch.aot_autograd import make_boxed_func
+    return make_boxed_func(gm.forward)
+
+
+def _softmax_kernel():
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    l = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, j] - m[i]), j), name="l")  # noqa: E741
+    return [m, nf.compute((N, M), lambda i, c: nf.exp(x[i, c] - m[i]) / l[i], name="y")]
+
+
+def test_two_outputs_bound_as_the_general_path_returns_them():
+    kern = nf.compile(_softmax_kernel(), cache=False)
+    entry = torch_ops.KernelEntry(kern)
+    for n in (6, 6, 6, 9):   # a new signature binds anew
+        x = torch.randn(n, 13)
+        m, y = entry.run([x])
+        assert torch.equal(m, x.max(1).values)
+        assert _rel(y, torch.softmax(x.double(), 1)) < 1e-6
+    assert entry.hits == 4 and len(entry._bound) == 2
+
+
+def test_inputs_that_require_grad_are_refused_by_the_fused_op():
+    kern = nf.compile(_softmax_kernel(), cache=False)
+    h = torch_ops.handle(torch_ops.KernelEntry, torch_ops.constant_key(kern))
+    x = torch.randn(4, 5, requires_grad=True)
+    with pytest.raises(FeedError, match="requires grad"):
+        torch.ops.neptune_fusion.fused([x], h)
+    with torch.no_grad():   # grad mode off: the kernel runs (not bound: requires_grad)
+        m, y = torch.ops.neptune_fusion.fused([x], h)
+    assert _rel(y, torch.softmax(x.detach().double(), 1)) < 1e-6
+    assert _entry(kern).hits == 0
+
+
+def test_a_multi_pass_operator_runs_its_general_path():
+    staged = nf.compile(two_lengths(), schedule=SMALL, cache=False)
+    entry = torch_ops.KernelEntry(staged)
+    shapes = {"x": (7, 13), "z": (7, 29)}
+    for _ in range(2):
+        a, b = (torch.randn(*shapes[p.name]) for p in staged.inputs)
+        got, = entry.run([a, b])
+        assert torch.equal(got, staged.run((a, b))[0])
+    assert entry.hits == 0 and not entry._bound
