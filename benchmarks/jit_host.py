@@ -83,7 +83,13 @@ def run_op(name: str, seq: int, calls: int, profile: bool, device: str) -> dict:
     inductor = torch.compile(plain, dynamic=False)
     inductor(q, k, v)
     row["nf_attention_us"] = per_call_us(lambda: ops.attention(q, k, v, **kw), calls)
+    entries = [torch_ops.entry(torch_ops.handle(torch_ops.KernelEntry,
+                                                torch_ops.constant_key(f.kernel)))
+               for f in fused]
+    hits = sum(e.hits for e in entries)
     row["jit_us"] = per_call_us(lambda: compiled(q, k, v), calls)
+    # the jit's calls that took a bound launch (runtime/torch_ops.KernelEntry)
+    row["jit_bound_calls"] = sum(e.hits for e in entries) - hits
     row["inductor_us"] = per_call_us(lambda: inductor(q, k, v), calls)
     views = torch.compile(lambda x: x.reshape(x.shape[0], -1).reshape(x.shape), dynamic=False)
     views(q)

@@ -391,3 +391,40 @@ def test_float32_products_follow_torch_matmul_precision(monkeypatch):
             assert seen[-1] == want
     finally:
         torch.set_float32_matmul_precision(old)
+
+
+def test_small_extents_stay_ints_and_large_ones_are_symbolic():
+    """Extents up to STATIC_EXTENT_MAX (head dims, heads) are ints of the translated
+    program -- the Gluon dialect needs the head dim as one -- and larger ones symbolic
+    sizes bound at call time."""
+    from neptune_fusion.dynamo.translate import STATIC_EXTENT_MAX
+    from neptune_fusion.ir.nodes import Size
+    op = _small(OPERATORS["PF-Causal"])
+    seq = STATIC_EXTENT_MAX + 3
+    q, k, v = (torch.randn(1, op.q_heads, seq, op.head_dim) for _ in range(3))
+    ex = _check(plain_attention(op, seq), (q, k, v))
+    shapes = [p.shape for p in ex.fused[0].kernel.inputs]
+    assert all(isinstance(s[-1], int) and s[-1] == op.head_dim for s in shapes)
+    assert all(isinstance(s[1], int) for s in shapes)             # heads
+    assert all(isinstance(s[2], Size) and s[2].name == f"s{seq}" for s in shapes)
+
+
+@pytest.mark.parametrize("name", ["PF-Global", "PF-Causal", "PF-GQA", "PF-ALiBi",
+                                  "PF-SoftCap", "PF-Window"])
+def test_translated_prefill_has_the_gluon_shape(name):
+    """The prefill operators written in plain PyTorch translate to programs the Gluon
+    dialect prints (Hopper's kernels, as nf.attention's programs): a static head dim and
+    the two products in the places the skeleton wants them."""
+    from neptune_fusion.codegen.gluon import generate, shape_of
+    from neptune_fusion.fusion.plan import plan
+    from neptune_fusion.runtime.pipeline import build_programs
+    from neptune_fusion.schedule.schedule import Schedule
+    op = dataclasses.replace(_small(OPERATORS[name]), head_dim=64)
+    seq, f16 = 9, torch.float16
+    q = torch.randn(1, op.q_heads, seq, op.head_dim, dtype=f16)
+    k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim, dtype=f16) for _ in range(2))
+    kern = _check(plain_attention(op, seq), (q, k, v)).fused[0].kernel
+    sched = Schedule(block_m=128, block_n=128, num_warps=8, num_stages=2, dialect="gluon")
+    [prog] = build_programs(plan(list(kern.outputs)), list(kern.inputs), sched, "translated")
+    shape_of(prog)   # raises CodegenError naming what differs
+    assert "warpgroup_mma" in generate(prog)

@@ -8,9 +8,13 @@ outputs (one ``nf.compute`` each): the compiler inlines computes before it analy
 chain anyway, and an expression read through a view (``bmm``'s merged batch restored by
 a later ``view``) keeps its plain indices (:class:`~.views.Merges`).
 
-Sizes: every extent > 1 of an input becomes the symbolic size ``s<value>`` (equal values
-share one size, bound from the inputs at call time, as the graph's shapes are static);
-extents no input has stay ints.
+Sizes: every extent above :data:`STATIC_EXTENT_MAX` of an input becomes the symbolic size
+``s<value>`` (equal values share one size, bound from the inputs at call time, as the
+graph's shapes are static); smaller extents -- head dims, head counts, groups -- and
+extents no input has stay ints, as ``nf.attention``'s program has them: the Gluon
+dialect holds a head dim in one tile and needs it as an int (a symbolic head dim kept the
+translated prefill on the Triton kernel, 1.2-1.3x slower than ``nf.attention`` on the
+H200, 2026-12-03), and a small extent never needs shrinking for the tuner's check.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from .views import Merges, Refused
 
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "int32", "int64")
 _NARROW = ("float16", "bfloat16")
+STATIC_EXTENT_MAX = 256   # extents up to this stay ints (the module docstring says why)
 _CASTS = frozenset({torch.ops.aten._to_copy.default,
                     torch.ops.prims.convert_element_type.default})
 
@@ -84,7 +89,8 @@ class Translator:
         kernel_shape = pk.input_shape(shape) if pk is not None else shape
         for d, n in enumerate(kernel_shape):
             # a size symbol is bound by a placeholder dimension; the packed rows are none
-            if n > 1 and n not in self.sizes and not (pk is not None and d == 2):
+            if n > STATIC_EXTENT_MAX and n not in self.sizes \
+                    and not (pk is not None and d == 2):
                 self.sizes[n] = nf.size(f"s{n}")
         # a packed query input's rows (group x query rows) stay an int extent: its
         # indices fold back (ir/index.py) only where the range is known
