@@ -69,7 +69,23 @@ def test_attention_suite_refuses_float32(capsys):
     assert "the attention suite takes --dtype bfloat16 or float16" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("suite", [[], ["--suite", "serving"], ["--backward"]])
-def test_timer_is_an_option_of_the_chain_suite(suite, capsys):
+@pytest.mark.parametrize("suite", [["--suite", "serving"], ["--backward"]])
+def test_timer_is_an_option_of_the_attention_forward_and_the_chain_suite(suite, capsys):
     assert main(["--cpu-smoke", *suite, "--timer", "bench"]) == 2
-    assert "--timer is an option of the chain suite" in " ".join(capsys.readouterr().out.split())
+    assert "--timer is an option of the attention suite's forward and of the chain suite" \
+        in " ".join(capsys.readouterr().out.split())
+
+
+def test_attention_graph_timer_needs_a_gpu_and_reaches_the_session(capsys, monkeypatch):
+    assert main(["--cpu-smoke", "--timer", "graph"]) == 2
+    assert "--timer graph needs a GPU" in " ".join(capsys.readouterr().out.split())
+    import torch
+
+    from neptune_fusion.bench import session as session_mod
+    from neptune_fusion.bench.workloads import select_operators
+    monkeypatch.setattr(session_mod, "graph_timer", lambda rep_ms: ("graph", rep_ms))
+    kw = dict(ops=select_operators(["DC-GQA"]), seqs=(64,), providers=(),
+              dtype=torch.float16, device=torch.device("cpu"), rep_ms=7)
+    assert session_mod.Session(smoke=False, timer_kind="graph", **kw).timer() == ("graph", 7)
+    assert session_mod.Session(smoke=False, **kw).config()["timer"] == "bench"
+    assert session_mod.Session(smoke=True, timer_kind="graph", **kw).timer() != ("graph", 7)

@@ -21,11 +21,7 @@ from .providers.chains import ChainProvider
 from .report import _num, ceiling_lines, header
 from .results import SCHEMA, SCHEMA_VERSION
 from .table import fmt_err, fmt_ratio
-from .timing import Ceilings
-
-TIMERS = {"bench": "median of triton's do_bench over eager calls (L2 cleared before each, "
-                   "launch included)",
-          "graph": "median of CUDA-graph replays (GPU time alone, no launch or host work)"}
+from .timing import TIMERS, Ceilings
 
 CHAIN_TOP_KEYS: tuple[str, ...] = ("schema", "schema_version", "suite", "date", "mode",
                                    "environment", "config", "providers", "ceilings",

@@ -23,7 +23,6 @@ from .providers import OPT_IN, PROVIDER_NAMES
 
 DTYPES = ("bfloat16", "float16")
 CHAIN_DTYPES = ("float32", "bfloat16")
-CHAIN_TIMERS = ("bench", "graph")
 SUITES = ("attention", "chains", "serving")
 DEFAULT_SEQS = (1024, 4096, 16384)
 SMOKE_SEQS = (64,)
@@ -79,10 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "PF-Window; seqs 4096,16384; providers flex,sdpa,neptune)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes on CPU under the Triton interpreter; no speed claims")
-    p.add_argument("--timer", choices=CHAIN_TIMERS, default=None,
-                   help="chain suite: how times are taken, both sides alike: bench "
-                        "(default: do_bench of one eager call, L2 cleared, launch "
-                        "included) or graph (CUDA-graph replay: GPU time alone)")
+    p.add_argument("--timer", choices=("bench", "graph"), default=None,
+                   help="attention (forward) and chain suites: how times are taken, every "
+                        "provider alike: bench (default: do_bench of one eager call, L2 "
+                        "cleared, launch and host work included) or graph (CUDA-graph "
+                        "replay: GPU time alone)")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
     p.add_argument("--no-plots", action="store_true",
@@ -127,9 +127,12 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
             return 2
         device = torch.device("cuda", torch.cuda.current_device())
 
-    if args.timer is not None and (args.suite != "chains" or args.backward):
-        return _usage_error(console, print_usage, "--timer is an option of the chain suite "
-                            "(--suite chains)")
+    if args.timer is not None and (args.suite == "serving" or args.backward):
+        return _usage_error(console, print_usage, "--timer is an option of the attention "
+                            "suite's forward and of the chain suite")
+    if args.timer == "graph" and args.cpu_smoke:
+        return _usage_error(console, print_usage, "--timer graph needs a GPU (the smoke "
+                            "run's times are wall-clock)")
     if args.backward:
         if args.suite != "attention":
             return _usage_error(console, print_usage,
@@ -159,7 +162,8 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
     session = Session(ops=ops, seqs=seqs, providers=providers,
                       dtype=getattr(torch, args.dtype or "float16"), device=device,
                       smoke=args.cpu_smoke,
-                      warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, plots=not args.no_plots)
+                      warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, plots=not args.no_plots,
+                      timer_kind=args.timer or "bench")
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
     out_dir = args.out or default_out_dir(now, device_name)
@@ -194,8 +198,6 @@ def run_chains(args: argparse.Namespace, console, device,
                  f"not {args.dtype}")
     elif args.seqs is not None:
         error = "--seqs is for the attention suite; chain sizes are fixed per chain"
-    elif args.timer == "graph" and args.cpu_smoke:
-        error = "--timer graph needs a GPU (the smoke run's times are wall-clock)"
     else:
         try:
             chains = select_chains(args.ops)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from .metrics import Comparison
 from .record import Record
 from .table import fmt_err, fmt_ratio
+from .timing import TIMERS
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -85,7 +86,11 @@ def markdown(doc: dict, records: Sequence[Record], comparisons: Sequence[Compari
             f"* dtype {cfg['dtype']}, batch {cfg['batch']}, head dim {cfg['head_dim']}, "
             f"sequence lengths {', '.join(map(str, cfg['seqs']))}",
             f"* correctness gate: relative Frobenius error against float64 <= "
-            f"{cfg['threshold']:g}", ""]
+            f"{cfg['threshold']:g}"]
+    if not smoke:
+        out.append(f"* times: {TIMERS.get(cfg.get('timer', 'bench'), cfg.get('timer'))}; "
+                   "the ceilings with do_bench")
+    out.append("")
     if not smoke:
         out += ceiling_lines(ceil) + [
                 "## neptune-fusion against the baselines", "",

@@ -23,7 +23,7 @@ from .report import markdown
 from .results import build_document, environment, write_json
 from .runner import Plan, first_line, run_plan
 from .table import render
-from .timing import Ceilings, gpu_timer, measure_ceilings, wall_timer
+from .timing import Ceilings, gpu_timer, graph_timer, measure_ceilings, wall_timer
 from .workloads import BATCH, SMOKE_HEAD_DIVISOR
 
 
@@ -57,9 +57,13 @@ class Session:
     warmup_ms: int = 25
     rep_ms: int = 100
     plots: bool = True
+    timer_kind: str = "bench"   # "bench": do_bench of eager calls; "graph": CUDA-graph replay
 
     def timer(self) -> Timer:
-        """do_bench medians on a GPU; a wall-clock timer for the smoke run."""
+        """do_bench medians on a GPU (or CUDA-graph replays: ``timer_kind="graph"``); a
+        wall-clock timer for the smoke run."""
+        if self.timer_kind == "graph" and not self.smoke:
+            return graph_timer(self.rep_ms)
         return run_timer(self.smoke, self.warmup_ms, self.rep_ms)
 
     def config(self) -> dict:
@@ -68,7 +72,7 @@ class Session:
                "ops": [op.name for op in self.ops], "seqs": list(self.seqs),
                "providers": [p.name for p in self.providers], "batch": BATCH,
                "head_dim": HEAD_DIM, "threshold": threshold_for(self.dtype),
-               "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms}
+               "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "timer": self.timer_kind}
         if self.smoke:
             cfg["smoke_head_divisor"] = SMOKE_HEAD_DIVISOR
         return cfg
@@ -85,7 +89,10 @@ class Session:
         plan = Plan(self.ops, self.seqs, self.providers)
         with torch.no_grad(), progress:
             task = progress.add_task("measuring ceilings", total=plan.steps + 1)
-            ceilings = self.ceilings(console, timer)
+            # the ceilings always with do_bench (a copy captured in a CUDA graph runs on
+            # the copy engine: chain_session.py)
+            ceilings = self.ceilings(console, run_timer(self.smoke, self.warmup_ms,
+                                                        self.rep_ms))
             progress.advance(task)
             records = run_plan(plan, ctx, ceilings,
                                on_start=lambda desc: progress.update(task, description=desc),

@@ -33,6 +33,12 @@ def gpu_timer(warmup_ms: int = 25, rep_ms: int = 100) -> Timer:
     return timer
 
 
+TIMERS = {"bench": "median of triton's do_bench over eager calls (L2 cleared before each, "
+                   "launch included)",
+          "graph": "median of CUDA-graph replays (GPU time alone, no launch or host work)"}
+"""The ``--timer`` kinds and how a report names them."""
+
+
 def graph_timer(rep_ms: int = 100) -> Timer:
     """Median milliseconds of ``fn`` replayed from a CUDA graph
     (``triton.testing.do_bench_cudagraph``): GPU time only, no launch or Python overhead."""

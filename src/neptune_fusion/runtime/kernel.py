@@ -21,7 +21,17 @@ from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
 from .descriptors import bind_context, maker
 from .inputs import CacheInfo, check_inputs, remember, signature
-from .launcher import Address, Launcher, aligned, reuse_key, scratch_layout
+from .launcher import (
+    ARG_CONST,
+    ARG_SIZE,
+    ARG_TENSOR,
+    VISITS,
+    Address,
+    Launcher,
+    aligned,
+    reuse_key,
+    scratch_layout,
+)
 from .loader import interpreted_launch, load_kernel_module
 from .spec import KernelSpec
 from .torch_ops import call_kernel, compiling, referable
@@ -62,10 +72,10 @@ class LaunchResult:
 
 
 _MAX_SETUPS = 256    # call setups kept per kernel (oldest dropped first)
-_VISITS = "visits"  # the by_tensor key of the visit-count tensor in a launch
+_VISITS = VISITS  # the by_tensor key of the visit-count tensor in a launch
 
 
-_CONST, _TENSOR, _SIZE = 0, 1, 2   # where a kernel argument's value comes from
+_CONST, _TENSOR, _SIZE = ARG_CONST, ARG_TENSOR, ARG_SIZE  # an argument's value: from where
 
 
 @dataclass(frozen=True)

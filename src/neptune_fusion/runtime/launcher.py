@@ -37,6 +37,11 @@ from ..settings import direct_launch
 _ALIGN = 16  # Triton specialises pointer arguments on divisibility by 16 bytes
 _SCRATCH_ALIGN = 256  # each workspace tensor's offset inside the shared buffer
 
+# where a kernel argument's value comes from in an argument list (kernel.py builds them,
+# prepared.py binds them), and the list's key of the visit-count tensor
+ARG_CONST, ARG_TENSOR, ARG_SIZE = 0, 1, 2
+VISITS = "visits"
+
 
 def aligned(tensors) -> bool:
     """Whether every tensor's address is a multiple of 16 bytes."""

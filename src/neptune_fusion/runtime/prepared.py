@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from ..errors import FeedError
 from .descriptors import bind_context
-from .launcher import aligned, stream_getter
+from .launcher import ARG_SIZE, ARG_TENSOR, VISITS, aligned, stream_getter
 
 
 def signed(tensors, cuda: bool) -> tuple[list, list]:
@@ -72,8 +72,7 @@ class PreparedLaunch:
         import torch
 
         from .inputs import signature
-        from .kernel import _VISITS, Kernel
-        if not isinstance(kernel, Kernel):
+        if not hasattr(kernel, "specs"):   # a Kernel (not importing kernel.py: it imports us)
             raise FeedError(f"a prepared call needs a kernel of one set of launches, not a "
                             f"{type(kernel).__name__} (several passes)")
         tensors = tuple(tensors)
@@ -105,7 +104,7 @@ class PreparedLaunch:
         # every buffer the bound arguments address (kept alive: they hold addresses)
         self._workspace = [] if transient else \
             [torch.empty(scratch, dtype=torch.uint8, device=self.device)]
-        by_tensor: dict = {_VISITS: None}   # as Kernel._launch_one has it, not counting
+        by_tensor: dict = {VISITS: None}   # as Kernel._launch_one has it, not counting
         base = 0 if transient else self._workspace[0].data_ptr()
         last = len(setup.steps) - 1
         launches, outs, n_in = [], [], len(tensors)
@@ -233,13 +232,12 @@ def _bind(step, setup, by_tensor: dict, cuda: bool) -> tuple[list, tuple]:
     """``step``'s argument list with everything but the inputs (and per-call outputs)
     filled in -- on CUDA tensors as their addresses --, and the (position, value index)
     of each input and per-call output."""
-    from .kernel import _SIZE, _TENSOR
     args, slots = [], []
     for tag, v in step.args:
-        if tag == _TENSOR and v in setup.keys:
+        if tag == ARG_TENSOR and v in setup.keys:
             slots.append((len(args), setup.keys.index(v)))
             args.append(None)
-        elif tag == _TENSOR:
+        elif tag == ARG_TENSOR:
             t = by_tensor[v]
             if type(t) is _Fresh:
                 slots.append((len(args), t.index))
@@ -248,5 +246,5 @@ def _bind(step, setup, by_tensor: dict, cuda: bool) -> tuple[list, tuple]:
                 t = t.data_ptr()
             args.append(t)
         else:
-            args.append(setup.sizes[v] if tag == _SIZE else v)
+            args.append(setup.sizes[v] if tag == ARG_SIZE else v)
     return args, tuple(slots)
