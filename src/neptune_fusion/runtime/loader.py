@@ -39,6 +39,14 @@ def interpreted_launch():
     first imported; a process that imported it for CUDA cannot call those functions from
     an interpreted kernel. For the duration of the launch they are swapped for
     interpreted twins of the same Python functions, then restored.
+
+    Triton's interpreter also patches the language modules while a kernel runs (its
+    builtins call the interpreter's semantics), and a *nested* interpreted call -- one
+    of the twins above, called from the kernel -- patches ``triton.language.core``
+    without restoring it (Triton 3.6 and 3.9). Left so, every later compile of a GPU
+    kernel in the process failed ("'ir.value' object has no attribute 'dtype'"). Every
+    attribute of the patched modules and classes is restored as it was before the launch
+    (:func:`_language_state`).
     """
     import numpy as np
     import triton.language as tl
@@ -56,11 +64,39 @@ def interpreted_launch():
                         twin = twins[id(value)] = InterpretedFunction(value.fn)
                     saved.append((mod, name, value))
                     setattr(mod, name, twin)
+        state = _language_state()
         try:
             yield
         finally:
             for mod, name, value in reversed(saved):
                 setattr(mod, name, value)
+            _restore(state)
+
+
+def _language_state() -> list:
+    """``(object, its attributes)`` of what Triton's interpreter patches: the language
+    modules and the classes whose methods it replaces."""
+    import triton.language as tl
+    core = tl.core
+    objs = [tl, core, tl.math]
+    objs += [c for c in (getattr(core, n, None) for n in ("tensor", "dtype", "condition",
+                                                          "tensor_descriptor_base"))
+             if isinstance(c, type)]
+    return [(o, dict(vars(o))) for o in objs]
+
+
+def _restore(state: list) -> None:
+    """Put every attribute of :func:`_language_state`'s objects back as it was."""
+    for obj, before in state:
+        now = vars(obj)
+        for name in [n for n in now if n not in before]:
+            delattr(obj, name)
+        for name, value in before.items():
+            if now.get(name, _MISSING) is not value:
+                setattr(obj, name, value)
+
+
+_MISSING = object()
 
 
 def kernel_stem(source: str, name: str) -> str:
