@@ -54,6 +54,7 @@ def interpreted_launch():
     from triton.runtime.jit import JITFunction
     # kernels compute with -inf and exp2(-inf) on purpose: NumPy need not warn about it
     with interpreter_mode(True), np.errstate(all="ignore"):
+        state = _language_state()   # before the twins go in: restored without them
         twins: dict[int, object] = {}
         saved: list[tuple[object, str, object]] = []
         for mod in (tl.standard, tl):
@@ -64,7 +65,6 @@ def interpreted_launch():
                         twin = twins[id(value)] = InterpretedFunction(value.fn)
                     saved.append((mod, name, value))
                     setattr(mod, name, twin)
-        state = _language_state()
         try:
             yield
         finally:
@@ -86,10 +86,12 @@ def _language_state() -> list:
 
 
 def _restore(state: list) -> None:
-    """Put every attribute of :func:`_language_state`'s objects back as it was."""
+    """Put every attribute of :func:`_language_state`'s objects back as it was (a
+    submodule imported meanwhile stays: the package's attribute is how it is reached)."""
     for obj, before in state:
         now = vars(obj)
-        for name in [n for n in now if n not in before]:
+        for name in [n for n, v in now.items() if n not in before
+                     and not isinstance(v, ModuleType)]:
             delattr(obj, name)
         for name, value in before.items():
             if now.get(name, _MISSING) is not value:

@@ -134,6 +134,11 @@ class PreparedLaunch:
         self._launches = tuple(launches)
         self._scratch = (scratch, tuple(offsets)) if transient and offsets else None
 
+    @property
+    def returns(self) -> int:
+        """How many tensors a call returns (the last launch's outputs)."""
+        return len(self._fresh if self._fresh is not None else self.outputs)
+
     def __call__(self, tensors) -> list | None:
         """Launch on ``tensors``; their outputs, or None when the signature differs."""
         sig, vals = signed(tensors, self.cuda)

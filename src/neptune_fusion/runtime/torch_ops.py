@@ -209,7 +209,7 @@ class KernelEntry:
             launch = PreparedLaunch(kern, tensors, fresh=True, transient=True)
         except NeptuneError:
             launch = False
-        if launch is not False and len(launch._fresh or ()) != len(kern.outputs):
+        if launch is not False and launch.returns != len(kern.outputs):
             launch = False   # outputs not all written by the last launch: general path
         with _LOCK:
             remember(self._bound, key, launch, ENTRY_PREPARED_SIGNATURES)
