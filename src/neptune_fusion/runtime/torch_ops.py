@@ -171,8 +171,9 @@ class KernelEntry:
 
     def _bound_run(self, tensors) -> list | None:
         """The outputs of the bound launch of ``tensors``' signature, binding it at the
-        signature's first call (after the general path has compiled and tuned it); None
-        where none applies."""
+        signature's first call (compiled and tuned first, as the general path would; the
+        binding may launch once to reach the compiled kernels' launchers); None where
+        none applies."""
         from .prepared import signed
         if not tensors:
             return None
