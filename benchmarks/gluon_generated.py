@@ -153,7 +153,7 @@ def triton_cdiv(a, b):
 
 
 def compile_only(args):
-    from sm90 import compile_sm90
+    from sm90 import compile_sm90, sass_counts
 
     for name, d, (bm, bn, st, *rp), edit in itertools.product(
             args.ops, args.head_dims or [128], args.tiles, args.edits):
@@ -188,7 +188,8 @@ def compile_only(args):
             continue
         rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0,
             edit=edit, ok=True,
-            shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info)
+            shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info,
+            sass=sass_counts(k))
 
 
 def reference(op, q, k, v, scale):

@@ -27,3 +27,21 @@ def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
     info = [line.split(":", 1)[-1].strip() for line in out.splitlines()
             if "registers" in line or "spill" in line]
     return k, " | ".join(info)
+
+
+def sass_counts(kernel, opcodes=("I2FP", "I2F", "FFMA", "FMUL", "FADD", "MUFU", "IADD3",
+                                 "VIADD")) -> dict:
+    """Static counts of some opcodes in ``kernel``'s sm_90 SASS (``nvdisasm`` of its
+    cubin; every path of the kernel once, not per executed tile) and of all
+    instructions: a CPU-side view of what an edit of the source changes."""
+    import re
+
+    import triton.backends.nvidia as nvidia
+    nvdisasm = os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+    names = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    return {"all": len(names), **{op: names.count(op) for op in opcodes}}
