@@ -33,7 +33,7 @@ takes the general path.
 from __future__ import annotations
 
 from ..errors import FeedError
-from .descriptors import bind_context
+from .descriptors import address_maker, bind_context
 from .launcher import ARG_SIZE, ARG_TENSOR, VISITS, aligned, stream_getter
 
 
@@ -221,7 +221,6 @@ def _descriptors(step, setup, tensors, cuda: bool) -> tuple:
     """``(position, input index, make(value))`` of each host-side TMA descriptor of
     ``step`` (a Gluon kernel's, runtime/descriptors.py: always over an input), made per
     call from the input's address (CUDA) or the tensor."""
-    from .descriptors import address_maker
     out = []
     for pos, key, make in step.descs:
         if key in setup.keys:

@@ -33,6 +33,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from .prepared import PreparedLaunch, signed  # the bound calls (no torch imported)
+
 _TABLE: dict[tuple, int] = {}   # (maker, *key) -> handle
 _ENTRIES: list = []             # handle -> entry: .run(tensors), .fake(tensors)
 _LOCK = threading.Lock()
@@ -174,7 +176,6 @@ class KernelEntry:
         signature's first call (compiled and tuned first, as the general path would; the
         binding may launch once to reach the compiled kernels' launchers); None where
         none applies."""
-        from .prepared import signed
         if not tensors:
             return None
         cuda = tensors[0].is_cuda
@@ -199,7 +200,6 @@ class KernelEntry:
 
         from ..errors import NeptuneError
         from .inputs import remember
-        from .prepared import PreparedLaunch
         if any(type(t) is not torch.Tensor or t.requires_grad for t in tensors):
             return False
         if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
