@@ -234,23 +234,32 @@ def test_a_buffer_that_requires_grad_is_refused():
                      cache=AttentionCache(store=False))
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
-def test_attention_gradients_half_precision_against_float64(dtype, tol):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_attention_gradients_half_precision_against_float64(dtype):
     """Half-precision inputs: the backward reads them widened to float32 (products summed
-    in float32), writes gradients in the inputs' dtype."""
+    in float32), writes gradients in the inputs' dtype.
+
+    The error scales with the largest gradient, not with each element: the forward's
+    output is rounded to ``dtype`` and the backward's ``delta = rowsum(dO * O)`` subtracts
+    it from every score's ``dP``, so a small gradient element inherits an error of order
+    ``eps * max|grad|``. Measured over 40 draws of ``dO`` (2026-12-03): at most 0.9 eps
+    (float16, eps = 2^-10) and 1.7 eps (bfloat16, eps = 2^-7) of the largest gradient;
+    the bound is 4 eps."""
     hq, hkv, sm, mm, _ = CASES["gqa"]
     q, k, v, slopes = _inputs("gqa", dtype=torch.float32, seed=9, n=8, m=8, d=16)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     got = [t.clone().requires_grad_() for t in (q, k, v)]
     o = nf.attention(*got, score_mod=softcap, mask_mod=mm, scale=0.7, enable_gqa=True,
                      cache=AttentionCache(store=False))
-    d_o = torch.randn_like(o)
+    d_o = torch.randn(o.shape, generator=torch.Generator().manual_seed(10)).to(dtype)
     o.backward(d_o)
     want = [t.double().requires_grad_() for t in (q, k, v)]
     reference(*want, hq, hkv, softcap, mm, None, 0.7).backward(d_o.double())
+    eps = torch.finfo(dtype).eps
     for name, g, w in zip("qkv", got, want):
         assert g.grad.dtype == dtype
-        torch.testing.assert_close(g.grad.double(), w.grad, rtol=tol, atol=tol,
+        tol = 4 * eps * float(w.grad.abs().max())
+        torch.testing.assert_close(g.grad.double(), w.grad, rtol=0, atol=tol,
                                    msg=lambda m, name=name: f"d_{name}: {m}")
 
 
