@@ -260,17 +260,6 @@ def test_log_and_registration(monkeypatch, capsys):
         nf.jit(lambda x: x, rest="bogus")
 
 
-def test_dynamic_shapes_fall_back_with_the_reason():
-    from neptune_fusion.dynamo import Backend
-    backend = Backend(rest="eager")
-    f = torch.compile(lambda x: torch.softmax(x, -1), backend=backend, dynamic=True)
-    x = _x()
-    with torch.no_grad():
-        assert torch.allclose(f(x), torch.softmax(x, -1))
-    assert not any(r.fused for r in backend.reports)
-    assert any("dynamic" in x.reason for r in backend.reports for x in r.left)
-
-
 def test_a_compiler_error_leaves_the_region_with_the_reason(monkeypatch):
     from neptune_fusion.runtime import pipeline
 

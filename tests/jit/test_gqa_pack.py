@@ -78,10 +78,10 @@ def test_a_packed_program_that_fails_to_compile_runs_plain(monkeypatch):
     import neptune_fusion.dynamo.backend as backend
     real = backend.trial
 
-    def trial(kernel, inputs, casts, packed=None):
+    def trial(kernel, inputs, casts, packed=None, hints=None):
         if packed is not None:
             raise RuntimeError("the packed kernel does not compile")
-        return real(kernel, inputs, casts, packed)
+        return real(kernel, inputs, casts, packed, hints)
     monkeypatch.setattr(backend, "trial", trial)
     ex = _check(_gqa(1), _inputs(8, 2, 1))
     assert "packed" not in ex.fused[0].plan

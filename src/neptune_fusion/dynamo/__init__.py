@@ -45,7 +45,7 @@ def register() -> None:
 class Jit:
     """``fn`` compiled by the backend (see :func:`jit`)."""
 
-    def __init__(self, fn, rest: str = "inductor", dynamic: bool = False,
+    def __init__(self, fn, rest: str = "inductor", dynamic: bool | None = None,
                  log: bool | None = None) -> None:
         import torch
         self.fn = fn
@@ -64,10 +64,15 @@ class Jit:
         return Explanation(list(self.backend.reports))
 
 
-def jit(fn=None, *, rest: str = "inductor", dynamic: bool = False, log: bool | None = None):
-    """``torch.compile(fn, backend="neptune_fusion")`` with static shapes, returning a
+def jit(fn=None, *, rest: str = "inductor", dynamic: bool | None = None,
+        log: bool | None = None):
+    """``torch.compile(fn, backend="neptune_fusion", dynamic=dynamic)``, returning a
     callable with ``.explain(*args)``. ``rest``: ``"inductor"`` (default) or ``"eager"``
-    for what is not fused. Usable as ``@nf.jit`` or ``@nf.jit(rest="eager")``."""
+    for what is not fused. ``dynamic`` as torch.compile's: ``None`` (default) compiles
+    the first shapes static and makes the sizes that change dynamic (one more graph,
+    fused too, for all later sizes); ``False`` compiles every shape static (Dynamo's
+    recompile limit then ends compiling); ``True`` makes every size dynamic. Usable as
+    ``@nf.jit`` or ``@nf.jit(rest="eager")``."""
     if fn is None:
         return functools.partial(jit, rest=rest, dynamic=dynamic, log=log)
     return Jit(fn, rest=rest, dynamic=dynamic, log=log)

@@ -26,11 +26,12 @@ from .. import settings
 from .decomp import decompositions, swap_sdpa
 from .gqa import packing
 from .partition import boundaries, depends_on_itself, has_chain, regions
+from .refused import Refused
 from .report import Fused, GraphReport, Left
 from .rewrite import finish, replace_region, trial
 from .rules import RULES
+from .symbolic import hints_of, is_scalar_value, shape_of
 from .translate import translate_region
-from .views import Refused
 
 RESTS = ("inductor", "eager")
 _CHAIN_KINDS = {"reduction", "contraction"}
@@ -51,12 +52,7 @@ def fp32_precision() -> str:
 def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> None:
     """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
     chain that compiles becomes one kernel call; ``report`` gets each outcome."""
-    dynamic = [n.name for n in gm.graph.nodes if n.op == "placeholder"
-               and not all(isinstance(d, int) for d in getattr(n.meta.get("val"), "shape", ()))]
-    if dynamic:
-        report.left.append(Left((), f"symbolic (dynamic) shapes of {', '.join(dynamic)}: "
-                                "compile with dynamic=False (nf.jit's default)", rest))
-        return
+    hints = hints_of(example_inputs)   # a dynamic graph's symbols: example values
     changed, seen = False, set()
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
@@ -69,27 +65,31 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         inputs = []
         for n in region.nodes:
             inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
+        # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
+        args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
         start = time.perf_counter()
         try:
             if depends_on_itself(region):
                 raise Refused("an input of the region is computed from its own result "
                               "through ops outside it")
-            outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs)
+            outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
+                                                hints=hints)
             if not has_chain(outs):
                 raise Refused("no dependent reduction chain (a lone reduction or matmul "
                               "is Inductor's job)")
-            packed = packing(outs, phs, inputs,
-                             [tuple(n.meta["val"].shape) for n in region.outputs])
+            packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
+                             [shape_of(n.meta["val"]) for n in region.outputs])
             kernel = None
             if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
                 try:
                     kernel, casts = _compiled(translate_region(
-                        RULES, inputs, region.nodes, region.outputs, packed),
-                        inputs, packed, f"{prefix}_{k}")
+                        RULES, inputs, region.nodes, region.outputs, packed, hints),
+                        args, packed, f"{prefix}_{k}", hints)
                 except Exception:   # noqa: BLE001 - the plain program below instead
                     packed = None
             if kernel is None:   # compile errors surface here, not in a graph run
-                kernel, casts = _compiled((outs, phs, casts), inputs, None, f"{prefix}_{k}")
+                kernel, casts = _compiled((outs, phs, casts), args, None, f"{prefix}_{k}",
+                                          hints)
             plan = str(kernel.plan) if packed is None else \
                 f"{packed.describe()}\n{kernel.plan}"
         except Refused as err:
@@ -100,9 +100,9 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                                     f"the compiler refused it: {type(err).__name__}: {err}",
                                     rest))
             continue
-        replace_region(gm.graph, region, inputs, casts, kernel, packed)
+        replace_region(gm.graph, region, args, casts, kernel, packed)
         report.fused.append(Fused(f"{prefix}_{k}", tuple(region.ops),
-                                  tuple(n.name for n in inputs),
+                                  tuple(n.name for n in args),
                                   tuple(n.name for n in region.outputs), plan, kernel,
                                   time.perf_counter() - start))
         changed = True
@@ -110,12 +110,13 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         finish(gm, example_inputs)
 
 
-def _compiled(translated, inputs, packed, name: str):
-    """``(kernel, casts)``: a translated region compiled and called once (the trial)."""
+def _compiled(translated, inputs, packed, name: str, hints: dict):
+    """``(kernel, casts)``: a translated region compiled and called once (the trial, at
+    the example's sizes)."""
     from ..runtime.pipeline import compile as nf_compile
     outs, phs, casts = translated
     kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
-    trial(kernel, inputs, casts, packed)
+    trial(kernel, inputs, casts, packed, hints)
     return kernel, casts
 
 

@@ -50,10 +50,13 @@ class Packing:
                 "one program")
 
 
-def packing(outs, phs, inputs, out_shapes) -> Packing | None:
+def packing(outs, phs, inputs, in_shapes, out_shapes) -> Packing | None:
     """The :class:`Packing` of a translated region (``outs``, its placeholders ``phs``
-    in the order of the input nodes ``inputs``, the outputs' static shapes), or None."""
-    if len(outs) != 1 or len(out_shapes[0]) != 4:
+    in the order of the input nodes ``inputs``, the inputs' and outputs' shapes), or
+    None. The output and the query-like inputs must have static shapes (a dynamic key
+    length is fine: only the keys and values have it)."""
+    if len(outs) != 1 or len(out_shapes[0]) != 4 \
+            or not all(isinstance(n, int) for n in out_shapes[0]):
         return None
     b, hq, n, _ = out_shapes[0]
     if not 1 <= n <= PACK_MAX_ROWS or hq < 2:
@@ -87,7 +90,8 @@ def packing(outs, phs, inputs, out_shapes) -> Packing | None:
     if h in rest.free_vars or row in rest.free_vars:
         return None
     by_ph = dict(zip(phs, inputs))
-    if not all(q in by_ph and len(q.shape) >= 3 for q in queries):
+    static = {n: all(isinstance(d, int) for d in shape) for n, shape in zip(inputs, in_shapes)}
+    if not all(q in by_ph and len(q.shape) >= 3 and static[by_ph[q]] for q in queries):
         return None
     return Packing(g, n, frozenset(by_ph[q] for q in queries))
 

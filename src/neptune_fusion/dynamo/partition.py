@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..analysis.chains import reduction_graph, same_extents
+from .refused import Refused
 from .rules import RULES
+from .symbolic import is_scalar_value
 from .translate import meta_of
-from .views import Refused
 
 aten = torch.ops.aten
 _LEAVES_REGION = (aten.mm.default, aten.addmm.default)
@@ -156,7 +157,9 @@ def boundaries(region: Region) -> list:
     near = [a for n in region.nodes for a in n.all_input_nodes if a not in inside]
     near += [u for n in region.nodes for u in n.users if u not in inside]
     for n in near:
-        if n.op == "call_function" and n not in out:
+        # arithmetic on a dynamic graph's symbolic ints (``s69 - 1``) is read as a value
+        if n.op == "call_function" and n not in out \
+                and not is_scalar_value(n.meta.get("val")):
             why = why_not_fusible(n)
             if why is not None:
                 out.append(n)

@@ -14,6 +14,7 @@ import operator
 import torch
 
 from ..runtime.torch_ops import KernelEntry, constant_key, handle
+from .symbolic import dim, hint, shape_of, static
 
 
 def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
@@ -53,8 +54,13 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
 
 
 def _strided_rows(node) -> bool:
+    """Whether the input's last dimension is not contiguous (read without guarding on a
+    dynamic size or stride: an unknown one counts as strided, and is copied)."""
     v = node.meta.get("val")
-    return v is not None and v.dim() > 0 and v.shape[-1] > 1 and v.stride(-1) != 1
+    if v is None or v.dim() == 0:
+        return False
+    n, stride = dim(v.shape[-1]), dim(v.stride(-1))
+    return not (static(n) and n <= 1) and not (static(stride) and stride == 1)
 
 
 def finish(gm, example_inputs) -> None:
@@ -76,23 +82,24 @@ def finish(gm, example_inputs) -> None:
         FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
 
 
-def trial(kernel, inputs, casts, packed=None) -> None:
+def trial(kernel, inputs, casts, packed=None, hints=None) -> None:
     """One eager call of ``kernel`` on random tensors shaped like ``inputs``' fake values
-    (bool inputs cast as passed, packed query inputs in their packed shape), outside the
-    fake mode: it compiles (on a GPU: tunes) the shape class now, so a failure leaves the
-    region out instead of failing later."""
+    (bool inputs cast as passed, packed query inputs in their packed shape, dynamic sizes
+    at the example's values ``hints``), outside the fake mode: it compiles (on a GPU:
+    tunes) the shape class now, so a failure leaves the region out instead of failing
+    later."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from ..runtime.torch_ops import KernelEntry
     with unset_fake_temporarily():
-        KernelEntry(kernel).run(_random_like(inputs, casts, packed))
+        KernelEntry(kernel).run(_random_like(inputs, casts, packed, hints or {}))
 
 
-def _random_like(inputs, casts, packed=None) -> list:
+def _random_like(inputs, casts, packed, hints) -> list:
     out = []
     for n in inputs:
         v = n.meta["val"]
-        shape = tuple(v.shape)
+        shape = tuple(hint(d, hints) for d in shape_of(v))
         if packed is not None and n in packed.queries:
             shape = packed.input_shape(shape)
         if v.dtype.is_floating_point:

@@ -23,7 +23,9 @@ import torch
 from ..frontend import lang as nf
 from ..ir import build
 from ..ir.nodes import Const
-from .views import Refused, broadcast, view_index
+from .refused import Refused
+from .symbolic import static
+from .views import broadcast, view_index
 
 aten, prims = torch.ops.aten, torch.ops.prims
 
@@ -123,7 +125,7 @@ def _same(tr, node, out):      # casts (the translator casts to the node's dtype
 def _view(tr, node, out):
     src = _shape(tr, node.args[0])
     x = tr.arg(node.args[0])
-    return lambda idx: x.load(view_index(tr.merges, idx, src, out))
+    return lambda idx: x.load(view_index(tr.merges, idx, src, out, tr.hints))
 
 
 def _expand(tr, node, out):
@@ -158,7 +160,11 @@ def _transpose(tr, node, out):
 def _select(tr, node, out):
     x = tr.arg(node.args[0])
     d = node.args[1] % len(x.shape)
-    at = node.args[2] % x.shape[d]
+    at = tr.scalar(node.args[2])
+    if isinstance(at, int) and at < 0:
+        if not static(x.shape[d]):
+            raise Refused(f"{node.name}: index {at} from the end of a dynamic dimension")
+        at %= x.shape[d]
     return lambda idx: x.load((*idx[:d], at, *idx[d:]))
 
 
@@ -167,7 +173,12 @@ def _slice(tr, node, out):
     d = (node.args[1] if len(node.args) > 1 else 0) % len(x.shape)
     start = node.args[2] if len(node.args) > 2 and node.args[2] is not None else 0
     step = node.args[4] if len(node.args) > 4 else 1
-    start = min(max(start + x.shape[d] if start < 0 else start, 0), x.shape[d])
+    n = x.shape[d]
+    if static(n) and isinstance(start, int):
+        start = min(max(start + n if start < 0 else start, 0), n)
+    elif not isinstance(start, int) or start < 0:
+        # a start of a dynamic slice (a node) or from the end of a dynamic dimension
+        raise Refused(f"{node.name}: a slice of a dynamic dimension from {start}")
 
     def load(idx):
         src = list(idx)
@@ -190,7 +201,7 @@ def _fill(value_of):
 
 
 def _arange(tr, node, out):
-    a = [x for x in node.args]
+    a = [tr.scalar(x) for x in node.args]
     start, step = (0, 1) if len(a) == 1 else (a[0], a[2] if len(a) > 2 else 1)
     return lambda idx: idx[0] * step + start if (start, step) != (0, 1) else idx[0]
 
@@ -244,7 +255,7 @@ def _reduction(op: str, mean: bool = False):
                 src.insert(d, r)
             e = nf.sum(x.load(tuple(src)), r) if op == "sum" else \
                 (nf.max if op == "max" else nf.min)(x.load(tuple(src)), r)
-            return e / n if mean else e
+            return e / tr.size_expr(n) if mean else e
         return load
     return fn
 

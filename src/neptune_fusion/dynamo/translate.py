@@ -28,8 +28,10 @@ from ..frontend import lang as nf
 from ..ir import build
 from ..ir.dtypes import float32
 from ..ir.index import simplify
-from ..ir.nodes import Binary, Const, Expr, Size
-from .views import Merges, Refused
+from ..ir.nodes import Binary, Const, Expr
+from .refused import Refused
+from .symbolic import dim, is_scalar_value, shape_of, size_name, static, to_ir
+from .views import Merges
 
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "int32", "int64")
 _NARROW = ("float16", "bfloat16")
@@ -40,45 +42,60 @@ _CASTS = frozenset({torch.ops.aten._to_copy.default,
 
 @dataclass(frozen=True)
 class Val:
-    """A translated tensor: its (static) shape, dtype name and element function."""
+    """A translated tensor: its shape, dtype name and element function."""
 
-    shape: tuple[int, ...]
+    shape: tuple   # ints, and sympy expressions for dynamic sizes (symbolic.py)
     dtype: str
     load: Callable[[tuple], Expr]
 
 
-def meta_of(node) -> tuple[tuple[int, ...], str]:
-    """A graph node's static shape and dtype name (``Refused`` if symbolic or absent)."""
+def meta_of(node) -> tuple[tuple, str]:
+    """A graph node's shape (ints, and sympy expressions for dynamic sizes: see
+    symbolic.py) and dtype name (``Refused`` if absent)."""
     val = node.meta.get("val") if hasattr(node, "meta") else None
     if val is None or not hasattr(val, "shape"):
         raise Refused(f"{node}: no tensor metadata")
-    # no int() of a SymInt: that would guard on (specialise) the dynamic size
-    if not all(isinstance(n, int) for n in val.shape):
-        raise Refused(f"{node}: symbolic (dynamic) shape {tuple(val.shape)}; compile "
-                      "with dynamic=False (nf.jit's default)")
-    shape = tuple(val.shape)
-    return shape, str(val.dtype).removeprefix("torch.")
+    return shape_of(val), str(val.dtype).removeprefix("torch.")
 
 
 class Translator:
     """Translates the nodes of one region, in graph order, with the rule table."""
 
-    def __init__(self, rules: dict, packed=None) -> None:
+    def __init__(self, rules: dict, packed=None, hints=None) -> None:
         self.rules = rules
         self.packed = packed   # a gqa.Packing: query heads of a group as rows, or None
-        self.merges = Merges()
+        self.hints = hints or {}   # dynamic size symbol -> example value (symbolic.py)
+        self.merges = Merges(self.size_expr)
         self.vals: dict = {}
-        self.sizes: dict[int, Size] = {}
+        self.sizes: dict = {}   # static extent or dynamic symbol -> its IR size
         self.placeholders: list = []
         self.casts: dict = {}   # input node -> kernel dtype it is passed as (bool -> int32)
 
     # -- inputs and sizes
 
-    def extent(self, n: int):
-        """``s<n>`` if an input has extent ``n``, else ``n``."""
-        return self.sizes.get(n, n)
+    def extent(self, n):
+        """The extent of an axis of length ``n``: ``s<n>`` if an input has static
+        extent ``n``, the IR size of a dynamic symbol, else the int ``n``."""
+        if static(n):
+            return self.sizes.get(n, n)
+        if n.is_Symbol and n in self.sizes:
+            return self.sizes[n]
+        raise Refused(f"an axis of dynamic length {n} is no input's dimension"
+                      if n.is_Symbol else f"an axis of length {n}: an expression of "
+                      "dynamic sizes is not an extent (a plain symbol is)")
+
+    def size_expr(self, n):
+        """A length as a value of the program (a mean's divisor, a mask's offset): a
+        static one as its int (a constant the compiler folds), a dynamic one as an
+        expression of the sizes."""
+        return n if static(n) else to_ir(n, self.sizes)
 
     def add_input(self, node) -> None:
+        val = node.meta.get("val")
+        if is_scalar_value(val):   # a symbolic int (a dynamic graph's size): no tensor
+            expr = dim(val)
+            self.vals[node] = Val((), "int64", lambda idx, e=expr: self.size_expr(e))
+            return
         shape, dtype = meta_of(node)
         if dtype == "bool":
             self.casts[node] = "int32"
@@ -90,7 +107,12 @@ class Translator:
         kernel_shape = pk.input_shape(shape) if pk is not None else shape
         for d, n in enumerate(kernel_shape):
             # a size symbol is bound by a placeholder dimension; the packed rows are none
-            if n > STATIC_EXTENT_MAX and n not in self.sizes \
+            if not static(n):
+                if not n.is_Symbol:
+                    raise Refused(f"input {node.name}: dimension {d} is {n}, an "
+                                  "expression of dynamic sizes (a plain symbol is taken)")
+                self.sizes.setdefault(n, nf.size(size_name(n)))
+            elif n > STATIC_EXTENT_MAX and n not in self.sizes \
                     and not (pk is not None and d == 2):
                 self.sizes[n] = nf.size(f"s{n}")
         # a packed query input's rows (group x query rows) stay an int extent: its
@@ -116,6 +138,15 @@ class Translator:
     def arg(self, a):
         """A node argument as a :class:`Val`; other arguments as they are."""
         return self.vals[a] if a in self.vals else a
+
+    def scalar(self, a):
+        """A scalar argument: a number as it is, a symbolic int's node as its value."""
+        v = self.vals.get(a) if hasattr(a, "op") else None
+        if v is None:
+            if hasattr(a, "op"):
+                raise Refused(f"{a.name}: a scalar computed outside the region")
+            return a
+        return v.load(())
 
     def translate(self, node) -> None:
         rule = self.rules.get(node.target)
@@ -154,7 +185,7 @@ class Translator:
                 return False
         return bool(node.users)
 
-    def reduce_axis(self, n: int, name: str):
+    def reduce_axis(self, n, name: str):
         return nf.reduce_axis(self.extent(n), name)
 
     def output(self, node, name: str):
@@ -195,12 +226,14 @@ def _float_const(e: Expr) -> bool:
 
 
 def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Sequence,
-                     packed=None):
+                     packed=None, hints=None):
     """``(outputs, placeholders, casts)`` of a region: its input nodes, its nodes in
     graph order, and the nodes whose values leave it. ``Refused`` names what failed.
     ``packed`` (a :class:`~.gqa.Packing`): the query heads of a key/value group become
-    rows (its query inputs and its one output take the packed shapes)."""
-    tr = Translator(rules, packed)
+    rows (its query inputs and its one output take the packed shapes). ``hints``: the
+    example values of a dynamic graph's size symbols (symbolic.py). The placeholders are
+    those of the tensor inputs, in order: a symbolic int input is no argument."""
+    tr = Translator(rules, packed, hints)
     for node in inputs:
         tr.add_input(node)
     for node in nodes:

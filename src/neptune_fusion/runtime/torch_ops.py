@@ -33,6 +33,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from .inputs import remember
 from .prepared import PreparedLaunch, signed  # the bound calls (no torch imported)
 
 _TABLE: dict[tuple, int] = {}   # (maker, *key) -> handle
@@ -151,6 +152,7 @@ class KernelEntry:
     def __init__(self, kernel) -> None:
         self.kernel = kernel
         self._bound: dict = {}   # input signature -> PreparedLaunch, or False (never)
+        self._seen: dict = {}    # signatures called once (bound at their second call)
         self.hits = 0            # calls that took a bound launch
 
     def run(self, tensors) -> list:
@@ -173,9 +175,11 @@ class KernelEntry:
 
     def _bound_run(self, tensors) -> list | None:
         """The outputs of the bound launch of ``tensors``' signature, binding it at the
-        signature's first call (compiled and tuned first, as the general path would; the
+        signature's second call (compiled and tuned first, as the general path would; the
         binding may launch once to reach the compiled kernels' launchers); None where
-        none applies."""
+        none applies. A signature's first call takes the general path: a graph compiled
+        with dynamic shapes (a decode loop's growing key length) may never repeat one,
+        and binding each would cost more than it saves."""
         if not tensors:
             return None
         cuda = tensors[0].is_cuda
@@ -183,6 +187,10 @@ class KernelEntry:
         key = tuple(sig)
         got = self._bound.get(key)
         if got is None:
+            if key not in self._seen:
+                with _LOCK:
+                    remember(self._seen, key, True, ENTRY_PREPARED_SIGNATURES)
+                return None
             got = self._bind(tensors, key)
         if got is False:
             return None
@@ -199,7 +207,6 @@ class KernelEntry:
         import torch
 
         from ..errors import NeptuneError
-        from .inputs import remember
         if any(type(t) is not torch.Tensor or t.requires_grad for t in tensors):
             return False
         if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
@@ -217,17 +224,44 @@ class KernelEntry:
         return launch
 
     def fake(self, tensors) -> list:
+        """The outputs' fake tensors, sized from the inputs' shapes. Static shapes are
+        checked as a call checks them; dynamic ones (``SymInt`` s of a graph compiled
+        with dynamic shapes) are read without a check that would guard on them, so the
+        graph stays general over their values."""
         import torch
 
         from ..ir.nodes import Size
         from .inputs import check_inputs
-        name = getattr(self.kernel, "name", None) or self.kernel.specs[0].name
-        sizes, device = check_inputs(name, self.kernel.inputs, tensors)
-        named = {s.name: v for s, v in sizes.items()}
+        k = self.kernel
+        name = getattr(k, "name", None) or k.specs[0].name
+        if all(isinstance(n, int) for t in tensors for n in t.shape):
+            sizes, device = check_inputs(name, k.inputs, tensors)
+            named = {s.name: v for s, v in sizes.items()}
+        else:
+            named, device = _dynamic_sizes(name, k.inputs, tensors), tensors[0].device
         return [torch.empty(tuple(named[x.name] if isinstance(x, Size) else int(x)
                                   for x in o.shape),
                             dtype=getattr(torch, o.dtype.name), device=device)
-                for o in self.kernel.outputs]
+                for o in k.outputs]
+
+
+def _dynamic_sizes(name: str, inputs, tensors) -> dict:
+    """Size name -> the (symbolic) extent that binds it, checking counts, ranks and dtypes
+    only: comparing a ``SymInt`` with an int would specialise it."""
+    from ..errors import FeedError
+    from ..ir.nodes import Size
+    if len(tensors) != len(inputs):
+        raise FeedError(f"kernel {name} takes {len(inputs)} tensor(s), got {len(tensors)}")
+    named: dict = {}
+    for p, t in zip(inputs, tensors):
+        got = str(t.dtype).removeprefix("torch.")
+        if t.dim() != p.ndim or got != p.dtype.name:
+            raise FeedError(f"kernel {name}: input {p.name!r} must be {p.dtype} with "
+                            f"{p.ndim} dimension(s), got {got} {tuple(t.shape)}")
+        for want, n in zip(p.shape, t.shape):
+            if isinstance(want, Size):
+                named.setdefault(want.name, n)
+    return named
 
 
 def call_kernel(kernel, tensors: tuple, single: bool, out=None):

@@ -86,10 +86,10 @@ def prepare_jit(chain: Chain, tensors: Sequence[torch.Tensor],
     raise_recompile_limits()
     torch._dynamo.reset()
     inductor_config.fx_graph_cache = False
-    compiled = jit(chain.plain)
+    compiled = jit(chain.plain, dynamic=False)   # as the torch-compile provider
     args = tuple(tensors)
     return Prepared(lambda: compiled(*args), "plain PyTorch, torch.compile(backend="
-                    "'neptune_fusion'), cold")
+                    "'neptune_fusion', dynamic=False), cold")
 
 
 EAGER = ChainProvider("torch-eager", "torch eager", "library",

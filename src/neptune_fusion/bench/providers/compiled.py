@@ -55,9 +55,9 @@ def prepare_jit(op: OpSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (``nf.jit``: the chain translated and compiled by us, the rest by Inductor)."""
     from ...dynamo import jit
     raise_recompile_limits()
-    compiled = jit(plain_attention(op, k.shape[2]))
+    compiled = jit(plain_attention(op, k.shape[2]), dynamic=False)   # as torch-compile
     return Prepared(lambda: compiled(q, k, v),
-                    "plain PyTorch, torch.compile(backend='neptune_fusion')")
+                    "plain PyTorch, torch.compile(backend='neptune_fusion', dynamic=False)")
 
 
 JIT = Provider("neptune-jit", "nf.jit", "compiler",

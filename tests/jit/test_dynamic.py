@@ -1,0 +1,171 @@
+"""Dynamic shapes through the backend (CPU, interpreter): a graph Dynamo compiles with
+symbolic sizes is fused once and serves every size, each result checked against
+float64; what cannot be taken falls back with the reason; nothing guards on a size."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+
+import neptune_fusion as nf
+from neptune_fusion.dynamo import Backend
+from neptune_fusion.dynamo.refused import Refused
+from neptune_fusion.dynamo.symbolic import to_ir
+from neptune_fusion.dynamo.views import Merges, view_groups
+
+
+def _run(fn, shapes, dynamic=True, make=torch.randn):
+    """``fn`` compiled with ``dynamic`` and called on inputs of each shape list; every
+    result within float32 rounding of float64. Returns the backend (its reports)."""
+    torch._dynamo.reset()
+    backend = Backend(rest="eager")
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for shape in shapes:
+        args = [make(*s) for s in shape]
+        with torch.no_grad():
+            got = compiled(*args)
+        want = fn(*[a.double() for a in args])
+        assert got.shape == want.shape
+        scale = max(1.0, float(want.abs().max()))
+        assert float((got.double() - want).abs().max()) <= 2e-5 * scale, shape
+    return backend
+
+
+def _fused(backend):
+    return [f for r in backend.reports for f in r.fused]
+
+
+def _left(backend):
+    return [x for r in backend.reports for x in r.left]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.logsumexp(x, -1),
+    lambda x: torch.softmax(x, -1),
+    lambda x: torch.log_softmax(x, 0),
+    lambda x: x.var(-1),               # unbiased: divides by the dynamic size minus one
+    lambda x: F.layer_norm(x, (x.shape[-1],)),
+], ids=["logsumexp", "softmax", "log-softmax-dim0", "var", "layer-norm"])
+def test_one_dynamic_graph_serves_every_size(fn):
+    backend = _run(fn, [[(5, 40)], [(7, 300)], [(3, 33)], [(9, 17)]])
+    assert len(backend.reports) == 1, "a size recompiled the graph"
+    (fused,) = _fused(backend)
+    assert "dyn_" in fused.plan   # the loop runs over Dynamo's symbol, bound at call time
+    assert not _left(backend)
+
+
+def _decode(q, k, v):
+    """Causal attention of the last queries over a cache, the mask built from the
+    shapes (symbolic arithmetic ``m - n`` in the graph)."""
+    s = (q @ k.transpose(-2, -1)) * 0.25
+    n, m = s.shape[-2], s.shape[-1]
+    i = torch.arange(n).view(n, 1) + (m - n)
+    j = torch.arange(m).view(1, m)
+    return torch.softmax(s.masked_fill(j > i, float("-inf")), -1) @ v
+
+
+def test_a_growing_cache_compiles_twice_and_fuses_both():
+    """Dynamo's default (``dynamic=None``): the first length static, the second makes the
+    length dynamic; the third and later reuse that graph. The mask's offset is a
+    symbolic int of the graph, read as a value (not reported as a cut)."""
+    shapes = [[(1, 4, 2, 16), (1, 4, m, 16), (1, 4, m, 16)] for m in (30, 47, 64, 90)]
+    backend = _run(_decode, shapes, dynamic=None)
+    assert len(backend.reports) == 2
+    assert len(_fused(backend)) == 2 and not _left(backend)
+    assert "dyn_" in _fused(backend)[1].plan
+
+
+def _gqa_decode(q, k, v):
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    return torch.softmax((q @ k.transpose(-2, -1)) * 0.25, -1) @ v
+
+
+def test_gqa_decode_with_a_dynamic_length_is_packed():
+    shapes = [[(1, 8, 1, 16), (1, 2, m, 16), (1, 2, m, 16)] for m in (30, 47, 90)]
+    backend = _run(_gqa_decode, shapes, dynamic=None)
+    assert len(backend.reports) == 2
+    assert all("GQA decode packed" in f.plan for f in _fused(backend))
+
+
+def _causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_batch_heads_and_length_all_dynamic():
+    """``dynamic=True``: batch, heads and length symbolic; ``bmm`` merges batch and heads
+    (``b * H + h`` with a symbolic ``H``) and its result splits them back."""
+    shapes = [[(b, h, n, 16)] * 3 for b, h, n in ((2, 3, 20), (3, 2, 33), (2, 4, 9))]
+    backend = _run(_causal, shapes)
+    assert len(backend.reports) == 1
+    (fused,) = _fused(backend)
+    assert "dyn_" in fused.plan and not _left(backend)
+
+
+def test_a_dynamic_expression_as_an_extent_falls_back_with_the_reason():
+    """A softmax over a flattened batch: the output's first extent is ``s0*s1``, which no
+    input binds. The region runs eagerly (correct), and the reason says why."""
+    def fn(x):
+        return torch.softmax(x.reshape(-1, x.shape[-1]), -1)
+    backend = _run(fn, [[(2, 3, 20)], [(3, 5, 33)]])
+    assert not _fused(backend)
+    assert any("expression of dynamic sizes" in x.reason for x in _left(backend))
+
+
+def test_a_compiled_kernel_in_a_dynamic_graph_does_not_specialise():
+    """``nf.compile``'s operator under ``torch.compile(dynamic=True)``: its fake outputs
+    take the symbolic sizes without guarding on them, so one graph serves every shape."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), name="x")
+    j = nf.reduce_axis(M, "j")
+    top = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="top")
+    lse = nf.compute((N,), lambda i: top[i] + nf.log(nf.sum(nf.exp(x[i, j] - top[i]), j)),
+                     name="lse")
+    kern = nf.compile(lse, cache=False)
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: kern(t) * 2, backend=count, dynamic=True)
+    for n, m in ((5, 40), (7, 300), (3, 33)):
+        t = torch.randn(n, m)
+        want = 2 * torch.logsumexp(t.double(), 1)
+        assert float((f(t).double() - want).abs().max()) < 1e-5
+    assert len(graphs) == 1
+
+
+# -- the pieces ---------------------------------------------------------------------------
+
+def test_view_groups_pair_dynamic_dimensions_by_their_products():
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    hints = {s0: 3, s1: 5}
+    assert view_groups((s0, s1, 4), (s0 * s1, 4), hints) == [([0, 1], [0]), ([2], [1])]
+    assert view_groups((1, s0, 1), (s0,), hints) == [([1], [0])]
+    with pytest.raises(Refused, match="do not pair up"):   # 15 == 15, but not as symbols
+        view_groups((s0, s1), (s1 * 3,), {s0: 5, s1: 5})
+
+
+def test_a_split_over_dynamic_sizes_is_only_a_merges_inverse():
+    s1 = sympy.Symbol("s1", positive=True, integer=True)
+    size = nf.size("dyn_s1")
+    m = Merges(lambda n: size)
+    b, h = nf.reduce_axis(2, "b"), nf.reduce_axis(size, "h")
+    lin = m.merge([b, h], [2, s1])
+    assert "dyn_s1" in str(lin)
+    assert m.split(lin, [2, s1]) == (b, h)
+    with pytest.raises(Refused, match="not the inverse of a merge"):
+        m.split(b * 7 + h, [2, s1])
+
+
+def test_size_expressions_translate_or_are_refused():
+    s0 = sympy.Symbol("s0", positive=True, integer=True)
+    size = nf.size("dyn_s0")
+    assert str(to_ir(s0 - 1, {s0: size})) in ("dyn_s0 + -1", "-1 + dyn_s0")
+    with pytest.raises(Refused, match="no input's dimension"):
+        to_ir(s0, {})
+    with pytest.raises(Refused, match="not a sum or product"):
+        to_ir(sympy.floor(s0 / 2), {s0: size})
