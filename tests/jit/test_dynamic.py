@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import neptune_fusion as nf
+from neptune_fusion.bench.chains import CHAINS
 from neptune_fusion.dynamo import Backend
 from neptune_fusion.dynamo.refused import Refused
 from neptune_fusion.dynamo.symbolic import to_ir
@@ -117,13 +118,8 @@ def test_a_dynamic_expression_as_an_extent_falls_back_with_the_reason():
 def test_a_compiled_kernel_in_a_dynamic_graph_does_not_specialise():
     """``nf.compile``'s operator under ``torch.compile(dynamic=True)``: its fake outputs
     take the symbolic sizes without guarding on them, so one graph serves every shape."""
-    N, M = nf.sizes("N M")
-    x = nf.placeholder((N, M), name="x")
-    j = nf.reduce_axis(M, "j")
-    top = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="top")
-    lse = nf.compute((N,), lambda i: top[i] + nf.log(nf.sum(nf.exp(x[i, j] - top[i]), j)),
-                     name="lse")
-    kern = nf.compile(lse, cache=False)
+    outputs, inputs = CHAINS["logsumexp"].build("float32")
+    kern = nf.compile(outputs[0], inputs, cache=False)
     graphs = []
 
     def count(gm, example_inputs):

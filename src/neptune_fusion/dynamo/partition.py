@@ -1,7 +1,7 @@
 """Finding the regions of an ATen graph worth translating.
 
 1. A node is *fusible* when the rule table has its op (and the rule's check passes) and
-   its shape is static.
+   its value is a tensor (of static or dynamic shape).
 2. Fusible nodes that feed each other form connected regions, except across the output
    of ``mm``/``addmm``: a 2-d matmul's result always leaves its region (a Linear layer's
    output is the input of the next chain, never recomputed inside it; ``bmm`` -- batched

@@ -9,12 +9,13 @@ chain anyway, and an expression read through a view (``bmm``'s merged batch rest
 a later ``view``) keeps its plain indices (:class:`~.views.Merges`).
 
 Sizes: every extent above :data:`STATIC_EXTENT_MAX` of an input becomes the symbolic size
-``s<value>`` (equal values share one size, bound from the inputs at call time, as the
-graph's shapes are static); smaller extents -- head dims, head counts, groups -- and
+``s<value>`` (equal values share one size, bound from the inputs at call time, as a
+static graph's shapes are fixed); smaller extents -- head dims, head counts, groups -- and
 extents no input has stay ints, as ``nf.attention``'s program has them: the Gluon
 dialect holds a head dim in one tile and needs it as an int (a symbolic head dim kept the
 translated prefill on the Triton kernel, 1.2-1.3x slower than ``nf.attention`` on the
-H200, 2026-12-03), and a small extent never needs shrinking for the tuner's check.
+H200, 2026-12-03), and a small extent never needs shrinking for the tuner's check. A
+dynamic graph's symbol ``s69`` is the size ``dyn_s69`` (symbolic.py).
 """
 
 from __future__ import annotations

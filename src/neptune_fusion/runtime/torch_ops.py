@@ -139,11 +139,11 @@ class KernelEntry:
     ``LibraryKernel``) as an op entry:
     ``run`` is its eager call, ``fake`` allocates its outputs from the input shapes.
 
-    A compiled graph calls ``run`` with the same input signature every time (its shapes
-    are static), so ``run`` binds the call once per signature, as ``nf.prepare_attention``
-    does (:class:`~.prepared.PreparedLaunch`: fresh outputs per call, the split-k
-    workspace allocated per call so the binding holds no device memory, the compiled
-    kernels' own launchers): one signature compare per call instead of the general
+    A static graph calls ``run`` with the same input signature every time, so ``run``
+    binds the call at a signature's second call, as ``nf.prepare_attention`` does
+    (:class:`~.prepared.PreparedLaunch`: fresh outputs per call, the split-k workspace
+    allocated per call so the binding holds no device memory, the compiled kernels' own
+    launchers): one signature compare per call instead of the general
     path's checks, lookups and argument lists (issue 19: a decode step through the
     backend). Where a binding does not apply -- a multi-pass or library operator,
     tensor subclasses, inputs that require grad, a graph capture in progress, another
