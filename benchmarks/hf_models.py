@@ -20,12 +20,22 @@ three after one warm-up that also compiles/tunes) and ``--steps`` greedy decode 
 Progress lines with the elapsed time go to stderr.
 ``compile`` is ``torch.compile(model.forward)``, ``graphs`` the same with
 ``mode="reduce-overhead"`` (CUDA graphs, a graph step per call); a backend that fails
-there is recorded with its error, not fatal. Checks: the prefill's last-token logits
-against the first backend's (relative error, bf16) and the share of decoded tokens equal
-to the first backend's (random weights make near-ties, so once one token differs the rest
-follow another path). Each run appends its rows to ``--out``/``hf_models-<model>.jsonl``
-(run backends in separate processes to bound each one's time); ``--report`` rewrites
-``hf_models-<model>.md`` from them.
+there is recorded with its error, not fatal. Checks against the first backend: the
+prefill's last-token logits (relative error, bf16), the logits of four decode steps fed
+fixed tokens after a prefill (relative error: greedy tokens alone hid a wrong decode
+mask), and the share of decoded tokens equal to the first backend's (random weights make
+near-ties, so once one token differs the rest follow another path).
+
+FlexAttention through transformers is run with its mask's offsets copied when the mask
+is built (:func:`snapshot_flex_mask`): transformers' flex mask (5.24 on the CPU) closes
+over a static cache's live ``cumulative_length`` tensor, which each layer advances in
+place before its attention reads the mask, so every call after the first read a mask
+shifted by the new tokens (prefill logits 2.5e-1 and decode logits 3e-1 from SDPA's on
+the smoke model; 1.6e-7 with the copy).
+
+Each run appends its rows to ``--out``/``hf_models-<model>.jsonl`` (run backends in
+separate processes to bound each one's time); ``--report`` rewrites ``hf_models-<model>.md``
+from them.
 """
 
 from __future__ import annotations
@@ -62,6 +72,22 @@ def config(name: str, smoke: bool):
     raise SystemExit(f"unknown --model {name!r}: llama or gemma2")
 
 
+def snapshot_flex_mask() -> None:
+    """Register transformers' flex mask builder again, with tensor ``q_offset`` /
+    ``kv_offset`` arguments copied when the mask is built (see the module docstring)."""
+    try:
+        from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
+    except ImportError:   # an older transformers without the mask interface
+        return
+
+    def mask(*args, **kw):
+        for key in ("q_offset", "kv_offset"):
+            if isinstance(kw.get(key), torch.Tensor):
+                kw[key] = kw[key].clone()
+        return flex_attention_mask(*args, **kw)
+    AttentionMaskInterface.register("flex_attention", mask)
+
+
 def static_cache(model, cfg, length: int, device, dtype):
     from transformers import StaticCache
     try:
@@ -96,6 +122,18 @@ class Run:
         out = self.fwd(input_ids=self.prompt, past_key_values=self.cache, cache_position=pos,
                        use_cache=True, logits_to_keep=1)
         return logits_of(out)[:, -1].float()
+
+    def check_decode(self, tokens):
+        """The logits of one decode step per fixed token after a prefill: comparable
+        across backends whatever their greedy tokens."""
+        self.prefill()
+        n, out = self.prompt.shape[1], []
+        for t in range(tokens.shape[1]):
+            pos = torch.tensor([n + t], device=self.dev)
+            out.append(logits_of(self.fwd(input_ids=tokens[:, t:t + 1],
+                                          past_key_values=self.cache, cache_position=pos,
+                                          use_cache=True))[:, -1].float())
+        return torch.stack(out, 1)
 
     def decode(self, steps: int, first):
         tok, n, toks = first, self.prompt.shape[1], []
@@ -145,10 +183,11 @@ def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> dict:
         toks, dec = timed(lambda: run.decode(steps, logits.argmax(-1, keepdim=True)),
                           prompt.device)
         note(f"{impl} {mode}: decode {steps / dec * 1e3:.1f} tok/s", t0)
+        checked = run.check_decode(prompt[:, :4])
     n = prompt.shape[1]
     return {"impl": impl, "mode": mode, "warmup_s": round(warm_s, 2), "prefill_ms": pre,
             "prefill_tok_s": n / pre * 1e3, "decode_ms": dec, "decode_tok_s": steps / dec * 1e3,
-            "logits": logits, "tokens": toks}
+            "logits": logits, "tokens": toks, "decode_logits": checked}
 
 
 def note(text: str, t0: float) -> None:
@@ -166,20 +205,25 @@ def sync(dev):
 def table(rows: list[dict], base: str) -> str:
     ref = {r["mode"]: r for r in rows if r["impl"] == base and "error" not in r}
     lines = ["| backend | mode | warm-up s | prefill ms | prefill tok/s | x base | "
-             "decode tok/s | x base | logits rel. err | same tokens |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "decode tok/s | x base | logits rel. err | decode logits rel. err | "
+             "same tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['impl']} | {r['mode']} | failed: {r['error'][:90]} |"
-                         " | | | | | | |")
+                         " | | | | | | | |")
             continue
         b = ref.get(r["mode"])
         xp = f"{r['prefill_tok_s'] / b['prefill_tok_s']:.2f}" if b else "-"
         xd = f"{r['decode_tok_s'] / b['decode_tok_s']:.2f}" if b else "-"
         lines.append(f"| {r['impl']} | {r['mode']} | {r['warmup_s']} | {r['prefill_ms']:.1f} "
                      f"| {r['prefill_tok_s']:.0f} | {xp} | {r['decode_tok_s']:.1f} | {xd} | "
-                     f"{r.get('logits_err', float('nan')):.2e} | {r.get('same_tokens', 0):.2f} |")
+                     f"{r.get('logits_err', float('nan')):.2e} | "
+                     f"{r.get('decode_err', float('nan')):.2e} | {r.get('same_tokens', 0):.2f} |")
     return "\n".join(lines)
+
+
+_TENSORS = ("logits", "tokens", "decode_logits")   # saved per row, compared by report()
 
 
 def main(argv=None) -> None:
@@ -198,6 +242,7 @@ def main(argv=None) -> None:
         return report(Path(a.out), a.model)
     from neptune_fusion.integrations.transformers import register
     register()
+    snapshot_flex_mask()
     import transformers
     smoke = a.smoke or not torch.cuda.is_available()
     dev = torch.device("cpu" if smoke else "cuda")
@@ -223,7 +268,7 @@ def main(argv=None) -> None:
                 rows.append({"impl": impl, "mode": mode,
                              "error": f"{type(err).__name__}: {err}".replace("\n", " ")})
             print(rows[-1].get("error") or {k: v for k, v in rows[-1].items()
-                                             if k not in ("logits", "tokens")}, flush=True)
+                                             if k not in _TENSORS}, flush=True)
     out = Path(a.out or "/tmp/hf_models")
     out.mkdir(parents=True, exist_ok=True)
     tensors = Path("/tmp/hf_models_tensors")
@@ -231,7 +276,7 @@ def main(argv=None) -> None:
     with open(out / f"hf_models-{a.model}.jsonl", "a") as f:
         for r in rows:
             if "error" not in r:
-                torch.save({"logits": r.pop("logits").cpu(), "tokens": r.pop("tokens").cpu()},
+                torch.save({k: r.pop(k).cpu() for k in _TENSORS},
                            tensors / f"{a.model}-{r['impl']}-{r['mode']}.pt")
             r |= {"prompt": prompt_len, "steps": steps,
                   "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
@@ -253,6 +298,9 @@ def report(out: Path, model: str) -> None:
         if "error" not in r and mine.exists() and ref.exists():
             a, b = torch.load(mine), torch.load(ref)
             r["logits_err"] = float((a["logits"] - b["logits"]).norm() / b["logits"].norm())
+            if "decode_logits" in a and "decode_logits" in b:
+                d, e = a["decode_logits"], b["decode_logits"]
+                r["decode_err"] = float((d - e).norm() / e.norm())
             r["same_tokens"] = float((a["tokens"] == b["tokens"]).float().mean())
     r0 = rows[0]
     text = (f"# {model}: prefill {r0['prompt']} tokens, {r0['steps']} greedy decode steps\n\n"
