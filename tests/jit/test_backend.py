@@ -179,6 +179,33 @@ def test_module_with_ordinary_layers(rest):
     assert any("gelu" in str(x) or "erf" in str(x) for x in ex.left)
 
 
+def test_torch_compile_mode_and_options_configure_the_rest():
+    """torch.compile hands a named backend its ``mode`` and ``options`` (the backend
+    raised TypeError on them before): Inductor's configuration for the rest; CUDA-graph
+    modes and Inductor settings with ``rest="eager"`` are refused by name."""
+    from neptune_fusion.dynamo import Backend
+    from neptune_fusion.dynamo.backend import inductor_patches
+    assert inductor_patches(None, None) == {}
+    assert inductor_patches("max-autotune-no-cudagraphs", {"max_autotune": False}) == \
+        {"max_autotune": False, "coordinate_descent_tuning": True}
+    with pytest.raises(nf.NeptuneError, match="turn on CUDA graphs"):
+        Backend(mode="reduce-overhead")
+    with pytest.raises(nf.NeptuneError, match="rest='eager' has none"):
+        Backend(rest="eager", options={"max_autotune": True})
+    with pytest.raises(nf.NeptuneError, match="mode='fast'"):
+        Backend(mode="fast")
+    torch._dynamo.reset()
+    f = torch.compile(torch.softmax, backend="neptune_fusion", mode="max-autotune")
+    with pytest.raises(Exception, match="turn on CUDA graphs"):
+        f(_x(), -1)
+    torch._dynamo.reset()
+    g, x = nf.jit(lambda x: torch.log_softmax(x, -1), options={"max_autotune": False}), _x()
+    with torch.no_grad():
+        got = g(x)
+    assert float((got.double() - torch.log_softmax(x.double(), -1)).abs().max()) < 1e-5
+    assert g.backend.patches == {"max_autotune": False}
+
+
 # -- what falls back -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", ["cumsum", "sort"])

@@ -46,10 +46,11 @@ class Jit:
     """``fn`` compiled by the backend (see :func:`jit`)."""
 
     def __init__(self, fn, rest: str = "inductor", dynamic: bool | None = None,
-                 log: bool | None = None) -> None:
+                 log: bool | None = None, mode: str | None = None,
+                 options: dict | None = None) -> None:
         import torch
         self.fn = fn
-        self.backend = Backend(rest, log)
+        self.backend = Backend(rest, log, mode, options)
         self.compiled = torch.compile(fn, backend=self.backend, dynamic=dynamic)
         functools.update_wrapper(self, fn, updated=())   # name and doc, not __dict__
 
@@ -65,17 +66,20 @@ class Jit:
 
 
 def jit(fn=None, *, rest: str = "inductor", dynamic: bool | None = None,
-        log: bool | None = None):
+        log: bool | None = None, mode: str | None = None, options: dict | None = None):
     """``torch.compile(fn, backend="neptune_fusion", dynamic=dynamic)``, returning a
     callable with ``.explain(*args)``. ``rest``: ``"inductor"`` (default) or ``"eager"``
     for what is not fused. ``dynamic`` as torch.compile's: ``None`` (default) compiles
     the first shapes static and makes the sizes that change dynamic (one more graph,
     fused too, for all later sizes); ``False`` compiles every shape static (Dynamo's
-    recompile limit then ends compiling); ``True`` makes every size dynamic. Usable as
-    ``@nf.jit`` or ``@nf.jit(rest="eager")``."""
+    recompile limit then ends compiling); ``True`` makes every size dynamic. ``mode`` and
+    ``options``: torch.compile's, for the Inductor that compiles the rest (CUDA-graph
+    modes are refused: :func:`~.backend.inductor_patches`). Usable as ``@nf.jit`` or
+    ``@nf.jit(rest="eager")``."""
     if fn is None:
-        return functools.partial(jit, rest=rest, dynamic=dynamic, log=log)
-    return Jit(fn, rest=rest, dynamic=dynamic, log=log)
+        return functools.partial(jit, rest=rest, dynamic=dynamic, log=log, mode=mode,
+                                 options=options)
+    return Jit(fn, rest=rest, dynamic=dynamic, log=log, mode=mode, options=options)
 
 
 register()

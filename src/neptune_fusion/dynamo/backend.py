@@ -126,14 +126,21 @@ def _compiled(translated, inputs, packed, name: str, hints: dict):
 class Backend:
     """``torch.compile(fn, backend=Backend(rest="eager"))``; ``backend="neptune_fusion"``
     is ``Backend()``. ``reports`` collects a :class:`GraphReport` per compiled graph;
-    ``log`` (default ``$NEPTUNE_FUSION_LOG``) prints each to stderr."""
+    ``log`` (default ``$NEPTUNE_FUSION_LOG``) prints each to stderr. ``mode`` and
+    ``options`` are torch.compile's, for the Inductor that compiles the rest
+    (:func:`inductor_patches`)."""
 
-    def __init__(self, rest: str = "inductor", log: bool | None = None) -> None:
+    def __init__(self, rest: str = "inductor", log: bool | None = None,
+                 mode: str | None = None, options: dict | None = None) -> None:
+        from ..errors import NeptuneError
         if rest not in RESTS:
-            from ..errors import NeptuneError
             raise NeptuneError(f"rest={rest!r}: choose one of {', '.join(RESTS)}")
+        if rest == "eager" and (mode not in (None, "default") or options):
+            raise NeptuneError(f"mode={mode!r}, options={options!r}: they configure the "
+                               "Inductor that compiles the rest; rest='eager' has none")
         self.rest = rest
         self.log = log
+        self.patches = inductor_patches(mode, options)
         self.reports: list[GraphReport] = []
 
     def __call__(self, gm, example_inputs):
@@ -169,20 +176,49 @@ class Backend:
             print(f"[neptune-fusion jit] {report}", file=sys.stderr)
 
     def _rest_forward(self, gm, example_inputs):
-        if self.rest == "eager":
-            from torch._functorch.aot_autograd import make_boxed_func
-            return make_boxed_func(gm.forward)
-        from torch._inductor.compile_fx import compile_fx_inner
-        return compile_fx_inner(gm, example_inputs)
+        return self._rest(gm, example_inputs)
 
     def _rest_backward(self, gm, example_inputs):
+        return self._rest(gm, example_inputs, is_backward=True)
+
+    def _rest(self, gm, example_inputs, **kw):
         if self.rest == "eager":
             from torch._functorch.aot_autograd import make_boxed_func
             return make_boxed_func(gm.forward)
+        import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx_inner
-        return compile_fx_inner(gm, example_inputs, is_backward=True)
+        with inductor_config.patch(self.patches):
+            return compile_fx_inner(gm, example_inputs, **kw)
 
 
-def neptune_fusion(gm, example_inputs):
-    """The registered backend (``torch.compile(fn, backend="neptune_fusion")``)."""
-    return Backend()(gm, example_inputs)
+CUDA_GRAPH_OPTION = "triton.cudagraphs"
+
+
+def inductor_patches(mode: str | None, options: dict | None) -> dict:
+    """The Inductor configuration of torch.compile's ``mode`` and ``options``
+    (``torch._inductor.list_mode_options``; ``options`` win). Modes and options that
+    turn on CUDA graphs (``"reduce-overhead"``, ``"max-autotune"``) are refused by name:
+    the backend compiles the rest with Inductor's inner compiler, which does not set up
+    CUDA-graph trees the way torch.compile's own Inductor entry does, and that path has
+    not run on a GPU. Capture the compiled function with ``torch.cuda.graph`` instead
+    (the fused op is capture-safe: docs/torch.md), or use
+    ``"max-autotune-no-cudagraphs"``."""
+    from ..errors import NeptuneError
+    try:
+        from torch._inductor import list_mode_options
+        patches = dict(list_mode_options(mode or "default"))
+    except (RuntimeError, KeyError) as err:
+        raise NeptuneError(f"mode={mode!r}: {err}") from None
+    patches.update(options or {})
+    if patches.get(CUDA_GRAPH_OPTION):
+        raise NeptuneError(f"mode={mode!r} / options={options!r} turn on CUDA graphs "
+                           f"({CUDA_GRAPH_OPTION}), which the neptune_fusion backend does "
+                           "not support yet: use mode='max-autotune-no-cudagraphs' or "
+                           "capture the compiled function with torch.cuda.graph")
+    return patches
+
+
+def neptune_fusion(gm, example_inputs, mode: str | None = None, options: dict | None = None):
+    """The registered backend (``torch.compile(fn, backend="neptune_fusion")``);
+    torch.compile passes its ``mode`` and ``options`` here (see :func:`inductor_patches`)."""
+    return Backend(mode=mode, options=options)(gm, example_inputs)
