@@ -200,8 +200,8 @@ def inductor_patches(mode: str | None, options: dict | None) -> dict:
     turn on CUDA graphs (``"reduce-overhead"``, ``"max-autotune"``) are refused by name:
     the backend compiles the rest with Inductor's inner compiler, which does not set up
     CUDA-graph trees the way torch.compile's own Inductor entry does, and that path has
-    not run on a GPU. Capture the compiled function with ``torch.cuda.graph`` instead
-    (the fused op is capture-safe: docs/torch.md), or use
+    not run on a GPU. Capture the compiled function with ``torch.cuda.graph`` instead,
+    after a warm-up call (the fused op is capture-safe: docs/torch.md), or use
     ``"max-autotune-no-cudagraphs"``."""
     from ..errors import NeptuneError
     try:
@@ -214,7 +214,8 @@ def inductor_patches(mode: str | None, options: dict | None) -> dict:
         raise NeptuneError(f"mode={mode!r} / options={options!r} turn on CUDA graphs "
                            f"({CUDA_GRAPH_OPTION}), which the neptune_fusion backend does "
                            "not support yet: use mode='max-autotune-no-cudagraphs' or "
-                           "capture the compiled function with torch.cuda.graph")
+                           "capture the compiled function with torch.cuda.graph after a "
+                           "warm-up call")
     return patches
 
 
