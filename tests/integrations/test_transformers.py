@@ -403,3 +403,27 @@ def test_prefill_writes_the_model_layout_with_no_copy(monkeypatch):
     assert out.is_contiguous() and out.data_ptr() == given[0].data_ptr()
     want = _reference(q, k, v, 0.25, None, None, None, 0, torch.ones(1, 20, dtype=bool))
     assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_llama_in_plain_pytorch_through_the_backend():
+    """transformers' own SDPA attention (no integration) under ``torch.compile`` with the
+    neptune_fusion backend: each layer's attention -- RoPE, ``repeat_kv``, a
+    ``(1, 1, N, N)`` mask, SDPA's empty-row guard -- is one fused chain, its output
+    projection stays with the rest, and a second prompt length compiles one dynamic
+    graph that fuses the same; logits within float32 rounding of eager."""
+    from neptune_fusion.dynamo import Backend
+    model = _model("llama")
+    model.set_attn_implementation("sdpa")
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    fwd = torch.compile(model.forward, backend=backend)
+    with torch.no_grad():
+        for n in (7, 13, 20):
+            ids = torch.randint(1, VOCAB, (1, n), generator=torch.Generator().manual_seed(n))
+            assert _rel(fwd(input_ids=ids, use_cache=False).logits,
+                        model(input_ids=ids, use_cache=False).logits) <= 1e-5
+    assert len(backend.reports) == 2   # static 7, then one dynamic graph for 13 and 20
+    for report in backend.reports:
+        attention = [f for f in report.fused if "bmm" in f.ops and "amax" in f.ops]
+        assert len(attention) == 2, str(report)   # one per layer
+        assert sum("a matmul after the chain" in x.reason for x in report.left) == 2

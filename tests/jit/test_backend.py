@@ -133,6 +133,26 @@ def test_sdpa_causal_and_bool_mask_input():
     ex = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
                 (q, k, v, mask), ref64=_sdpa_math)
     assert "arg3_1" in ex.fused[0].inputs
+    # a (1, 1, N, M) mask as transformers passes it: its extent-1 dimensions are read at
+    # 0 through the scores' views and at an axis of extent 1 by the empty-row guard; the
+    # two reads must be one (they were two reductions, and the compiler refused them)
+    ex = _check(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                (q, k, v, mask[None, None]), ref64=_sdpa_math)
+    assert ex.fused[0].ops.count("amax") == 2
+
+
+def test_a_projection_after_attention_stays_with_the_rest():
+    """Attention, then its output projection (``(B, N, H * D) @ W``): one rolling kernel
+    cannot hold both, so the region is tried again without the product; the attention
+    is fused, the product and its reshapes run with the rest, and explain says so."""
+    def fn(q, k, v, w):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return o.transpose(1, 2).reshape(1, 7, 32) @ w
+    q, k, v = (torch.randn(1, 2, 7, 16) for _ in range(3))
+    ex = _check(fn, (q, k, v, torch.randn(32, 24)))
+    assert "bmm" in ex.fused[0].ops and "mm" not in ex.fused[0].ops
+    (left,) = [x for x in ex.left if "a matmul after the chain" in x.reason]
+    assert "mm" in left.ops and "transpose" in left.ops
 
 
 def _sdpa_math(q, k, v, m):

@@ -28,7 +28,7 @@ import torch
 from .. import settings
 from .decomp import decompositions, swap_sdpa
 from .gqa import packing
-from .partition import boundaries, depends_on_itself, has_chain, regions
+from .partition import boundaries, depends_on_itself, has_chain, regions, without_trailing_matmuls
 from .refused import Refused
 from .report import Fused, GraphReport, Left
 from .rewrite import finish, replace_region, trial
@@ -64,53 +64,71 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
             if node.name not in seen:
                 seen.add(node.name)
                 report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
-        inside = set(region.nodes)
-        inputs = []
-        for n in region.nodes:
-            inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
-        # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
-        args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
-        start = time.perf_counter()
+        start, name = time.perf_counter(), f"{prefix}_{k}"
         try:
-            if depends_on_itself(region):
-                raise Refused("an input of the region is computed from its own result "
-                              "through ops outside it")
-            outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
-                                                hints=hints)
-            if not has_chain(outs):
-                raise Refused("no dependent reduction chain (a lone reduction or matmul "
-                              "is Inductor's job)")
-            packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
-                             [shape_of(n.meta["val"]) for n in region.outputs])
-            kernel = None
-            if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
-                try:
-                    kernel, casts = _compiled(translate_region(
-                        RULES, inputs, region.nodes, region.outputs, packed, hints),
-                        args, packed, f"{prefix}_{k}", hints)
-                except Exception:   # noqa: BLE001 - the plain program below instead
-                    packed = None
-            if kernel is None:   # compile errors surface here, not in a graph run
-                kernel, casts = _compiled((outs, phs, casts), args, None, f"{prefix}_{k}",
-                                          hints)
-            plan = str(kernel.plan) if packed is None else \
-                f"{packed.describe()}\n{kernel.plan}"
-        except Refused as err:
-            report.left.append(Left(tuple(region.ops), str(err), rest))
-            continue
+            got = _compile_region(region, hints, name)
         except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
-            report.left.append(Left(tuple(region.ops),
-                                    f"the compiler refused it: {type(err).__name__}: {err}",
-                                    rest))
-            continue
+            got, trimmed = None, without_trailing_matmuls(region)
+            if trimmed is not None:   # the chain alone, its output projection to the rest
+                try:
+                    got = _compile_region(trimmed, hints, name)
+                except Exception:   # noqa: BLE001 - the whole region's reason is reported
+                    pass
+            if got is None:
+                report.left.append(Left(tuple(region.ops), _reason(err), rest))
+                continue
+            kept = set(trimmed.nodes)
+            report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
+                                          if n not in kept),
+                                    "a matmul after the chain, left out of its kernel; "
+                                    f"with it: {_reason(err)}", rest))
+            region = trimmed
+        args, casts, kernel, packed, plan = got
         replace_region(gm.graph, region, args, casts, kernel, packed)
-        report.fused.append(Fused(f"{prefix}_{k}", tuple(region.ops),
-                                  tuple(n.name for n in args),
+        report.fused.append(Fused(name, tuple(region.ops), tuple(n.name for n in args),
                                   tuple(n.name for n in region.outputs), plan, kernel,
                                   time.perf_counter() - start))
         changed = True
     if changed:
         finish(gm, example_inputs)
+
+
+def _compile_region(region, hints: dict, name: str):
+    """``(args, casts, kernel, packed, plan)`` of a region translated, compiled and called
+    once; raises :class:`Refused` or the compiler's error."""
+    inside = set(region.nodes)
+    inputs = []
+    for n in region.nodes:
+        inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
+    # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
+    args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
+    if depends_on_itself(region):
+        raise Refused("an input of the region is computed from its own result through ops "
+                      "outside it")
+    outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
+                                        hints=hints)
+    if not has_chain(outs):
+        raise Refused("no dependent reduction chain (a lone reduction or matmul is "
+                      "Inductor's job)")
+    packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
+                     [shape_of(n.meta["val"]) for n in region.outputs])
+    kernel = None
+    if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
+        try:
+            kernel, casts = _compiled(translate_region(
+                RULES, inputs, region.nodes, region.outputs, packed, hints),
+                args, packed, name, hints)
+        except Exception:   # noqa: BLE001 - the plain program below instead
+            packed = None
+    if kernel is None:   # compile errors surface here, not in a graph run
+        kernel, casts = _compiled((outs, phs, casts), args, None, name, hints)
+    plan = str(kernel.plan) if packed is None else f"{packed.describe()}\n{kernel.plan}"
+    return args, casts, kernel, packed, plan
+
+
+def _reason(err: Exception) -> str:
+    return str(err) if isinstance(err, Refused) else \
+        f"the compiler refused it: {type(err).__name__}: {err}"
 
 
 def _compiled(translated, inputs, packed, name: str, hints: dict):

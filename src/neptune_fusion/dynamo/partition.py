@@ -28,6 +28,7 @@ from .translate import meta_of
 
 aten = torch.ops.aten
 _LEAVES_REGION = (aten.mm.default, aten.addmm.default)
+_COPIES = (aten.clone.default, aten.alias.default)   # a layout copy: trimmed like a view
 
 
 @dataclass
@@ -102,6 +103,33 @@ def _region(members) -> Region:
                       and any(u not in inside or n.target in _LEAVES_REGION
                               for u in n.users)]
     return region
+
+
+def without_trailing_matmuls(region: Region) -> Region | None:
+    """``region`` without the 2-d matmuls whose results leave it (a Linear layer after
+    the chain: attention's output projection) and what only feeds them from outside the
+    chain (a transposed weight) or only reshapes, transposes or copies the chain's result
+    for them; None if it has no such matmul or nothing else would remain. The backend
+    tries this region when the whole one is refused: the chain is fused, the product runs
+    with the rest (one rolling kernel cannot hold a chain and a product over all of its
+    heads)."""
+    inside = set(region.nodes)
+    drop = {n for n in region.nodes
+            if n.target in _LEAVES_REGION and all(u not in inside for u in n.users)}
+    if not drop:
+        return None
+    grown = True
+    while grown:
+        grown = False
+        for n in reversed(region.nodes):
+            if n in drop or not n.users or not all(u in drop for u in n.users):
+                continue
+            reads_chain = any(a in inside and a not in drop for a in n.all_input_nodes)
+            if not reads_chain or RULES[n.target].kind == "view" or n.target in _COPIES:
+                drop.add(n)
+                grown = True
+    kept = [n for n in region.nodes if n not in drop]
+    return _region(kept) if kept else None
 
 
 def _acyclic(members) -> list[list]:

@@ -62,8 +62,10 @@ def meta_of(node) -> tuple[tuple, str]:
 class Translator:
     """Translates the nodes of one region, in graph order, with the rule table."""
 
-    def __init__(self, rules: dict, packed=None, hints=None) -> None:
+    def __init__(self, rules: dict, packed=None, hints=None, zeros=frozenset()) -> None:
         self.rules = rules
+        self.zeros = zeros   # (input node, dim) of extent 1 read at index 0 everywhere
+        self.unit_indices: dict = {}   # (input node, dim) of extent 1 -> indices read
         self.packed = packed   # a gqa.Packing: query heads of a group as rows, or None
         self.hints = hints or {}   # dynamic size symbol -> example value (symbolic.py)
         self.merges = Merges(self.size_expr)
@@ -124,11 +126,17 @@ class Translator:
         self.placeholders.append(p)
         as_bool = node in self.casts
 
+        units = [d for d, n in enumerate(p.shape) if isinstance(n, int) and n == 1]
+
         def load(idx, p=p, pk=pk):
             idx = tuple(idx)
             if pk is not None:   # query head h, row n -> (h // g, (h % g) * N + n)
                 h, n = idx[1], idx[2]
                 idx = (idx[0], h // pk.group, (h % pk.group) * pk.rows + n, *idx[3:])
+            if units:
+                idx = tuple(0 if (node, d) in self.zeros else e for d, e in enumerate(idx))
+                for d in units:
+                    self.unit_indices.setdefault((node, d), set()).add(str(idx[d]))
             e = p[idx] if shape else p[()]
             return e != 0 if as_bool else e
 
@@ -234,10 +242,21 @@ def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Se
     rows (its query inputs and its one output take the packed shapes). ``hints``: the
     example values of a dynamic graph's size symbols (symbolic.py). The placeholders are
     those of the tensor inputs, in order: a symbolic int input is no argument."""
-    tr = Translator(rules, packed, hints)
+    tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, frozenset())
+    # an extent-1 dimension read at 0 by one path (a view dropped it) and at an axis of
+    # extent 1 by another (a broadcast kept it) reads one element, but the two loads
+    # differ, and so do reductions that should be one (SDPA's empty-row guard and its
+    # softmax's maximum over a (1, 1, N, M) mask): such dimensions are read at 0 always
+    mixed = frozenset(k for k, seen in tr.unit_indices.items() if len(seen) > 1)
+    if mixed:
+        tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, mixed)
+    return outs, tr.placeholders, tr.casts
+
+
+def _translate(rules, inputs, nodes, outputs, packed, hints, zeros):
+    tr = Translator(rules, packed, hints, zeros)
     for node in inputs:
         tr.add_input(node)
     for node in nodes:
         tr.translate(node)
-    outs = [tr.output(n, f"out_{n.name}") for n in outputs]
-    return outs, tr.placeholders, tr.casts
+    return tr, [tr.output(n, f"out_{n.name}") for n in outputs]
