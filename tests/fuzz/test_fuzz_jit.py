@@ -1,0 +1,81 @@
+"""A bounded fuzz campaign of the torch.compile backend (plain PyTorch in): random chains
+written as users write them -- a map, a reduction chain over a random dimension, a map
+after it -- over random 2-d and 3-d shapes, compiled with static or dynamic shapes and
+called on two shapes, each result against float64 eager PyTorch.
+
+The backend must never raise and never give a wrong answer: what it cannot fuse runs with
+the rest (``rest="eager"`` here, the interpreter runs the kernels). CI size: a few
+examples (derandomised under ``CI=1``); ``NF_FUZZ=long`` or ``NF_FUZZ=<n>`` for more.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fuzz.test_fuzz import FUZZ, _examples
+from neptune_fusion.dynamo import Backend
+
+# before the chain (elementwise, any values)
+MAPS = {
+    "id": lambda t: t,
+    "affine": lambda t: t * 0.5 + 1.0,
+    "tanh": lambda t: torch.tanh(t) * 3.0,
+    "silu": lambda t: t * torch.sigmoid(t),
+}
+# the chain over dimension d (each reads a reduction's final value, or is torch's own)
+CHAINS = {
+    "logsumexp": lambda t, d: torch.logsumexp(t, d),
+    "softmax": lambda t, d: torch.softmax(t, d),
+    "log_softmax": lambda t, d: torch.log_softmax(t, d),
+    "var": lambda t, d: t.var(d),
+    "centred-square": lambda t, d: (t - t.mean(d, keepdim=True)).square().sum(d),
+    "tanh-sum": lambda t, d: torch.tanh(t - t.amax(d, keepdim=True)).sum(d),
+    "range-ratio": lambda t, d: (t - t.amin(d, keepdim=True)).abs().mean(d)
+    / (t.amax(d) - t.amin(d) + 1.0),
+    "layer_norm": lambda t, d: F.layer_norm(t, (t.shape[-1],)),
+    "rms": lambda t, d: t * torch.rsqrt(t.square().mean(d, keepdim=True) + 1e-6),
+}
+# after the chain
+POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y}
+
+
+def _fn(pre: str, chain: str, post: str, d: int):
+    def fn(x):
+        return POSTS[post](CHAINS[chain](MAPS[pre](x), d))
+    fn.__name__ = f"{pre}_{chain}_{post}_{d}"
+    return fn
+
+
+shapes = st.lists(st.integers(1, 37), min_size=2, max_size=3)
+
+
+@settings(max_examples=_examples(8, 300), **FUZZ)
+@given(pre=st.sampled_from(sorted(MAPS)), chain=st.sampled_from(sorted(CHAINS)),
+       post=st.sampled_from(sorted(POSTS)), first=shapes, grow=st.integers(1, 9),
+       dim=st.integers(-3, 2), dynamic=st.sampled_from((False, True, None)),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_plain_chains_through_the_backend(pre, chain, post, first, grow, dim, dynamic,
+                                               seed):
+    d = dim % len(first)
+    second = [n + grow if k == d else n for k, n in enumerate(first)]
+    fn = _fn(pre, chain, post, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"), dynamic=dynamic)
+    gen = torch.Generator().manual_seed(seed)
+    for shape in (first, second, first):
+        x = torch.randn(*shape, generator=gen) * 2.0
+        with torch.no_grad():
+            got = compiled(x)
+        want = fn(x.double())
+        what = f"{fn.__name__} dynamic={dynamic} {shape}"
+        assert got.shape == want.shape and got.dtype == x.dtype, what
+        # NaN where eager PyTorch gives NaN (the variance of one element), nowhere else
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), what
+        got, want = got.double()[~nan], want[~nan]
+        scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
+        err = float((got - want).abs().max()) if want.numel() else 0.0
+        assert err <= 1e-4 * scale, f"{what}: {err}"
