@@ -55,6 +55,7 @@ def test_one_dynamic_graph_serves_every_size(fn):
     (fused,) = _fused(backend)
     assert "dyn_" in fused.plan   # the loop runs over Dynamo's symbol, bound at call time
     assert not _left(backend)
+    assert "dynamic sizes s" in str(backend.reports[0])
 
 
 def _decode(q, k, v):

@@ -56,6 +56,7 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
     chain that compiles becomes one kernel call; ``report`` gets each outcome."""
     hints = hints_of(example_inputs)   # a dynamic graph's symbols: example values
+    report.dynamic = {str(sym): v for sym, v in sorted(hints.items(), key=str)}
     changed, seen = False, set()
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:

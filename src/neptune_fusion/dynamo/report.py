@@ -45,10 +45,14 @@ class GraphReport:
     index: int
     fused: list[Fused] = field(default_factory=list)
     left: list[Left] = field(default_factory=list)
+    dynamic: dict = field(default_factory=dict)   # Dynamo's size symbol -> example value
 
     def __str__(self) -> str:
+        sizes = ", ".join(f"{s} = {v}" for s, v in self.dynamic.items())
         head = (f"graph {self.index}: {len(self.fused)} fused chain(s), "
-                f"{len(self.left)} part(s) left out")
+                f"{len(self.left)} part(s) left out"
+                + (f"; dynamic sizes {sizes} in this call (dyn_<size> in the plans)"
+                   if sizes else ""))
         return "\n".join([head, *(str(x) for x in (*self.fused, *self.left))])
 
 
