@@ -50,3 +50,20 @@ def test_a_shifted_tile_index_is_still_refused():
     out = nf.compute((N,), lambda i: nf.max(x[2 * i, j], j), name="o")
     with pytest.raises(CodegenError, match=r"mixes tile axes .* \(or gather"):
         nf_compile(out, block_m=4, block_n=16)(torch.zeros(8, 16))
+
+
+def test_an_index_chosen_per_row_is_gathered(rng):
+    """``x[i, where(t[i] != -100, t[i], 0)]``: a cross-entropy's target logit with
+    ignored rows reading class 0 -- a choice between gathered indices is gathered too."""
+    N, V = nf.sizes("N V")
+    x = nf.placeholder((N, V), name="x")
+    t = nf.placeholder((N,), "int64", name="t")
+    j = nf.reduce_axis(V, "j")
+    out = nf.compute((N,), lambda i: nf.max(x[i, j], j)
+                     - x[i, nf.where(t[i] != -100, t[i], 0)], name="gap")
+    kernel = nf_compile(out, [x, t], block_m=4, block_n=16)
+    xs = torch.tensor(rng.standard_normal((9, 37)), dtype=torch.float32)
+    ts = torch.tensor(rng.integers(0, 37, 9))
+    ts[2] = -100
+    want = xs.double().amax(1) - xs.double()[torch.arange(9), ts.clamp(min=0)]
+    np.testing.assert_allclose(kernel(xs, ts).double().numpy(), want.numpy(), rtol=1e-6)

@@ -55,11 +55,17 @@ def index_range(e: Expr) -> tuple[int, int] | None:
 def gatherable(idx: Expr) -> bool:
     """Whether a tile-spanning index may be gathered per element: built from bare
     variables, ``//`` and ``%`` by positive constants, casts and loads (an index read from
-    another tensor). ``x[i + 1]`` is not: a shifted tile would need its own bounds."""
+    another tensor), and choices among such (``where(t[i] != -100, t[i], 0)``: a
+    cross-entropy's ignored targets; ``minimum``/``maximum``: a clamp). ``x[i + 1]`` is
+    not: a shifted tile would need its own bounds."""
     if isinstance(idx, (IndexVar, Load, Const)):
         return True
     if isinstance(idx, Cast):
         return gatherable(idx.x)
+    if isinstance(idx, Where):
+        return gatherable(idx.a) and gatherable(idx.b)
+    if isinstance(idx, Binary) and idx.op in ("minimum", "maximum"):
+        return gatherable(idx.a) and gatherable(idx.b)
     return (isinstance(idx, Binary) and idx.op in ("floordiv", "mod")
             and isinstance(idx.b, Const) and isinstance(idx.b.value, int)
             and idx.b.value > 0 and gatherable(idx.a))

@@ -6,7 +6,7 @@ it. torch's own decompositions give softmax and log-softmax in that form; log-su
 variance, layer norm and ``scaled_dot_product_attention`` get small ones here, because
 torch's guard an infinite maximum inside the exponential (two passes), go through
 ``prims.var`` (one node for a two-reduction chain) or pick a fused attention kernel per
-device.
+device; ``nll_loss`` becomes a gather, so cross-entropy is one chain.
 """
 
 from __future__ import annotations
@@ -53,6 +53,27 @@ def _logsumexp(x, dim, keepdim=False):
     s = torch.exp(x - m).sum(dims, keepdim=True)
     out = torch.where(m.abs() == float("inf"), m, m + torch.log(s))
     return out if keepdim else out.squeeze(dims)
+
+
+def _nll_loss_forward(x, target, weight, reduction, ignore_index):
+    """``nll_loss`` of 2-d log-probabilities (cross-entropy's second half) as a gather:
+    with the log-softmax before it, one chain per row -- its maximum and sum, then the
+    target's log-probability -- so the full ``(N, V)`` log-softmax is never written (it
+    was the fused chain's output, read again by the loss). Ignored targets read class 0
+    (a valid index in any PyTorch) and weigh nothing. Returns ``(output, total_weight)``
+    as the op does; other ranks use torch's own decomposition."""
+    if x.dim() != 2 or target.dim() != 1:
+        return NotImplemented
+    keep = target != ignore_index
+    safe = torch.where(keep, target, torch.zeros_like(target))
+    picked = x.gather(1, safe.unsqueeze(1)).squeeze(1)
+    w = torch.ones_like(picked) if weight is None else weight.gather(0, safe)
+    w = torch.where(keep, w, torch.zeros_like(w))
+    loss = torch.where(keep, -picked * w, torch.zeros_like(picked))
+    if reduction == 0:   # none
+        return loss, x.new_zeros(())
+    total = w.sum(0)
+    return (loss.sum(0) / total if reduction == 1 else loss.sum(0)), total
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
@@ -117,4 +138,5 @@ def decompositions() -> dict:
     table[aten.std.correction] = _std
     table[aten.native_layer_norm.default] = _layer_norm
     table[aten.scaled_dot_product_attention.default] = _sdpa
+    table[aten.nll_loss_forward.default] = _nll_loss_forward
     return table

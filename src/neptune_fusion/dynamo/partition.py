@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..analysis.chains import reduction_graph, same_extents
+from ..ir.nodes import Reduce
+from ..ir.traverse import walk
 from .refused import Refused
 from .rules import RULES
 from .symbolic import is_scalar_value
@@ -213,9 +215,16 @@ def depends_on_itself(region: Region) -> bool:
 def has_chain(outputs) -> bool:
     """Whether some reduction of the program reads the final value of another over axes
     of the same extents (softmax's sum reads its max): a dependent chain, the compiler's
-    case. A lone reduction, or reductions side by side, are Inductor's."""
+    case. A lone reduction, or reductions side by side, are Inductor's. Chains nested
+    in a reduction count too, with its axes as the outer ones: a cross-entropy's mean
+    over rows of each row's log-sum-exp (the compiler gives such a reduction its own
+    pass, docs/codegen.md)."""
     for o in outputs:
-        g = reduction_graph([o.body], frozenset(o.axes))
-        if any(same_extents(p, c) for c in g.order for p in g.deps[c]):
-            return True
+        outer = frozenset(o.axes)
+        scopes = [(o.body, outer)] + [(r.body, outer | frozenset(r.axes))
+                                      for r in walk(o.body) if isinstance(r, Reduce)]
+        for body, axes in scopes:
+            g = reduction_graph([body], axes)
+            if any(same_extents(p, c) for c in g.order for p in g.deps[c]):
+                return True
     return False

@@ -120,6 +120,19 @@ def _same(tr, node, out):      # casts (the translator casts to the node's dtype
     return lambda idx: _at(tr, node.args[0], idx, out)
 
 
+def _gather(tr, node, out):
+    """``x.gather(d, index)``: ``x`` at ``index``'s value in dimension ``d`` (a load whose
+    index is read from another tensor; the kernel clamps it into the dimension)."""
+    x, index = tr.arg(node.args[0]), tr.arg(node.args[2])
+    d = node.args[1] % len(x.shape)
+
+    def load(idx):
+        src = list(idx)
+        src[d] = index.load(tuple(idx))
+        return x.load(tuple(src))
+    return load
+
+
 # -- views ----------------------------------------------------------------------------
 
 def _view(tr, node, out):
@@ -235,6 +248,11 @@ def _one_dim(node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
         return f"{node.name}: a reduction over several axes (or all of them)"
+    val = node.meta.get("val")
+    if getattr(val, "ndim", None) == 0:
+        # a loss's mean over rows of each row's chain: inside the chain's kernel it
+        # would be one program over every row; with the rest, a sum of N values
+        return f"{node.name}: a reduction to one value (it runs with the rest)"
     return None
 
 
@@ -297,6 +315,7 @@ def _table() -> dict:
     for op in (aten.pow.Tensor_Scalar,):
         t[op] = Rule("elementwise", _pow)
     t[aten.where.self] = Rule("elementwise", _where)
+    t[aten.gather.default] = Rule("elementwise", _gather)
     for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
         t[op] = Rule("elementwise", _clamp)
     for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
@@ -319,6 +338,9 @@ def _table() -> dict:
     t[aten.zeros.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
     t[aten.full.default] = Rule("source", _fill(lambda n: n.args[1]))
     t[aten.scalar_tensor.default] = Rule("source", _fill(lambda n: n.args[0]))
+    t[aten.zeros_like.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
+    t[aten.ones_like.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
+    t[aten.full_like.default] = Rule("source", _fill(lambda n: n.args[1]))
     for op in (aten.arange.default, aten.arange.start, aten.arange.start_step):
         t[op] = Rule("source", _arange)
     t[torch.ops.prims.iota.default] = Rule("source", _iota)
@@ -335,7 +357,8 @@ def _table() -> dict:
 
 
 def _is_bool(node) -> bool:
-    return node.kwargs.get("dtype") == torch.bool
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    return node.kwargs.get("dtype") == torch.bool or getattr(val, "dtype", None) == torch.bool
 
 
 RULES: dict = _table()
