@@ -427,3 +427,5 @@ def test_llama_in_plain_pytorch_through_the_backend():
         attention = [f for f in report.fused if "bmm" in f.ops and "amax" in f.ops]
         assert len(attention) == 2, str(report)   # one per layer
         assert sum("a matmul after the chain" in x.reason for x in report.left) == 2
+        # a region fused already (its op, the getitems of its results) cuts no chain
+        assert not any("getitem" in x.reason or "fused has" in x.reason for x in report.left)

@@ -16,6 +16,7 @@ Whether a region holds a dependent chain is decided on its translation
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,8 @@ from .translate import meta_of
 aten = torch.ops.aten
 _LEAVES_REGION = (aten.mm.default, aten.addmm.default)
 _COPIES = (aten.clone.default, aten.alias.default)   # a layout copy: trimmed like a view
+_FUSED = "neptune_fusion.fused.default"   # the op of a region fused already (by name:
+# it is defined when the first region is replaced)
 
 
 @dataclass
@@ -187,13 +190,20 @@ def boundaries(region: Region) -> list:
     near = [a for n in region.nodes for a in n.all_input_nodes if a not in inside]
     near += [u for n in region.nodes for u in n.users if u not in inside]
     for n in near:
-        # arithmetic on a dynamic graph's symbolic ints (``s69 - 1``) is read as a value
+        # arithmetic on a dynamic graph's symbolic ints (``s69 - 1``) is read as a value;
+        # a region fused already (its op and the getitems of its results) cuts nothing
         if n.op == "call_function" and n not in out \
-                and not is_scalar_value(n.meta.get("val")):
+                and not is_scalar_value(n.meta.get("val")) and not _fused_result(n):
             why = why_not_fusible(n)
             if why is not None:
                 out.append(n)
     return [(n, why_not_fusible(n)) for n in out]
+
+
+def _fused_result(node) -> bool:
+    if node.target is operator.getitem:
+        node = node.args[0]
+    return str(getattr(node, "target", "")) == _FUSED
 
 
 def depends_on_itself(region: Region) -> bool:
