@@ -407,8 +407,8 @@ def test_prefill_writes_the_model_layout_with_no_copy(monkeypatch):
 
 def test_llama_in_plain_pytorch_through_the_backend():
     """transformers' own SDPA attention (no integration) under ``torch.compile`` with the
-    neptune_fusion backend: each layer's attention -- RoPE, ``repeat_kv``, a
-    ``(1, 1, N, N)`` mask, SDPA's empty-row guard -- is one fused chain, its output
+    neptune_fusion backend: each layer's attention -- RoPE, ``repeat_kv``, the mask
+    transformers builds from positions, SDPA's empty-row guard -- is one fused chain, its output
     projection stays with the rest, and a second prompt length compiles one dynamic
     graph that fuses the same; logits within float32 rounding of eager."""
     from neptune_fusion.dynamo import Backend
@@ -426,6 +426,9 @@ def test_llama_in_plain_pytorch_through_the_backend():
     for report in backend.reports:
         attention = [f for f in report.fused if "bmm" in f.ops and "amax" in f.ops]
         assert len(attention) == 2, str(report)   # one per layer
+        # the mask is built inline from positions (advanced indexing of cache_position,
+        # the packed-sequence ids as data): causal structure, the key loop ends early
+        assert all("i_last + 1" in f.kernel.kernels()[0].source for f in attention)
         assert sum("a matmul after the chain" in x.reason for x in report.left) == 2
         # a region fused already (its op, the getitems of its results) cuts no chain
         assert not any("getitem" in x.reason or "fused has" in x.reason for x in report.left)

@@ -164,6 +164,28 @@ def test_sdpa_causal_and_bool_mask_input():
     assert ex.fused[0].ops.count("amax") == 2
 
 
+def test_a_mask_from_indexed_positions_keeps_its_causal_structure():
+    """Positions read by advanced indexing (``cache_position[kv_idx]``, as transformers'
+    mask builders read them) become index arithmetic, so the causal mask built from them
+    is structure: the kernel's key loop ends at the block's last row. An index read from
+    a tensor is refused (PyTorch wraps negative ones), and the region runs eagerly."""
+    def fn(q, k, v):
+        n = q.shape[-2]
+        pos, at = torch.arange(n), torch.arange(n)
+        keep = pos[at][:, None] >= pos[at][None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    q, k, v = (torch.randn(1, 2, 7, 16) for _ in range(3))
+    ex = _check(fn, (q, k, v), ref64=lambda q, k, v: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True))
+    assert "index" in ex.fused[0].ops
+    assert "i_last + 1" in ex.fused[0].kernel.kernels()[0].source
+
+    def by_data(x, at):
+        return torch.softmax(x[at], -1)
+    ex = _check(by_data, (_x((6, 40)), torch.tensor([5, -1, 0])), fused=0)
+    assert any("read from a tensor" in x.reason for x in ex.left)
+
+
 def test_a_projection_after_attention_stays_with_the_rest():
     """Attention, then its output projection (``(B, N, H * D) @ W``): one rolling kernel
     cannot hold both, so the region is tried again without the product; the attention

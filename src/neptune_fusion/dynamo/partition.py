@@ -43,6 +43,9 @@ class Region:
     nodes: list
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    # members computed from constants alone: translated inline, while the graph keeps
+    # them for every other reader (no call order follows from them)
+    copies: frozenset = frozenset()
 
     @property
     def ops(self) -> list[str]:
@@ -93,17 +96,65 @@ def regions(graph) -> list[Region]:
     groups: dict = {}
     for n in nodes:
         groups.setdefault(find(n), []).append(n)
-    return [_region(part) for members in groups.values() for part in _acyclic(members)]
+    order = {n: k for k, n in enumerate(graph.nodes)}
+    memo: dict = {}
+
+    def copyable(n) -> bool:
+        """Maps, views and sources of values from outside every region (inputs,
+        constants, ops without a rule), no reduction or product: a part that reads such
+        a node computes it again inline (a mask built from positions keeps its
+        structure instead of arriving as data), and the graph keeps it for every other
+        reader."""
+        if n not in memo:
+            memo[n] = n in fusible and RULES[n.target].kind not in ("reduction",
+                                                                    "contraction") \
+                and all(copyable(a) or a not in fusible for a in n.all_input_nodes)
+        return memo[n]
+    out = []
+    for members in groups.values():
+        for part in _acyclic(members, copyable):
+            inside = set(part)
+            # a copy only another part reads is that part's to compute
+            part = [n for n in part if not copyable(n)
+                    or any(not copyable(u) for u in _readers(n, inside))]
+            part = sorted(part + _copies_read(part, copyable), key=order.get)
+            out.append(_region(part, frozenset(n for n in part if copyable(n))))
+    return out
 
 
-def _region(members) -> Region:
+def _readers(node, inside) -> list:
+    """The nodes of ``inside`` that read ``node``, directly or through others of them."""
+    seen, stack, out = set(), list(node.users), []
+    while stack:
+        u = stack.pop()
+        if u in inside and u not in seen:
+            seen.add(u)
+            out.append(u)
+            stack.extend(u.users)
+    return out
+
+
+def _copies_read(members, copyable) -> list:
+    """The copyable nodes outside ``members`` that they read, with their own copyable
+    inputs: translated inline again (rematerialised)."""
+    inside, extra = set(members), []
+    stack = [a for n in members for a in n.all_input_nodes if a not in inside]
+    while stack:
+        a = stack.pop()
+        if a not in inside and a not in extra and copyable(a):
+            extra.append(a)
+            stack.extend(a.all_input_nodes)
+    return extra
+
+
+def _region(members, copies: frozenset = frozenset()) -> Region:
     inside = set(members)
-    region = Region(members)
+    region = Region(members, copies=copies)
     for n in members:
         for a in n.all_input_nodes:
             if a not in inside and a not in region.inputs:
                 region.inputs.append(a)
-    cheap = _cheap(members, inside)
+    cheap = _cheap(members, inside) | copies
     region.outputs = [n for n in members if n not in cheap
                       and any(u not in inside or n.target in _LEAVES_REGION
                               for u in n.users)]
@@ -134,16 +185,18 @@ def without_trailing_matmuls(region: Region) -> Region | None:
                 drop.add(n)
                 grown = True
     kept = [n for n in region.nodes if n not in drop]
-    return _region(kept) if kept else None
+    return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
-def _acyclic(members) -> list[list]:
+def _acyclic(members, constant=lambda n: False) -> list[list]:
     """``members`` cut where an outside op reads the region and feeds it again (a gelu
     between a norm and the matmul after it): the nodes downstream of such an input go to
-    a later part, so each part runs as one call."""
+    a later part, so each part runs as one call. What a part may copy (``constant``:
+    see :func:`regions`) orders nothing: the graph keeps it for outside readers."""
     inside = set(members)
+    real = {n for n in members if not constant(n)}
     bad = [a for n in members for a in n.all_input_nodes
-           if a not in inside and _reaches(a, inside)]
+           if a not in inside and _reaches(a, real)]
     if not bad:
         return [members]
     tainted, stack = set(), [u for a in bad for u in a.users if u in inside]
@@ -154,7 +207,7 @@ def _acyclic(members) -> list[list]:
             stack.extend(u for u in n.users if u in inside)
     before = [n for n in members if n not in tainted]
     after = [n for n in members if n in tainted]
-    return ([before] if before else []) + _acyclic(after)
+    return ([before] if before else []) + _acyclic(after, constant)
 
 
 def _reaches(node, inside) -> bool:
@@ -208,8 +261,9 @@ def _fused_result(node) -> bool:
 
 def depends_on_itself(region: Region) -> bool:
     """Whether an input of ``region`` is computed from one of its nodes (through ops
-    outside it): the region cannot run as one call then."""
-    inside, seen = set(region.nodes), set()
+    outside it): the region cannot run as one call then. Its copies (members it computes
+    again inline) do not count: the graph keeps them for outside readers."""
+    inside, seen = set(region.nodes) - region.copies, set()
     stack = list(region.inputs)
     while stack:
         n = stack.pop()

@@ -22,7 +22,7 @@ import torch
 
 from ..frontend import lang as nf
 from ..ir import build
-from ..ir.nodes import Const
+from ..ir.nodes import Binary, Cast, Const, IndexVar, Size
 from .refused import Refused
 from .symbolic import static
 from .views import broadcast, view_index
@@ -131,6 +131,44 @@ def _gather(tr, node, out):
         src[d] = index.load(tuple(idx))
         return x.load(tuple(src))
     return load
+
+
+def _index(tr, node, out):
+    """``x[i0, i1, ...]``: index tensors for ``x``'s leading dimensions (advanced
+    indexing, as transformers' mask builders read positions: ``cache_position[kv_idx]``).
+    Indices computed from the shapes (``arange`` and sums of them) become index
+    arithmetic, so a causal mask built this way keeps its structure; an index that may be
+    negative, or is read from a tensor, is refused (PyTorch wraps negative indices)."""
+    x, idxs = tr.arg(node.args[0]), node.args[1]
+    if any(i is None for i in idxs) or any(tr.arg(i).dtype == "bool" for i in idxs):
+        raise Refused(f"{node.name}: indexing with a None (slice) or a boolean mask")
+    vals = [tr.arg(i) for i in idxs]
+    nb = len(out) - (len(x.shape) - len(vals))
+    bshape = tuple(out[:nb])
+
+    def load(idx):
+        picks = []
+        for v in vals:
+            e = build.as_expr(v.load(broadcast(idx[:nb], v.shape, bshape)))
+            if not _nonnegative(e):
+                raise Refused(f"{node.name}: an index {e} that may be negative or is read from "
+                              "a tensor (PyTorch wraps negative indices)")
+            picks.append(e)
+        return x.load((*picks, *idx[nb:]))
+    return load
+
+
+def _nonnegative(e) -> bool:
+    """Whether an index expression is >= 0 by its form: index variables, sizes and
+    non-negative int constants under sums, products and casts."""
+    if isinstance(e, (IndexVar, Size)):
+        return True
+    if isinstance(e, Const):
+        return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
+    if isinstance(e, Cast):
+        return _nonnegative(e.x)
+    return isinstance(e, Binary) and e.op in ("add", "mul") \
+        and _nonnegative(e.a) and _nonnegative(e.b)
 
 
 # -- views ----------------------------------------------------------------------------
@@ -316,6 +354,7 @@ def _table() -> dict:
         t[op] = Rule("elementwise", _pow)
     t[aten.where.self] = Rule("elementwise", _where)
     t[aten.gather.default] = Rule("elementwise", _gather)
+    t[aten.index.Tensor] = Rule("elementwise", _index)
     for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
         t[op] = Rule("elementwise", _clamp)
     for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
@@ -341,6 +380,9 @@ def _table() -> dict:
     t[aten.zeros_like.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
     t[aten.ones_like.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
     t[aten.full_like.default] = Rule("source", _fill(lambda n: n.args[1]))
+    t[aten.new_ones.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
+    t[aten.new_zeros.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
+    t[aten.new_full.default] = Rule("source", _fill(lambda n: n.args[2]))
     for op in (aten.arange.default, aten.arange.start, aten.arange.start_step):
         t[op] = Rule("source", _arange)
     t[torch.ops.prims.iota.default] = Rule("source", _iota)
