@@ -43,8 +43,8 @@ class Region:
     nodes: list
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
-    # members computed from constants alone: translated inline, while the graph keeps
-    # them for every other reader (no call order follows from them)
+    # members computed again inline (maps, views and sources of outside values, see
+    # regions()): the graph keeps them for every other reader, so they order no call
     copies: frozenset = frozenset()
 
     @property
@@ -188,13 +188,13 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
-def _acyclic(members, constant=lambda n: False) -> list[list]:
+def _acyclic(members, copyable=lambda n: False) -> list[list]:
     """``members`` cut where an outside op reads the region and feeds it again (a gelu
     between a norm and the matmul after it): the nodes downstream of such an input go to
-    a later part, so each part runs as one call. What a part may copy (``constant``:
+    a later part, so each part runs as one call. What a part may copy (``copyable``:
     see :func:`regions`) orders nothing: the graph keeps it for outside readers."""
     inside = set(members)
-    real = {n for n in members if not constant(n)}
+    real = {n for n in members if not copyable(n)}
     bad = [a for n in members for a in n.all_input_nodes
            if a not in inside and _reaches(a, real)]
     if not bad:
@@ -207,7 +207,7 @@ def _acyclic(members, constant=lambda n: False) -> list[list]:
             stack.extend(u for u in n.users if u in inside)
     before = [n for n in members if n not in tainted]
     after = [n for n in members if n in tainted]
-    return ([before] if before else []) + _acyclic(after, constant)
+    return ([before] if before else []) + _acyclic(after, copyable)
 
 
 def _reaches(node, inside) -> bool:

@@ -140,7 +140,7 @@ def _index(tr, node, out):
     arithmetic, so a causal mask built this way keeps its structure; an index that may be
     negative, or is read from a tensor, is refused (PyTorch wraps negative indices)."""
     x, idxs = tr.arg(node.args[0]), node.args[1]
-    if any(i is None for i in idxs) or any(tr.arg(i).dtype == "bool" for i in idxs):
+    if any(getattr(tr.arg(i), "dtype", "bool") == "bool" for i in idxs):
         raise Refused(f"{node.name}: indexing with a None (slice) or a boolean mask")
     vals = [tr.arg(i) for i in idxs]
     nb = len(out) - (len(x.shape) - len(vals))
