@@ -43,7 +43,7 @@ class Merges:
     def split(self, lin: Expr, sizes: Sequence) -> tuple[Expr, ...]:
         """The row-major components of ``lin`` over ``sizes`` (inverse of :meth:`merge`).
         Only a merge's own split may have a dynamic size past the first: a division by
-        one is not written (``Refused``)."""
+        a dynamic size is not written (``Refused``)."""
         if len(sizes) == 1:
             return (lin,)
         got = self._made.get(id(lin))
