@@ -16,6 +16,7 @@ Whether a region holds a dependent chain is decided on its translation
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass, field
 
@@ -285,8 +286,10 @@ def has_chain(outputs) -> bool:
     pass, docs/codegen.md)."""
     for o in outputs:
         outer = frozenset(o.axes)
-        scopes = [(o.body, outer)] + [(r.body, outer | frozenset(r.axes))
-                                      for r in walk(o.body) if isinstance(r, Reduce)]
+        # the top level first; nested scopes are walked only if it has no chain
+        scopes = itertools.chain([(o.body, outer)],
+                                 ((r.body, outer | frozenset(r.axes))
+                                  for r in walk(o.body) if isinstance(r, Reduce)))
         for body, axes in scopes:
             g = reduction_graph([body], axes)
             if any(same_extents(p, c) for c in g.order for p in g.deps[c]):
