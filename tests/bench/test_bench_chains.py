@@ -35,17 +35,20 @@ def test_reference_matches_the_program_and_the_plain_form(name):
     """float64 torch reference == nf.evaluate of the program == plain form (in float32)."""
     chain = CHAINS[name]
     tensors = make_inputs(chain, chain.smoke, torch.float32, "cpu")
-    assert all(bool((t != 0).all()) for t in tensors)  # random, never zeros
+    assert all(bool((t != 0).all()) for t in tensors if t.is_floating_point())  # random
     ref = reference(chain, tensors)
     outputs, inputs = chain.build("float32")
     assert [p.name for p in inputs] == list(chain.shapes(chain.smoke))
-    got = nf.evaluate(outputs, {p.name: t.double().numpy() for p, t in zip(inputs, tensors)})
+    feeds = {p.name: (t.double() if t.is_floating_point() else t).numpy()
+             for p, t in zip(inputs, tensors)}
+    got = nf.evaluate(outputs, feeds)
     got = got if isinstance(got, (list, tuple)) else [got]
     assert len(got) == len(ref) == len(chain.outputs)
     assert [tuple(r.shape) for r in ref] == chain.output_shapes(chain.smoke)
     for g, r in zip(got, ref):
         np.testing.assert_allclose(np.asarray(g), r.numpy(), rtol=1e-9, atol=1e-9)
     plain = as_outputs(chain.plain(*tensors))
+    assert all(p.is_floating_point() for p in plain)
     for p, r in zip(plain, ref):
         assert p.dtype == torch.float32
         np.testing.assert_allclose(p.double().numpy(), r.numpy(), rtol=1e-5, atol=1e-5)
@@ -62,6 +65,14 @@ def test_inputs_are_seeded_random_with_the_declared_moments():
                                    torch.bfloat16, "cpu")
     assert x16.dtype == big_w.dtype == torch.bfloat16 and big_w.shape == (64, 32)
     assert abs(float(w.float().mean()) - 1.0) < 0.1 and float(b.float().abs().max()) < 1.0
+
+
+def test_cross_entropy_targets_are_class_ids_and_count_at_eight_bytes():
+    ce = CHAINS["cross-entropy"]
+    x, t = make_inputs(ce, {"N": 512, "M": 7}, torch.bfloat16, "cpu")
+    assert t.dtype == torch.int64 and x.dtype == torch.bfloat16
+    assert int(t.min()) == 0 and int(t.max()) == 6          # every class drawn, none past
+    assert ce.bytes_moved({"N": 4, "M": 10}, 2) == (40 + 4) * 2 + 4 * 8
 
 
 def test_bytes_and_flops():

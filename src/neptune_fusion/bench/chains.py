@@ -73,9 +73,12 @@ class Chain:
         return [tuple(sizes[d] for d in dims) for dims in self.outputs]
 
     def bytes_moved(self, sizes: Sizes, elem_size: int) -> int:
-        """Bytes of every input read once plus every output written once."""
-        shapes = [*self.shapes(sizes).values(), *self.output_shapes(sizes)]
-        return sum(math.prod(s) for s in shapes) * elem_size
+        """Bytes of every input read once plus every output written once (the int64
+        targets ``t`` at 8 bytes each, the rest at ``elem_size``)."""
+        shapes = self.shapes(sizes)
+        data = [s for name, s in shapes.items() if name != "t"] + self.output_shapes(sizes)
+        targets = math.prod(shapes["t"]) if "t" in shapes else 0
+        return sum(math.prod(s) for s in data) * elem_size + 8 * targets
 
     def flops(self, sizes: Sizes) -> int:
         """Multiply-adds of the projection times two (0 for the chains without one)."""
@@ -119,6 +122,15 @@ def _build_log_softmax(dtype):
     den = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - mx[i]), k), name="l")
     y = nf.compute(x.shape, lambda i, j: x[i, j] - mx[i] - nf.log(den[i]), name="y")
     return [y], [x]
+
+
+def _build_cross_entropy(dtype):
+    n, x, k = _rows(dtype)
+    t = nf.placeholder((n,), "int64", name="t")
+    mx = nf.compute((n,), lambda i: nf.max(x[i, k], k), name="m")
+    den = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - mx[i]), k), name="l")
+    loss = nf.compute((n,), lambda i: mx[i] + nf.log(den[i]) - x[i, t[i]], name="loss")
+    return [loss], [x, t]
 
 
 def _mean_var(n, x, k):
@@ -198,6 +210,10 @@ def _plain_log_softmax(x):
     return (s - torch.log(torch.exp(s).sum(dim=-1, keepdim=True))).to(x.dtype)
 
 
+def _plain_cross_entropy(x, t):
+    return F.cross_entropy(x.float(), t, reduction="none").to(x.dtype)
+
+
 def _plain_variance(x):
     xf = x.float()
     return ((xf - xf.mean(dim=-1, keepdim=True)) ** 2).mean(dim=-1).to(x.dtype)
@@ -237,6 +253,10 @@ def _plain_layernorm_matmul(x, w, b, big_w):
 
 # -- float64 references (torch library functions) -------------------------------------
 
+def _ref_cross_entropy(x, t):
+    return F.cross_entropy(x, t, reduction="none")
+
+
 def _ref_layer_stats(x):
     var, mu = torch.var_mean(x, dim=-1, correction=0)
     return mu, torch.rsqrt(var + EPS_LN)
@@ -269,6 +289,7 @@ PROJ_SMOKE = {"N": 5, "D": 29, "K": 7}
 
 
 ROW_IN = (("x", ("N", "M")),)
+LABELED_IN = (("x", ("N", "M")), ("t", ("N",)))   # t: int64 class ids in [0, M)
 PROJ_IN = (("x", ("N", "D")), ("w", ("D",)), ("W", ("D", "K")))
 LN_IN = (("x", ("N", "D")), ("w", ("D",)), ("b", ("D",)), ("W", ("D", "K")))
 PER_ROW = (("N",),)
@@ -297,6 +318,9 @@ CHAINS: dict[str, Chain] = {c.name: c for c in (
     _chain("logsumexp-128k", "log-sum-exp over a 128k vocabulary", _build_logsumexp,
            _plain_logsumexp, lambda x: torch.logsumexp(x, dim=-1),
            sizes={"N": 4096, "M": 131072}, smoke={"N": 3, "M": 64}),
+    _chain("cross-entropy", "per-row loss max + log sum exp(x - max) - x[t] (int64 targets)",
+           _build_cross_entropy, _plain_cross_entropy, _ref_cross_entropy,
+           inputs=LABELED_IN, sizes={"N": 4096, "M": 131072}, smoke={"N": 3, "M": 64}),
     _chain("log-softmax", "x - max - log sum exp(x - max)", _build_log_softmax,
            _plain_log_softmax, _ref_log_softmax, outputs=PER_ELEMENT),
     _chain("softmax", "exp(x - max) / sum exp(x - max)", _build_softmax, _plain_softmax,
@@ -341,11 +365,15 @@ def input_seed(chain: Chain, dtype: torch.dtype) -> int:
 def make_inputs(chain: Chain, sizes: Sizes, dtype: torch.dtype,
                 device: torch.device | str) -> tuple[torch.Tensor, ...]:
     """Fresh random inputs in argument order: ``x`` ~ N(mean, 1); the norm weight ``w`` ~
-    N(1, 0.1^2), bias ``b`` ~ N(0, 0.1^2); the projection ``W`` ~ N(0, 1/D)."""
+    N(1, 0.1^2), bias ``b`` ~ N(0, 0.1^2); the projection ``W`` ~ N(0, 1/D); the targets
+    ``t`` uniform int64 class ids in ``[0, M)``."""
     gen = torch.Generator(device=device)
     gen.manual_seed(input_seed(chain, dtype))
     out = []
     for name, shape in chain.shapes(sizes).items():
+        if name == "t":
+            out.append(torch.randint(0, sizes["M"], shape, generator=gen, device=device))
+            continue
         t = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
         if name == "x":
             t = t + chain.mean
@@ -365,5 +393,7 @@ def as_outputs(value: object) -> tuple:
 
 
 def reference(chain: Chain, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """The float64 outputs of ``chain`` on ``tensors`` (upcast on their own device)."""
-    return as_outputs(chain.reference(*(t.to(torch.float64) for t in tensors)))
+    """The float64 outputs of ``chain`` on ``tensors`` (floating ones upcast on their own
+    device; integer ones, the targets, as they are)."""
+    return as_outputs(chain.reference(*(t.to(torch.float64) if t.is_floating_point() else t
+                                        for t in tensors)))
