@@ -19,7 +19,10 @@ three after one warm-up that also compiles/tunes) and ``--steps`` greedy decode 
 (each step's token fed back; the whole loop timed once after a warm-up loop of 8 steps).
 Progress lines with the elapsed time go to stderr.
 ``compile`` is ``torch.compile(model.forward)``, ``graphs`` the same with
-``mode="reduce-overhead"`` (CUDA graphs, a graph step per call); a backend that fails
+``mode="reduce-overhead"`` (CUDA graphs, a graph step per call), ``backend``
+``torch.compile(model.forward, backend="neptune_fusion")`` (issue 19: meant with ``--impls
+sdpa``, the chains it finds fused, the rest Inductor's; its ratios and checks are against
+the baseline's ``compile`` row, Inductor). A backend that fails
 there is recorded with its error, not fatal. Checks against the first backend: the
 prefill's last-token logits (relative error, bf16), the logits of four decode steps fed
 fixed tokens after a prefill (relative error: greedy tokens alone hid a wrong decode
@@ -107,6 +110,8 @@ class Run:
         self.fwd = model.forward
         if mode == "compile":
             self.fwd = torch.compile(model.forward)
+        elif mode == "backend":   # the whole model through neptune-fusion's backend
+            self.fwd = torch.compile(model.forward, backend="neptune_fusion")
         elif mode == "graphs":
             compiled = torch.compile(model.forward, mode="reduce-overhead")
 
@@ -202,6 +207,9 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
+BASE_MODE = {"backend": "compile"}   # the row a mode's ratios and checks are against
+
+
 def table(rows: list[dict], base: str) -> str:
     ref = {r["mode"]: r for r in rows if r["impl"] == base and "error" not in r}
     lines = ["| backend | mode | warm-up s | prefill ms | prefill tok/s | x base | "
@@ -213,7 +221,7 @@ def table(rows: list[dict], base: str) -> str:
             lines.append(f"| {r['impl']} | {r['mode']} | failed: {r['error'][:90]} |"
                          " | | | | | | | |")
             continue
-        b = ref.get(r["mode"])
+        b = ref.get(BASE_MODE.get(r["mode"], r["mode"]))
         xp = f"{r['prefill_tok_s'] / b['prefill_tok_s']:.2f}" if b else "-"
         xd = f"{r['decode_tok_s'] / b['decode_tok_s']:.2f}" if b else "-"
         lines.append(f"| {r['impl']} | {r['mode']} | {r['warmup_s']} | {r['prefill_ms']:.1f} "
@@ -232,7 +240,8 @@ def main(argv=None) -> None:
     ap.add_argument("--prompt", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--impls", default=None)
-    ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--modes", default=None,
+                    help="eager, compile, graphs, backend (default eager,compile; smoke: eager)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--report", action="store_true",
@@ -251,7 +260,7 @@ def main(argv=None) -> None:
     default = ("sdpa,flex_attention,neptune_fusion" if a.model == "llama"
                else "eager,flex_attention,neptune_fusion")
     impls = (a.impls or (default.replace(",flex_attention", "") if smoke else default)).split(",")
-    modes = ["eager"] if smoke else a.modes.split(",")
+    modes = (a.modes or ("eager" if smoke else "eager,compile")).split(",")
     cfg = config(a.model, smoke)
     torch.manual_seed(0)
     with torch.device(dev):
@@ -294,7 +303,7 @@ def report(out: Path, model: str) -> None:
     base = rows[0]["impl"]
     for r in rows:
         mine = tensors / f"{model}-{r['impl']}-{r['mode']}.pt"
-        ref = tensors / f"{model}-{base}-{r['mode']}.pt"
+        ref = tensors / f"{model}-{base}-{BASE_MODE.get(r['mode'], r['mode'])}.pt"
         if "error" not in r and mine.exists() and ref.exists():
             a, b = torch.load(mine), torch.load(ref)
             r["logits_err"] = float((a["logits"] - b["logits"]).norm() / b["logits"].norm())

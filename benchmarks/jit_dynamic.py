@@ -1,0 +1,184 @@
+"""Dynamic shapes through the torch.compile backend: one graph for every size (issue 19).
+
+Usage:
+    PYTHONPATH=src python benchmarks/jit_dynamic.py [--work decode,prefill,ce,rmsnorm] \
+        [--out FILE.jsonl]
+
+Each workload is a plain PyTorch function whose sizes come from its inputs (a mask built
+from ``q.shape``, no size baked in), called at several sizes in turn -- a growing KV
+cache, prompts of several lengths, batches of several token counts -- as serving calls it.
+Per size, in one process:
+
+* ``jit``: ``nf.jit(fn)`` with torch.compile's default ``dynamic=None`` (the second size
+  recompiles with symbolic sizes; every later size reuses that graph);
+* ``inductor``: ``torch.compile(fn)``, the same default, Inductor alone;
+* ``jit-static``: ``nf.jit(fn, dynamic=False)``: a graph per size, the yardstick of what
+  the symbolic graph gives up.
+
+Columns: the first call's wall time at that size (a compile when one happens), graphs
+compiled so far, the chains fused in the graph that size runs, the output's error against
+float64, and the time of a call (``triton.testing.do_bench``: eager calls, host work included; on a CPU the sizes are
+tiny, the kernels run under the interpreter and times mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from neptune_fusion.dynamo import jit
+
+
+def decode(q, k, v):
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+
+
+def prefill_causal(q, k, v):
+    n = q.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    s = s.float().masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, dim=-1).to(v.dtype) @ v
+
+
+def cross_entropy(x, t):
+    return F.cross_entropy(x.float(), t)
+
+
+def rmsnorm_matmul(x, w, big_w):
+    xf = x.float()
+    y = xf * torch.rsqrt((xf * xf).mean(dim=-1, keepdim=True) + 1e-6) * w.float()
+    return y.to(x.dtype) @ big_w
+
+
+def _attention_inputs(heads, dim, q_len, kv_len, dtype, dev, gen):
+    def r(n):
+        return torch.randn(1, heads, n, dim, generator=gen, device=dev).to(dtype)
+    return r(q_len), r(kv_len), r(kv_len)
+
+
+# name: (function, sizes on a GPU, sizes on a CPU, inputs(size, dtype, device, generator))
+WORK = {
+    "decode": (decode, [4096, 4097, 6000, 8192, 16384], [16, 17, 40],
+               lambda n, dt, dev, g, small: _attention_inputs(
+                   4 if small else 32, 16 if small else 128, 1, n, dt, dev, g)),
+    "prefill": (prefill_causal, [1024, 2048, 3000, 4096], [16, 24, 40],
+                lambda n, dt, dev, g, small: _attention_inputs(
+                    2 if small else 32, 16 if small else 128, n, n, dt, dev, g)),
+    "ce": (cross_entropy, [1024, 2048, 3000, 4096], [3, 5, 9],
+           lambda n, dt, dev, g, small: (
+               torch.randn(n, 64 if small else 32768, generator=g, device=dev).to(dt),
+               torch.randint(0, 64 if small else 32768, (n,), generator=g, device=dev))),
+    "rmsnorm": (rmsnorm_matmul, [512, 1000, 2048, 4096], [3, 5, 9],
+                lambda n, dt, dev, g, small: (
+                    torch.randn(n, 32 if small else 4096, generator=g, device=dev).to(dt),
+                    (1 + 0.1 * torch.randn(32 if small else 4096, generator=g,
+                                           device=dev)).to(dt),
+                    (torch.randn(32 if small else 4096, 24 if small else 4096, generator=g,
+                                 device=dev) / (32 if small else 64)).to(dt))),
+}
+
+
+def float64(args):
+    return tuple(a.double() if a.is_floating_point() else a for a in args)
+
+
+def timer(device: str):
+    if device == "cuda":
+        from triton.testing import do_bench
+        return lambda fn: do_bench(fn, warmup=25, rep=100)
+
+    def once(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    return once
+
+
+def graphs_of(provider) -> int:
+    """Graphs compiled so far: the jit's backend reports one per graph; Inductor's count
+    is Dynamo's."""
+    backend = getattr(provider, "backend", None)
+    if backend is not None:
+        return len(backend.reports)
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"]
+
+
+def run(name: str, device: str) -> list[dict]:
+    fn, big, small_sizes, make = WORK[name]
+    small = device != "cuda"
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    sizes = small_sizes if small else big
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+    counters.clear()
+    providers = {"jit": jit(fn), "inductor": torch.compile(fn),
+                 "jit-static": jit(fn, dynamic=False)}
+    time_of = timer(device)
+    rows = []
+    for n in sizes:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(1000 + n)
+        args = make(n, dtype, device, gen, small)
+        ref = fn(*float64(args))
+        for pname, compiled in providers.items():
+            t0 = time.perf_counter()
+            out = compiled(*args)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            err = float((out.double() - ref).norm() / ref.norm())
+            reports = getattr(getattr(compiled, "backend", None), "reports", None)
+            row = {"work": name, "size": n, "provider": pname, "first_call_s": round(first, 3),
+                   "graphs": graphs_of(compiled), "rel_err": err,
+                   # chains fused in the newest graph (the one this size runs)
+                   "fused": len(reports[-1].fused) if reports else None,
+                   "ms": time_of(lambda c=compiled, a=args: c(*a))}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| work | size | jit ms | jit / static | inductor / jit | jit first call s | "
+           "jit graphs | fused | static first call s | inductor first call s | jit rel. err |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["work"], r["size"], r["provider"]): r for r in rows}
+    for (work, size, p), r in by.items():
+        if p != "jit":
+            continue
+        s, i = by[(work, size, "jit-static")], by[(work, size, "inductor")]
+        out.append(f"| {work} | {size} | {r['ms']:.4f} | {r['ms'] / s['ms']:.3f} | "
+                   f"{i['ms'] / r['ms']:.2f} | {r['first_call_s']:.2f} | {r['graphs']} | {r['fused']} | "
+                   f"{s['first_call_s']:.2f} | {i['first_call_s']:.2f} | {r['rel_err']:.1e} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default=",".join(WORK), help=f"of {', '.join(WORK)}")
+    ap.add_argument("--out", help="rows as JSON lines (a .md table beside it)")
+    a = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    unknown = set(a.work.split(",")) - set(WORK)
+    if unknown:
+        sys.exit(f"unknown --work {', '.join(sorted(unknown))}: choose from {', '.join(WORK)}")
+    rows = [r for w in a.work.split(",") for r in run(w, device)]
+    text = table(rows)
+    print(text)
+    if a.out:
+        Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        Path(a.out).with_suffix(".md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
