@@ -17,8 +17,9 @@ Per size, in one process:
 
 Columns: the first call's wall time at that size (a compile when one happens), graphs
 compiled so far, the chains fused in the graph that size runs, the output's error against
-float64, and the time of a call (``triton.testing.do_bench``: eager calls, host work included; on a CPU the sizes are
-tiny, the kernels run under the interpreter and times mean nothing).
+float64, and the time of a call (``triton.testing.do_bench``: eager calls, host work
+included; on a CPU the sizes are tiny, the kernels run under the interpreter and times
+mean nothing).
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ def table(rows: list[dict]) -> str:
             continue
         s, i = by[(work, size, "jit-static")], by[(work, size, "inductor")]
         out.append(f"| {work} | {size} | {r['ms']:.4f} | {r['ms'] / s['ms']:.3f} | "
-                   f"{i['ms'] / r['ms']:.2f} | {r['first_call_s']:.2f} | {r['graphs']} | {r['fused']} | "
+                   f"{i['ms'] / r['ms']:.2f} | {r['first_call_s']:.2f} | {r['graphs']} | "
+                   f"{r['fused']} | "
                    f"{s['first_call_s']:.2f} | {i['first_call_s']:.2f} | {r['rel_err']:.1e} |")
     return "\n".join(out)
 
