@@ -22,7 +22,8 @@ Progress lines with the elapsed time go to stderr.
 ``mode="reduce-overhead"`` (CUDA graphs, a graph step per call), ``backend``
 ``torch.compile(model.forward, backend="neptune_fusion")`` (issue 19: meant with ``--impls
 sdpa``, the chains it finds fused, the rest Inductor's; its ratios and checks are against
-the baseline's ``compile`` row, Inductor). A backend that fails
+the baseline's ``compile`` row, Inductor), ``backend-graphs`` the same with
+``mode="reduce-overhead"`` (against the ``graphs`` row). A backend that fails
 there is recorded with its error, not fatal. Checks against the first backend: the
 prefill's last-token logits (relative error, bf16), the logits of four decode steps fed
 fixed tokens after a prefill (relative error: greedy tokens alone hid a wrong decode
@@ -112,8 +113,9 @@ class Run:
             self.fwd = torch.compile(model.forward)
         elif mode == "backend":   # the whole model through neptune-fusion's backend
             self.fwd = torch.compile(model.forward, backend="neptune_fusion")
-        elif mode == "graphs":
-            compiled = torch.compile(model.forward, mode="reduce-overhead")
+        elif mode in ("graphs", "backend-graphs"):
+            compiled = torch.compile(model.forward, mode="reduce-overhead",
+                                     backend="neptune_fusion" if mode != "graphs" else "inductor")
 
             def fwd(**kw):   # a new CUDA-graph step per call; outputs copied out of the pool
                 torch.compiler.cudagraph_mark_step_begin()
@@ -207,7 +209,8 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
-BASE_MODE = {"backend": "compile"}   # the row a mode's ratios and checks are against
+# the row a mode's ratios and checks are against
+BASE_MODE = {"backend": "compile", "backend-graphs": "graphs"}
 
 
 def table(rows: list[dict], base: str) -> str:
@@ -241,7 +244,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--impls", default=None)
     ap.add_argument("--modes", default=None,
-                    help="eager, compile, graphs, backend (default eager,compile; smoke: eager)")
+                    help="eager, compile, graphs, backend, backend-graphs "
+                         "(default eager,compile; smoke: eager)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--report", action="store_true",

@@ -13,6 +13,8 @@ compiled by ``nf.jit`` (rest: Inductor), and beside it in one process:
   ``run`` (the Python behind the op): what the compiled graph adds around them is
   Dynamo's guards, AOTAutograd's runtime wrapper and Inductor's ``call``;
 * Inductor alone (``torch.compile`` of the same function);
+* both again with ``mode="reduce-overhead"`` (Inductor's CUDA graphs: one replay per
+  call), the jit's output checked against float64 too;
 * the floor: ``torch.compile`` (Inductor) of a function that only reshapes ``q`` (Dynamo's
   guards, AOTAutograd's wrapper and an Inductor ``call`` with nothing to launch).
 
@@ -91,6 +93,16 @@ def run_op(name: str, seq: int, calls: int, profile: bool, device: str) -> dict:
     # the jit's calls that took a bound launch (runtime/torch_ops.KernelEntry)
     row["jit_bound_calls"] = sum(e.hits for e in entries) - hits
     row["inductor_us"] = per_call_us(lambda: inductor(q, k, v), calls)
+    # CUDA graphs (Inductor's, through the backend and without it): a replay per call
+    for key, fn in (("jit_graphs", jit(plain, dynamic=False, mode="reduce-overhead")),
+                    ("inductor_graphs", torch.compile(plain, dynamic=False,
+                                                      mode="reduce-overhead"))):
+        for _ in range(3):   # warm-up, record, first replay
+            out = fn(q, k, v)
+        sync()
+        if device == "cuda":
+            row[f"{key}_err"] = ((out.double() - ref).norm() / ref.norm()).item()
+        row[f"{key}_us"] = per_call_us(lambda f=fn: f(q, k, v), calls)
     views = torch.compile(lambda x: x.reshape(x.shape[0], -1).reshape(x.shape), dynamic=False)
     views(q)
     row["floor_us"] = per_call_us(lambda: views(q), calls)

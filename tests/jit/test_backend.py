@@ -246,29 +246,60 @@ def test_module_with_ordinary_layers(rest):
 
 def test_torch_compile_mode_and_options_configure_the_rest():
     """torch.compile hands a named backend its ``mode`` and ``options`` (the backend
-    raised TypeError on them before): Inductor's configuration for the rest; CUDA-graph
-    modes and Inductor settings with ``rest="eager"`` are refused by name."""
+    raised TypeError on them before): Inductor's configuration for the rest; Inductor
+    settings with ``rest="eager"`` and unknown modes are refused by name."""
     from neptune_fusion.dynamo import Backend
     from neptune_fusion.dynamo.backend import inductor_patches
     assert inductor_patches(None, None) == {}
     assert inductor_patches("max-autotune-no-cudagraphs", {"max_autotune": False}) == \
         {"max_autotune": False, "coordinate_descent_tuning": True}
-    with pytest.raises(nf.NeptuneError, match="turn on CUDA graphs"):
-        Backend(mode="reduce-overhead")
+    assert Backend(mode="reduce-overhead").patches["triton.cudagraphs"] is True
     with pytest.raises(nf.NeptuneError, match="rest='eager' has none"):
         Backend(rest="eager", options={"max_autotune": True})
     with pytest.raises(nf.NeptuneError, match="mode='fast'"):
         Backend(mode="fast")
-    torch._dynamo.reset()
-    f = torch.compile(torch.softmax, backend="neptune_fusion", mode="max-autotune")
-    with pytest.raises(Exception, match="turn on CUDA graphs"):
-        f(_x(), -1)
     torch._dynamo.reset()
     g, x = nf.jit(lambda x: torch.log_softmax(x, -1), options={"max_autotune": False}), _x()
     with torch.no_grad():
         got = g(x)
     assert float((got.double() - torch.log_softmax(x.double(), -1)).abs().max()) < 1e-5
     assert g.backend.patches == {"max_autotune": False}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_reduce_overhead_mode_fuses_and_hands_inductor_what_its_own_entry_does(grad):
+    """``mode="reduce-overhead"``: the rest compiles with Inductor's CUDA graphs on (on a
+    CPU Inductor skips them, so this checks the path and the numbers; the replay itself
+    is measured on the GPU: benchmarks/jit_host.py). An inference graph is compiled as
+    one (``is_inference``), a training forward and its backward as a pair."""
+    from neptune_fusion.dynamo import inductor
+    seen = []
+    real = inductor.compile_rest
+
+    def spy(gm, inputs, patches, kwargs):
+        seen.append((patches.get("triton.cudagraphs"), dict(kwargs)))
+        return real(gm, inputs, patches, kwargs)
+    torch._dynamo.reset()
+    x = _x().requires_grad_(grad)
+    g = nf.jit(lambda x: torch.log_softmax(x * 2.0, -1), mode="reduce-overhead")
+    with torch.set_grad_enabled(grad):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("neptune_fusion.dynamo.backend.compile_rest", spy)
+            got = g(x)
+            ex = g.explain(x)
+            if grad:   # the backward compiles at its first call
+                got.sum().backward()
+    want = torch.log_softmax(x.detach().double() * 2.0, -1)
+    assert float((got.detach().double() - want).abs().max()) < 1e-5
+    assert len(ex.fused) == 1
+    assert seen[0][0] is True and seen[0][1]["is_inference"] is (not grad)
+    assert seen[0][1]["static_input_idxs"] == []
+    if grad:
+        assert seen[-1][1]["is_backward"] is True
+        assert seen[-1][1]["boxed_forward_device_index"] is \
+            seen[0][1]["boxed_forward_device_index"]
+        assert float((x.grad.double() - 2.0 * (1 - torch.softmax(want, -1) * x.shape[-1])
+                      ).abs().max()) < 1e-4
 
 
 # -- what falls back -----------------------------------------------------------------------

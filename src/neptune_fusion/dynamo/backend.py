@@ -28,6 +28,7 @@ import torch
 from .. import settings
 from .decomp import decompositions, swap_sdpa
 from .gqa import packing
+from .inductor import GraphArgs, compile_rest, inductor_patches
 from .partition import boundaries, depends_on_itself, has_chain, regions, without_trailing_matmuls
 from .refused import Refused
 from .report import Fused, GraphReport, Left
@@ -46,7 +47,6 @@ def fp32_precision() -> str:
     ``torch.backends.cuda.matmul.allow_tf32`` is on or the float32 matmul precision is
     not ``"highest"``, else exact. (A translated float32 RMSNorm -> matmul ran 6.7x
     slower than the same chain under TF32 on the H200 while torch used TF32.)"""
-    import torch
     tf32 = torch.backends.cuda.matmul.allow_tf32 or \
         torch.get_float32_matmul_precision() != "highest"
     return "tf32" if tf32 else "ieee"
@@ -163,23 +163,27 @@ class Backend:
         self.reports: list[GraphReport] = []
 
     def __call__(self, gm, example_inputs):
+        import functools
+
+        from torch._dynamo.backends.common import aot_autograd
         report = GraphReport(len(self.reports))
         self.reports.append(report)
-        training = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
-                                                   for t in example_inputs)
-        from torch._dynamo.backends.common import aot_autograd
         swap_sdpa(gm)
+        graph = GraphArgs(len(example_inputs))
 
-        def forward(fx, inputs):
+        def forward(fx, inputs, inference: bool):
             fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
-            if training:
+            if not inference:
                 report.left.append(Left(("the backward graph",), "AOTAutograd derives "
                                         "it from the original ops; it is not fused",
                                         self.rest))
             self._log(report)
-            return self._rest_forward(fx, inputs)
+            return self._rest(fx, inputs, graph.forward(inputs, inference))
 
-        return aot_autograd(fw_compiler=forward, bw_compiler=self._rest_backward,
+        return aot_autograd(fw_compiler=functools.partial(forward, inference=False),
+                            inference_compiler=functools.partial(forward, inference=True),
+                            bw_compiler=lambda fx, inputs: self._rest(fx, inputs,
+                                                                      graph.backward(fx)),
                             decompositions=self._decompositions())(gm, example_inputs)
 
     def _decompositions(self) -> dict:
@@ -194,48 +198,11 @@ class Backend:
         if settings.log_enabled(self.log):
             print(f"[neptune-fusion jit] {report}", file=sys.stderr)
 
-    def _rest_forward(self, gm, example_inputs):
-        return self._rest(gm, example_inputs)
-
-    def _rest_backward(self, gm, example_inputs):
-        return self._rest(gm, example_inputs, is_backward=True)
-
-    def _rest(self, gm, example_inputs, **kw):
+    def _rest(self, gm, example_inputs, kwargs: dict):
         if self.rest == "eager":
             from torch._functorch.aot_autograd import make_boxed_func
             return make_boxed_func(gm.forward)
-        import torch._inductor.config as inductor_config
-        from torch._inductor.compile_fx import compile_fx_inner
-        with inductor_config.patch(self.patches):
-            return compile_fx_inner(gm, example_inputs, **kw)
-
-
-CUDA_GRAPH_OPTION = "triton.cudagraphs"
-
-
-def inductor_patches(mode: str | None, options: dict | None) -> dict:
-    """The Inductor configuration of torch.compile's ``mode`` and ``options``
-    (``torch._inductor.list_mode_options``; ``options`` win). Modes and options that
-    turn on CUDA graphs (``"reduce-overhead"``, ``"max-autotune"``) are refused by name:
-    the backend compiles the rest with Inductor's inner compiler, which does not set up
-    CUDA-graph trees the way torch.compile's own Inductor entry does, and that path has
-    not run on a GPU. Capture the compiled function with ``torch.cuda.graph`` instead,
-    after a warm-up call (the fused op is capture-safe: docs/torch.md), or use
-    ``"max-autotune-no-cudagraphs"``."""
-    from ..errors import NeptuneError
-    try:
-        from torch._inductor import list_mode_options
-        patches = dict(list_mode_options(mode or "default"))
-    except (RuntimeError, KeyError) as err:
-        raise NeptuneError(f"mode={mode!r}: {err}") from None
-    patches.update(options or {})
-    if patches.get(CUDA_GRAPH_OPTION):
-        raise NeptuneError(f"mode={mode!r} / options={options!r} turn on CUDA graphs "
-                           f"({CUDA_GRAPH_OPTION}), which the neptune_fusion backend does "
-                           "not support yet: use mode='max-autotune-no-cudagraphs' or "
-                           "capture the compiled function with torch.cuda.graph after a "
-                           "warm-up call")
-    return patches
+        return compile_rest(gm, example_inputs, self.patches, kwargs)
 
 
 def neptune_fusion(gm, example_inputs, mode: str | None = None, options: dict | None = None):
