@@ -17,9 +17,10 @@ Per size, in one process:
 
 Columns: the first call's wall time at that size (a compile when one happens), graphs
 compiled so far, the chains fused in the graph that size runs, the output's error against
-float64, and the time of a call (``triton.testing.do_bench``: eager calls, host work
-included; on a CPU the sizes are tiny, the kernels run under the interpreter and times
-mean nothing).
+float64, the GPU time of a call (CUDA-graph replay: the sizes' kernels alone; the
+ratios are of these) and its time as an eager call (``do_bench``, host work included:
+Dynamo's guards and the graph's wrapper, the same for every size). On a CPU the sizes are
+tiny, the kernels run under the interpreter and times mean nothing.
 """
 
 from __future__ import annotations
@@ -92,16 +93,13 @@ def float64(args):
     return tuple(a.double() if a.is_floating_point() else a for a in args)
 
 
-def timer(device: str):
+def timers(device: str) -> dict:
+    """``ms``: a call (``do_bench``: eager, host work included); ``gpu_ms``: GPU time alone
+    (CUDA-graph replay); on a CPU one wall-clock call, meaningless."""
+    from neptune_fusion.bench.timing import gpu_timer, graph_timer, wall_timer
     if device == "cuda":
-        from triton.testing import do_bench
-        return lambda fn: do_bench(fn, warmup=25, rep=100)
-
-    def once(fn):
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    return once
+        return {"ms": gpu_timer(), "gpu_ms": graph_timer()}
+    return {"ms": wall_timer()}
 
 
 def graphs_of(provider) -> int:
@@ -124,7 +122,7 @@ def run(name: str, device: str) -> list[dict]:
     counters.clear()
     providers = {"jit": jit(fn), "inductor": torch.compile(fn),
                  "jit-static": jit(fn, dynamic=False)}
-    time_of = timer(device)
+    time_of = timers(device)
     rows = []
     for n in sizes:
         gen = torch.Generator(device=device)
@@ -142,24 +140,28 @@ def run(name: str, device: str) -> list[dict]:
             row = {"work": name, "size": n, "provider": pname, "first_call_s": round(first, 3),
                    "graphs": graphs_of(compiled), "rel_err": err,
                    # chains fused in the newest graph (the one this size runs)
-                   "fused": len(reports[-1].fused) if reports else None,
-                   "ms": time_of(lambda c=compiled, a=args: c(*a))}
+                   "fused": len(reports[-1].fused) if reports else None}
+            row |= {k: t(lambda c=compiled, a=args: c(*a)) for k, t in time_of.items()}
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| work | size | jit ms | jit / static | inductor / jit | jit first call s | "
-           "jit graphs | fused | static first call s | inductor first call s | jit rel. err |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """Per size: GPU time (``gpu_ms``, CUDA-graph replay) where measured, else ``ms``."""
+    key = "gpu_ms" if all("gpu_ms" in r for r in rows) else "ms"
+    out = [f"| work | size | jit {key} | jit / static | inductor / jit | jit ms (eager call) "
+           "| jit first call s | jit graphs | fused | static first call s | "
+           "inductor first call s | jit rel. err |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by = {(r["work"], r["size"], r["provider"]): r for r in rows}
     for (work, size, p), r in by.items():
         if p != "jit":
             continue
         s, i = by[(work, size, "jit-static")], by[(work, size, "inductor")]
-        out.append(f"| {work} | {size} | {r['ms']:.4f} | {r['ms'] / s['ms']:.3f} | "
-                   f"{i['ms'] / r['ms']:.2f} | {r['first_call_s']:.2f} | {r['graphs']} | "
+        out.append(f"| {work} | {size} | {r[key]:.4f} | {r[key] / s[key]:.3f} | "
+                   f"{i[key] / r[key]:.2f} | {r['ms']:.4f} | {r['first_call_s']:.2f} | "
+                   f"{r['graphs']} | "
                    f"{r['fused']} | "
                    f"{s['first_call_s']:.2f} | {i['first_call_s']:.2f} | {r['rel_err']:.1e} |")
     return "\n".join(out)

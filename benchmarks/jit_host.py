@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from neptune_fusion import ops  # noqa: E402
+from neptune_fusion.bench.providers._compile import raise_recompile_limits  # noqa: E402
 from neptune_fusion.bench.providers.compiled import plain_attention  # noqa: E402
 from neptune_fusion.bench.workloads import attention_options, make_inputs, select_operators  # noqa: E402,E501
 from neptune_fusion.dynamo import jit  # noqa: E402
@@ -66,6 +67,10 @@ def sync() -> None:
 
 
 def run_op(name: str, seq: int, calls: int, profile: bool, device: str) -> dict:
+    # every operator's plain attention is one code object: without a reset its graphs
+    # pile up in one Dynamo cache, and past the recompile limit calls silently ran eagerly
+    torch._dynamo.reset()
+    raise_recompile_limits()
     (op,) = select_operators([name])
     dtype = torch.float16 if device == "cuda" else torch.float32
     q, k, v = make_inputs(op, seq, dtype, device)
