@@ -54,7 +54,7 @@ def test_the_rewritten_graph_calls_the_fused_op():
         return torch.softmax(x, -1)
     torch._dynamo.reset()
     backend = nf.dynamo.Backend(rest="eager")
-    backend._rest_forward = lambda gm, ex: (seen.extend(
+    backend._rest = lambda gm, ex, kwargs: (seen.extend(
         n.target for n in gm.graph.nodes if n.op == "call_function"), _boxed(gm))[1]
     x = torch.randn(5, 7)
     got = torch.compile(softmax, backend=backend)(x)
