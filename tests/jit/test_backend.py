@@ -544,3 +544,35 @@ def test_translated_prefill_has_the_gluon_shape(name):
     # the 16-bit scale and exp2's log2(e) fold into one multiply per score (translate.
     # widened), as in nf.attention's kernels: no score is multiplied by log2(e) apart
     assert not [ln for ln in src.splitlines() if "qk *" in ln and "* 1.4426950408889634" in ln]
+
+
+def test_regions_of_one_structure_compile_once():
+    """A model's repeated layers: regions of the same ops on the same shapes take the
+    first one's kernel (dynamo/memo.py) -- one translation, compile and tuning -- each
+    on its own inputs; another shape compiles its own."""
+    from neptune_fusion.dynamo import backend
+    calls = []
+    real = backend._compile_region
+
+    def spy(region, *a):
+        calls.append(region.ops)
+        return real(region, *a)
+
+    def fn(x, y, z):
+        return (torch.log_softmax(x * 0.5, -1), torch.log_softmax(y * 0.5, -1),
+                torch.log_softmax(z * 0.5, -1))
+    torch._dynamo.reset()
+    x, y, z = _x(), _x() + 1.0, torch.randn(3, 40)
+    g = nf.jit(fn, rest="eager")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(backend, "_compile_region", spy)
+        got = g(x, y, z)
+        ex = g.explain(x, y, z)
+    for out, t in zip(got, (x, y, z)):
+        want = torch.log_softmax(t.double() * 0.5, -1)
+        assert float((out.double() - want).abs().max()) < 1e-5
+    assert len(ex.fused) == 3 and len(calls) == 2
+    first, again, other = ex.fused
+    assert again.kernel is first.kernel and other.kernel is not first.kernel
+    assert again.same_as == first.name and "the kernel of" in str(again)
+    assert not first.same_as and not other.same_as

@@ -29,6 +29,7 @@ from .. import settings
 from .decomp import decompositions, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches
+from .memo import Compiled, region_key
 from .partition import boundaries, depends_on_itself, has_chain, regions, without_trailing_matmuls
 from .refused import Refused
 from .report import Fused, GraphReport, Left
@@ -57,7 +58,7 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     chain that compiles becomes one kernel call; ``report`` gets each outcome."""
     hints = hints_of(example_inputs)   # a dynamic graph's symbols: example values
     report.dynamic = {str(sym): v for sym, v in sorted(hints.items(), key=str)}
-    changed, seen = False, set()
+    changed, seen, memo = False, set(), {}
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
             continue
@@ -67,12 +68,12 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                 report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
         start, name = time.perf_counter(), f"{prefix}_{k}"
         try:
-            got = _compile_region(region, hints, name)
+            got = _compile_once(memo, region, hints, name)
         except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
             got, trimmed = None, without_trailing_matmuls(region)
             if trimmed is not None:   # the chain alone, its output projection to the rest
                 try:
-                    got = _compile_region(trimmed, hints, name)
+                    got = _compile_once(memo, trimmed, hints, name)
                 except Exception:   # noqa: BLE001 - the whole region's reason is reported
                     pass
             if got is None:
@@ -84,28 +85,49 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                                     "a matmul after the chain, left out of its kernel; "
                                     f"with it: {_reason(err)}", rest))
             region = trimmed
-        args, casts, kernel, packed, plan = got
+        same_as, (args, casts, kernel, packed, plan) = got
         replace_region(gm.graph, region, args, casts, kernel, packed)
         report.fused.append(Fused(name, tuple(region.ops), tuple(n.name for n in args),
                                   tuple(n.name for n in region.outputs), plan, kernel,
-                                  time.perf_counter() - start))
+                                  time.perf_counter() - start, same_as))
         changed = True
     if changed:
         finish(gm, example_inputs)
 
 
-def _compile_region(region, hints: dict, name: str):
-    """``(args, casts, kernel, packed, plan)`` of a region translated, compiled and called
-    once; raises :class:`Refused` or the compiler's error."""
-    inside = set(region.nodes)
-    inputs = []
+def _inputs(region) -> list:
+    """The nodes outside ``region`` that it reads, in the order its nodes read them."""
+    inside, inputs = set(region.nodes), []
     for n in region.nodes:
         inputs += [a for a in n.all_input_nodes if a not in inside and a not in inputs]
-    # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
-    args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
-    if depends_on_itself(region):
+    return inputs
+
+
+def _compile_once(memo: dict, region, hints: dict, name: str):
+    """``(same_as, compiled)``: :func:`_compile_region`'s result, or its failure raised
+    again, for the first region of each structure in the graph; ``same_as`` names that
+    region when ``region`` takes its kernel (memo.py)."""
+    if depends_on_itself(region):   # a fact of the graph around it, not of its structure
         raise Refused("an input of the region is computed from its own result through ops "
                       "outside it")
+    inputs = _inputs(region)
+    key = region_key(region, inputs)
+    if key not in memo:
+        try:
+            memo[key] = Compiled.of(name, inputs, _compile_region(region, inputs, hints, name))
+        except Exception as err:   # noqa: BLE001 - the same region fails the same way
+            memo[key] = err
+    got = memo[key]
+    if isinstance(got, Exception):
+        raise got
+    return ("" if got.name == name else got.name), got.on(inputs)
+
+
+def _compile_region(region, inputs: list, hints: dict, name: str):
+    """``(args, casts, kernel, packed, plan)`` of a region translated, compiled and called
+    once; raises :class:`Refused` or the compiler's error."""
+    # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
+    args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
     outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
                                         hints=hints)
     if not has_chain(outs):

@@ -16,11 +16,14 @@ class Fused:
     plan: str
     kernel: object = field(repr=False, compare=False)
     seconds: float = 0.0   # translation, nf.compile and the trial call
+    same_as: str = ""      # the chain of the same ops and shapes whose kernel it runs
 
     def __str__(self) -> str:
         plan = "\n".join("    " + line for line in self.plan.splitlines())
+        how = (f"the kernel of {self.same_as} (the same ops on the same shapes)"
+               if self.same_as else f"compiled in {self.seconds:.2f} s (with one trial call)")
         return (f"fused chain {self.name}: {', '.join(self.ops)}\n"
-                f"  compiled in {self.seconds:.2f} s (with one trial call)\n"
+                f"  {how}\n"
                 f"  inputs {', '.join(self.inputs)} -> outputs {', '.join(self.outputs)}\n"
                 f"  plan:\n{plan}")
 
