@@ -254,6 +254,7 @@ def main(argv=None) -> None:
     if a.report:
         return report(Path(a.out), a.model)
     import neptune_fusion.dynamo  # noqa: F401 - registers backend="neptune_fusion" (also
+
     # without the package installed: its entry point is then missing)
     from neptune_fusion.integrations.transformers import register
     register()

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from neptune_fusion.bench.providers._compile import raise_recompile_limits
 from neptune_fusion.dynamo import jit
 
 
@@ -118,6 +119,9 @@ def run(name: str, device: str) -> list[dict]:
     dtype = torch.float16 if device == "cuda" else torch.float32
     sizes = small_sizes if small else big
     torch._dynamo.reset()
+    # the three providers' graphs share fn's one Dynamo cache: past its recompile limit a
+    # call ran eagerly without a word (decode 16384's static column on 2026-12-03)
+    raise_recompile_limits()
     from torch._dynamo.utils import counters
     counters.clear()
     providers = {"jit": jit(fn), "inductor": torch.compile(fn),
