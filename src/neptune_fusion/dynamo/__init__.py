@@ -73,8 +73,9 @@ def jit(fn=None, *, rest: str = "inductor", dynamic: bool | None = None,
     the first shapes static and makes the sizes that change dynamic (one more graph,
     fused too, for all later sizes); ``False`` compiles every shape static (Dynamo's
     recompile limit then ends compiling); ``True`` makes every size dynamic. ``mode`` and
-    ``options``: torch.compile's, for the Inductor that compiles the rest (CUDA-graph
-    modes are refused: :func:`~.backend.inductor_patches`). Usable as ``@nf.jit`` or
+    ``options``: torch.compile's, for the Inductor that compiles the rest
+    (``"reduce-overhead"``: its CUDA graphs, fused kernels included;
+    :func:`~.inductor.inductor_patches`). Usable as ``@nf.jit`` or
     ``@nf.jit(rest="eager")``."""
     if fn is None:
         return functools.partial(jit, rest=rest, dynamic=dynamic, log=log, mode=mode,
