@@ -94,3 +94,16 @@ def test_sdpa_with_enable_gqa_is_packed():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     ex = _check(sdpa, _inputs(8, 2, 1))
     assert "GQA decode packed: the 4 query heads" in ex.fused[0].plan
+
+
+def test_two_layers_of_grouped_decode_share_one_packed_kernel():
+    """A second layer of the same grouped decode takes the first one's packed kernel
+    (dynamo/memo.py): its query input is reshaped as the packing says, by its own node."""
+    one = _gqa(1)
+
+    def layers(q, k, v, q2, k2, v2):
+        return one(q, k, v), one(q2, k2, v2)
+    ex = _check(layers, (*_inputs(8, 2, 1), *_inputs(8, 2, 1, seed=1)), fused=2)
+    first, second = ex.fused
+    assert second.same_as == first.name and second.kernel is first.kernel
+    assert "the 4 query heads of each key/value head" in second.plan
