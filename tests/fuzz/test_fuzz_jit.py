@@ -22,6 +22,7 @@ from neptune_fusion.dynamo import Backend
 MAPS = {
     "id": lambda t: t,
     "affine": lambda t: t * 0.5 + 1.0,
+    "affine-2": lambda t: t * 1.5 + 0.25,   # affine's ops, other constants
     "tanh": lambda t: torch.tanh(t) * 3.0,
     "silu": lambda t: t * torch.sigmoid(t),
 }
@@ -79,3 +80,40 @@ def test_fuzz_plain_chains_through_the_backend(pre, chain, post, first, grow, di
         scale = max(1.0, float(want.abs().max())) if want.numel() else 1.0
         err = float((got - want).abs().max()) if want.numel() else 0.0
         assert err <= 1e-4 * scale, f"{what}: {err}"
+
+
+@settings(max_examples=_examples(6, 200), **FUZZ)
+@given(a=st.tuples(st.sampled_from(sorted(MAPS)), st.sampled_from(sorted(CHAINS)),
+                   st.sampled_from(sorted(POSTS))),
+       b=st.one_of(st.none(), st.tuples(st.sampled_from(sorted(MAPS)),
+                                        st.sampled_from(sorted(CHAINS)),
+                                        st.sampled_from(sorted(POSTS)))),
+       shape=shapes, grow=st.integers(0, 3), dim=st.integers(-3, 2),
+       dynamic=st.sampled_from((False, None)), seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_repeated_layers_through_the_backend(a, b, shape, grow, dim, dynamic, seed):
+    """Two chains in one graph, as a model's layers: the same chain again (``b`` None) or
+    another, on the same shape or a grown one. A region of an earlier one's structure
+    takes its kernel (dynamo/memo.py); each result must still be its own."""
+    d = dim % len(shape)
+    first, second = _fn(*a, d), _fn(*(b or a), d)
+
+    def layers(x, y):
+        return first(x), second(y)
+    torch._dynamo.reset()
+    compiled = torch.compile(layers, backend=Backend(rest="eager"), dynamic=dynamic)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen) * 2.0
+    y = torch.randn(*[n + grow if k == d else n for k, n in enumerate(shape)],
+                    generator=gen) * 2.0
+    with torch.no_grad():
+        got = compiled(x, y)
+    for out, fn, t in zip(got, (first, second), (x, y)):
+        want = fn(t.double())
+        what = f"{first.__name__} / {second.__name__} {list(x.shape)} {list(y.shape)}"
+        assert out.shape == want.shape, what
+        nan = want.isnan()
+        assert torch.equal(out.isnan(), nan), what
+        kept = want[~nan]
+        if kept.numel():
+            err = float((out.double()[~nan] - kept).abs().max())
+            assert err <= 1e-4 * max(1.0, float(kept.abs().max())), f"{what}: {err}"

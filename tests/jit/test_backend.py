@@ -549,7 +549,7 @@ def test_translated_prefill_has_the_gluon_shape(name):
 def test_regions_of_one_structure_compile_once():
     """A model's repeated layers: regions of the same ops on the same shapes take the
     first one's kernel (dynamo/memo.py) -- one translation, compile and tuning -- each
-    on its own inputs; another shape compiles its own."""
+    on its own inputs; another shape or another constant compiles its own."""
     from neptune_fusion.dynamo import backend
     calls = []
     real = backend._compile_region
@@ -558,21 +558,22 @@ def test_regions_of_one_structure_compile_once():
         calls.append(region.ops)
         return real(region, *a)
 
-    def fn(x, y, z):
+    def fn(x, y, z, w):
         return (torch.log_softmax(x * 0.5, -1), torch.log_softmax(y * 0.5, -1),
-                torch.log_softmax(z * 0.5, -1))
+                torch.log_softmax(z * 0.5, -1), torch.log_softmax(w * 1.5, -1))
     torch._dynamo.reset()
-    x, y, z = _x(), _x() + 1.0, torch.randn(3, 40)
+    x, y, z, w = _x(), _x() + 1.0, torch.randn(3, 40), _x() - 1.0
     g = nf.jit(fn, rest="eager")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(backend, "_compile_region", spy)
-        got = g(x, y, z)
-        ex = g.explain(x, y, z)
-    for out, t in zip(got, (x, y, z)):
-        want = torch.log_softmax(t.double() * 0.5, -1)
+        got = g(x, y, z, w)
+        ex = g.explain(x, y, z, w)
+    for out, t, c in zip(got, (x, y, z, w), (0.5, 0.5, 0.5, 1.5)):
+        want = torch.log_softmax(t.double() * c, -1)
         assert float((out.double() - want).abs().max()) < 1e-5
-    assert len(ex.fused) == 3 and len(calls) == 2
-    first, again, other = ex.fused
-    assert again.kernel is first.kernel and other.kernel is not first.kernel
+    assert len(ex.fused) == 4 and len(calls) == 3
+    first, again, other_shape, other_constant = ex.fused
+    assert again.kernel is first.kernel
     assert again.same_as == first.name and "the kernel of" in str(again)
-    assert not first.same_as and not other.same_as
+    for f in (first, other_shape, other_constant):
+        assert not f.same_as and (f is first or f.kernel is not first.kernel)
