@@ -2,8 +2,9 @@
 
     Dynamo FX graph --AOTAutograd (decomp.py's table, inference)--> ATen graph
       --partition.regions--> regions --translate--> nf program --has_chain?-->
-      nf.compile + one trial call --> the region replaced by neptune_fusion::fused
-      --> the rewritten graph to Inductor (compile_fx_inner) or run eagerly
+      nf.compile + one trial call (once per region structure: memo.py)
+      --> the region replaced by neptune_fusion::fused
+      --> the rewritten graph to Inductor (inductor.py: compile_fx_inner) or run eagerly
 
 Static and dynamic graphs alike: a dynamic graph's symbolic sizes are the program's sizes
 (symbolic.py), and its symbolic-int inputs are values, not kernel arguments.
