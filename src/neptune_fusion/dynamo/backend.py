@@ -192,7 +192,8 @@ class Backend:
         report = GraphReport(len(self.reports))
         self.reports.append(report)
         swap_sdpa(gm)
-        graph = GraphArgs(len(example_inputs))
+        # what Inductor is told about each graph (none for rest="eager": no Inductor import)
+        graph = GraphArgs(len(example_inputs)) if self.rest != "eager" else None
 
         def forward(fx, inputs, inference: bool):
             fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
@@ -201,12 +202,12 @@ class Backend:
                                         "it from the original ops; it is not fused",
                                         self.rest))
             self._log(report)
-            return self._rest(fx, inputs, graph.forward(inputs, inference))
+            return self._rest(fx, inputs, graph and graph.forward(inputs, inference))
 
         return aot_autograd(fw_compiler=functools.partial(forward, inference=False),
                             inference_compiler=functools.partial(forward, inference=True),
-                            bw_compiler=lambda fx, inputs: self._rest(fx, inputs,
-                                                                      graph.backward(fx)),
+                            bw_compiler=lambda fx, inputs: self._rest(
+                                fx, inputs, graph and graph.backward(fx)),
                             decompositions=self._decompositions())(gm, example_inputs)
 
     def _decompositions(self) -> dict:
@@ -221,7 +222,7 @@ class Backend:
         if settings.log_enabled(self.log):
             print(f"[neptune-fusion jit] {report}", file=sys.stderr)
 
-    def _rest(self, gm, example_inputs, kwargs: dict):
+    def _rest(self, gm, example_inputs, kwargs: dict | None):
         if self.rest == "eager":
             from torch._functorch.aot_autograd import make_boxed_func
             return make_boxed_func(gm.forward)

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CUDA_GRAPH_OPTION = "triton.cudagraphs"
-
 
 def inductor_patches(mode: str | None, options: dict | None) -> dict:
     """The Inductor configuration of torch.compile's ``mode`` and ``options``
     (``torch._inductor.list_mode_options``; ``options`` win), patched in while the rest
-    compiles. ``"reduce-overhead"`` turns on Inductor's CUDA graphs (:data:`CUDA_GRAPH_OPTION`):
-    the whole compiled graph, fused kernels included, is recorded once per shape and
-    replayed (docs/jit.md)."""
+    compiles. ``"reduce-overhead"`` turns on Inductor's CUDA graphs
+    (``triton.cudagraphs``): the whole compiled graph, fused kernels included, is
+    recorded once per shape and replayed (docs/jit.md)."""
     from ..errors import NeptuneError
     try:
         from torch._inductor import list_mode_options
