@@ -82,15 +82,18 @@ def unbound(cache: AttentionCache):
         attention_mod.OP_PREPARED_MAX_QUERIES = saved_max
 
 
-def per_call_us(fn, calls: int, repeats: int = 5) -> float:
-    """The best of ``repeats`` loops of ``calls`` calls, per call."""
+def per_call_us(fn, calls: int, repeats: int = 5, sync=lambda: None) -> float:
+    """The best of ``repeats`` loops of ``calls`` calls, per call; ``sync`` runs after
+    the warm-up and after each loop (on a GPU: wall time per call when it is the bound)."""
     for _ in range(20):
         fn()
+    sync()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return best / calls * 1e6
 

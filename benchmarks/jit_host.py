@@ -39,6 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import host_python  # noqa: E402
+
 from neptune_fusion import ops  # noqa: E402
 from neptune_fusion.bench.providers._compile import raise_recompile_limits  # noqa: E402
 from neptune_fusion.bench.providers.compiled import plain_attention  # noqa: E402
@@ -47,18 +49,8 @@ from neptune_fusion.dynamo import jit  # noqa: E402
 from neptune_fusion.runtime import torch_ops  # noqa: E402
 
 
-def per_call_us(fn, calls: int, repeats: int = 5) -> float:
-    for _ in range(20):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best / calls * 1e6
+def per_call_us(fn, calls: int) -> float:
+    return host_python.per_call_us(fn, calls, sync=sync)
 
 
 def sync() -> None:
@@ -160,8 +152,7 @@ def main() -> None:
           + ("" if device == "cuda" else " (launches stubbed: Python only)"))
     stub = contextlib.nullcontext()
     if device == "cpu":
-        from host_python import stubbed_launches
-        stub = stubbed_launches()
+        stub = host_python.stubbed_launches()
     rows = []
     with stub:
         for name in args.ops.split(","):
