@@ -233,7 +233,8 @@ def _slice(tr, node, out):
 
     def load(idx):
         src = list(idx)
-        src[d] = idx[d] * step + start if (start, step) != (0, 1) else idx[d]
+        at = idx[d] * step if step != 1 else idx[d]
+        src[d] = at + start if start else at
         return x.load(tuple(src))
     return load
 
