@@ -67,25 +67,3 @@ def test_an_index_chosen_per_row_is_gathered(rng):
     ts[2] = -100
     want = xs.double().amax(1) - xs.double()[torch.arange(9), ts.clamp(min=0)]
     np.testing.assert_allclose(kernel(xs, ts).double().numpy(), want.numpy(), rtol=1e-6)
-
-
-@pytest.mark.parametrize("block_n", [16, 64])
-def test_a_shifted_index_is_gathered(rng, block_n):
-    """``x[i, where(k < 20, k + 20, k - 20)]`` written as two shifted loads (RoPE's
-    rotated half, a ``cat`` of two slices along the reduced axis): each shift is a
-    gathered load, clamped into the dimension, across tiles of the reduction too."""
-    N = nf.size("N")
-    x = nf.placeholder((N, 40), name="x")
-    k = nf.reduce_axis(40, "k")
-
-    def rot(i, d):
-        return nf.where(d < 20, -x[i, d + 20], x[i, d - 20])
-    m = nf.compute((N,), lambda i: nf.max(rot(i, k), k), name="m")
-    s = nf.compute((N,), lambda i: nf.sum(nf.exp(rot(i, k) - m[i]), k), name="s")
-    kernel = nf_compile([s], [x], block_m=4, block_n=block_n)
-    xs = torch.tensor(rng.standard_normal((7, 40)), dtype=torch.float32)
-    r = torch.cat((-xs[:, 20:], xs[:, :20]), -1).double()
-    want = torch.exp(r - r.amax(-1, keepdim=True)).sum(-1)
-    got = kernel(xs)
-    got = got[0] if isinstance(got, (list, tuple)) else got
-    np.testing.assert_allclose(got.double().numpy(), want.numpy(), rtol=1e-6)

@@ -56,11 +56,8 @@ def gatherable(idx: Expr) -> bool:
     """Whether a tile-spanning index may be gathered per element: built from bare
     variables, ``//`` and ``%`` by positive constants, casts and loads (an index read from
     another tensor), and choices among such (``where(t[i] != -100, t[i], 0)``: a
-    cross-entropy's ignored targets; ``minimum``/``maximum``: a clamp), and shifts by
-    integer constants (``where(d < 8, -x[d + 8], x[d - 8])``: RoPE's rotated half). A
-    gathered index is clamped into its dimension, so a shifted index past the end reads
-    an element of the tensor, never memory past it; keeping it in range where the value
-    is used is the program's part (the reference reads NaN there)."""
+    cross-entropy's ignored targets; ``minimum``/``maximum``: a clamp). ``x[i + 1]`` is
+    not: a shifted tile would need its own bounds."""
     if isinstance(idx, (IndexVar, Load, Const)):
         return True
     if isinstance(idx, Cast):
@@ -69,9 +66,6 @@ def gatherable(idx: Expr) -> bool:
         return gatherable(idx.a) and gatherable(idx.b)
     if isinstance(idx, Binary) and idx.op in ("minimum", "maximum"):
         return gatherable(idx.a) and gatherable(idx.b)
-    if isinstance(idx, Binary) and idx.op in ("add", "sub"):
-        return any(isinstance(c, Const) and isinstance(c.value, int) and gatherable(o)
-                   for c, o in ((idx.a, idx.b), (idx.b, idx.a)))
     return (isinstance(idx, Binary) and idx.op in ("floordiv", "mod")
             and isinstance(idx.b, Const) and isinstance(idx.b.value, int)
             and idx.b.value > 0 and gatherable(idx.a))
