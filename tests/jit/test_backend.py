@@ -575,5 +575,6 @@ def test_regions_of_one_structure_compile_once():
     first, again, other_shape, other_constant = ex.fused
     assert again.kernel is first.kernel
     assert again.same_as == first.name and "the kernel of" in str(again)
+    assert again.plan == first.plan and str(again).endswith(f"plan: {first.name}'s")
     for f in (first, other_shape, other_constant):
         assert not f.same_as and (f is first or f.kernel is not first.kernel)

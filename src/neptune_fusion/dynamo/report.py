@@ -19,13 +19,15 @@ class Fused:
     same_as: str = ""      # the chain of the same ops and shapes whose kernel it runs
 
     def __str__(self) -> str:
+        head = (f"fused chain {self.name}: {', '.join(self.ops)}\n  "
+                + (f"the kernel of {self.same_as} (the same ops on the same shapes)"
+                   if self.same_as else
+                   f"compiled in {self.seconds:.2f} s (with one trial call)")
+                + f"\n  inputs {', '.join(self.inputs)} -> outputs {', '.join(self.outputs)}")
+        if self.same_as:   # its plan is printed once, under that chain
+            return f"{head}\n  plan: {self.same_as}'s"
         plan = "\n".join("    " + line for line in self.plan.splitlines())
-        how = (f"the kernel of {self.same_as} (the same ops on the same shapes)"
-               if self.same_as else f"compiled in {self.seconds:.2f} s (with one trial call)")
-        return (f"fused chain {self.name}: {', '.join(self.ops)}\n"
-                f"  {how}\n"
-                f"  inputs {', '.join(self.inputs)} -> outputs {', '.join(self.outputs)}\n"
-                f"  plan:\n{plan}")
+        return f"{head}\n  plan:\n{plan}"
 
 
 @dataclass(frozen=True)
