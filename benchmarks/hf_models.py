@@ -253,9 +253,9 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.report:
         return report(Path(a.out), a.model)
-    import neptune_fusion.dynamo  # noqa: F401 - registers backend="neptune_fusion" (also
-
-    # without the package installed: its entry point is then missing)
+    # registers backend="neptune_fusion" also where the package is not installed (its
+    # entry point missing: the device runs from src/)
+    import neptune_fusion.dynamo  # noqa: F401
     from neptune_fusion.integrations.transformers import register
     register()
     snapshot_flex_mask()
