@@ -42,9 +42,16 @@ def region_key(region, inputs) -> tuple:
 
 
 def _meta(node) -> tuple:
-    v = node.meta.get("val")
+    return _value(node.meta.get("val"))
+
+
+def _value(v) -> tuple:
+    """A node's example value as the key sees it: a tensor's shape, dtype and strides
+    (of each tensor of a tuple-valued op), anything else by its type and text."""
     if isinstance(v, torch.Tensor):
         return (str(tuple(v.shape)), str(v.dtype), str(v.stride()))
+    if isinstance(v, (tuple, list)):
+        return tuple(_value(x) for x in v)
     return (type(v).__name__, str(v))
 
 
