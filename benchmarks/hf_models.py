@@ -114,6 +114,13 @@ class Run:
         elif mode == "backend":   # the whole model through neptune-fusion's backend
             self.fwd = torch.compile(model.forward, backend="neptune_fusion")
         elif mode in ("graphs", "backend-graphs"):
+            # the cache's tensors made outside the compiled call, so transformers marks
+            # them static addresses (it does not while tracing): CUDA graphs then update
+            # them in place instead of skipping the mutated inputs or copying them
+            with torch.no_grad():
+                model(input_ids=prompt[:, :1], past_key_values=self.cache, use_cache=True,
+                      cache_position=torch.zeros(1, dtype=torch.long, device=self.dev))
+            self.cache.reset()
             compiled = torch.compile(model.forward, mode="reduce-overhead",
                                      backend="neptune_fusion" if mode != "graphs" else "inductor")
 
