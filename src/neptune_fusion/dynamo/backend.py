@@ -21,6 +21,7 @@ region in the graph with the reason in the report; the backend never raises for 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -186,8 +187,6 @@ class Backend:
         self.reports: list[GraphReport] = []
 
     def __call__(self, gm, example_inputs):
-        import functools
-
         from torch._dynamo.backends.common import aot_autograd
         report = GraphReport(len(self.reports))
         self.reports.append(report)

@@ -374,16 +374,16 @@ def _table() -> dict:
     t[aten.t.default] = Rule("view", _t)
     t[aten.select.int] = Rule("view", _select)
     t[aten.slice.Tensor] = Rule("view", _slice)
-    t[aten.ones.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
-    t[aten.zeros.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
+    ones = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
+    zeros = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
+    for op in (aten.ones.default, aten.ones_like.default, aten.new_ones.default):
+        t[op] = ones
+    for op in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default):
+        t[op] = zeros
     t[aten.full.default] = Rule("source", _fill(lambda n: n.args[1]))
-    t[aten.scalar_tensor.default] = Rule("source", _fill(lambda n: n.args[0]))
-    t[aten.zeros_like.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
-    t[aten.ones_like.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
     t[aten.full_like.default] = Rule("source", _fill(lambda n: n.args[1]))
-    t[aten.new_ones.default] = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
-    t[aten.new_zeros.default] = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
     t[aten.new_full.default] = Rule("source", _fill(lambda n: n.args[2]))
+    t[aten.scalar_tensor.default] = Rule("source", _fill(lambda n: n.args[0]))
     for op in (aten.arange.default, aten.arange.start, aten.arange.start_step):
         t[op] = Rule("source", _arange)
     t[torch.ops.prims.iota.default] = Rule("source", _iota)
