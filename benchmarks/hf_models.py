@@ -255,11 +255,17 @@ def main(argv=None) -> None:
                          "(default eager,compile; smoke: eager)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--stacks", type=float, default=0.0, metavar="SECONDS",
+                    help="print every thread's Python stack to stderr every SECONDS "
+                         "(where a slow warm-up spends its time; default off)")
     ap.add_argument("--report", action="store_true",
                     help="only write the table from the rows earlier runs left in --out")
     a = ap.parse_args(argv)
     if a.report:
         return report(Path(a.out), a.model)
+    if a.stacks > 0:
+        import faulthandler
+        faulthandler.dump_traceback_later(a.stacks, repeat=True)
     # registers backend="neptune_fusion" also where the package is not installed (its
     # entry point missing: the device runs from src/)
     import neptune_fusion.dynamo  # noqa: F401
