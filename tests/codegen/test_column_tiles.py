@@ -194,6 +194,43 @@ def test_gemm_cost_prefers_large_tiles():
     assert not too_big.feasible and "shared memory" in too_big.why
 
 
+def test_two_column_states_price_two_accumulators_and_two_right_operands():
+    """RMSNorm -> gate and up projections: one kernel, two ``block_m x block_col``
+    accumulators. A tile whose pair spills or overflows shared memory is priced so
+    (Llama-1B's tuner once compiled a 128 x 256 pair for minutes), and the work is two
+    GEMMs' (``Problem.col_states``)."""
+    from dataclasses import replace
+
+    from neptune_fusion.schedule.cost import estimate
+    one = _gemm_problem(2)
+    two = replace(one, col_states=2)
+    big = nf.Schedule(block_m=128, block_n=64, block_col=256, num_warps=8, num_stages=3)
+    assert estimate(one, big, H200).feasible
+    assert not estimate(two, big, H200).feasible        # two right tiles per stage
+    mid = nf.Schedule(block_m=128, block_n=64, block_col=128, num_warps=8, num_stages=3)
+    assert resources(two, mid, H200).regs > resources(one, mid, H200).regs
+    assert estimate(two, mid, H200).seconds > 1.8 * estimate(one, mid, H200).seconds
+    assert all(e.resources.regs <= 255 for e in rank(two, candidates(two, H200), H200)[:4])
+
+
+def test_problem_counts_the_column_states():
+    from neptune_fusion.runtime.problem import problem_of
+    N, D, K = nf.size("N"), nf.size("D"), 48
+    x = nf.placeholder((N, D), name="x")
+    wg, wu = nf.placeholder((D, K), name="wg"), nf.placeholder((D, K), name="wu")
+    c = nf.reduce_axis(D, "c")
+    ms = nf.compute((N,), lambda i: nf.sum(x[i, c] * x[i, c], c), name="ms")
+    outs = [nf.compute((N, K), lambda i, o, w=w: nf.sum(x[i, c] * w[c, o], c)
+                       * nf.rsqrt(ms[i] + 1e-6), name=f"out{k}")
+            for k, w in enumerate((wg, wu))]
+    kernel = nf.compile(outs, [x, wg, wu])
+    ts = [torch.randn(8, 32), torch.randn(32, K), torch.randn(32, K)]
+    sizes = {N: 8, D: 32}
+    assert problem_of(kernel._program(), kernel.inputs, ts, sizes, False).col_states == 2
+    one = nf.compile(outs[:1], [x, wg])
+    assert problem_of(one._program(), one.inputs, ts[:2], sizes, False).col_states == 1
+
+
 def test_only_the_output_column_extent_is_specialised():
     from neptune_fusion.frontend.examples import plain_attention
     from neptune_fusion.runtime.launcher import reuse_key

@@ -438,8 +438,8 @@ def test_llama_static_cache_decode_through_the_backend():
     """transformers' SDPA path with a static cache under ``torch.compile`` with the
     neptune_fusion backend: the prefill graph and the decode-step graph (one for every
     step: the cache's shapes are static) each fuse both layers' attention; the cache
-    writes (``index_copy``) stay with the rest. Each step's logits within 1e-5 of
-    eager."""
+    writes (``index_copy``) stay with the rest, and no fused region is several kernels
+    (backend.refuse_staged_matmul). Each step's logits within 1e-5 of eager."""
     from neptune_fusion.dynamo import Backend
     model = _model("llama")
     model.set_attn_implementation("sdpa")
@@ -464,3 +464,4 @@ def test_llama_static_cache_decode_through_the_backend():
     assert len(backend.reports) == 2   # the prefill, then one graph for every decode step
     for report in backend.reports:
         assert sum("amax" in f.ops and "bmm" in f.ops for f in report.fused) == 2
+        assert all(len(getattr(f.kernel, "passes", ())) < 2 for f in report.fused)

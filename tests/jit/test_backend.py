@@ -186,6 +186,30 @@ def test_a_mask_from_indexed_positions_keeps_its_causal_structure():
     assert any("read from a tensor" in x.reason for x in ex.left)
 
 
+def test_a_staged_region_with_a_matmul_is_refused_before_tuning():
+    """Llama-1B's MLP entry as the backend translates it (the residual sum as a 3-d
+    output beside RMSNorm -> gate and up projections) compiles as three kernels with
+    float32 workspaces between them: ``refuse_staged_matmul`` leaves it to the rest (on
+    the H200 its tuning compiled one candidate for minutes). One kernel is kept."""
+    from neptune_fusion.dynamo.backend import refuse_staged_matmul
+    from neptune_fusion.dynamo.refused import Refused
+    N, D, K = nf.size("N"), 32, 40
+    h, r = nf.placeholder((1, N, D), name="h"), nf.placeholder((N, D), name="r")
+    w = nf.placeholder((D,), name="w")
+    wg, wu = nf.placeholder((K, D), name="wg"), nf.placeholder((K, D), name="wu")
+    c = nf.reduce_axis(D, "c")
+    x = nf.compute((1, N, D), lambda b, i, d: h[0, i, d] + r[i, d], name="x")
+    ms = nf.compute((N,), lambda i: nf.sum((h[0, i, c] + r[i, c]) ** 2, c) / D, name="ms")
+    outs = [nf.compute((N, K), lambda i, o, m=m: nf.rsqrt(ms[i] + 1e-6)
+                       * nf.sum(w[c] * (h[0, i, c] + r[i, c]) * m[o, c], c), name=f"o{k}")
+            for k, m in enumerate((wg, wu))]
+    staged = nf.compile([x] + outs, [h, r, w, wg, wu])
+    assert len(staged.passes) == 3
+    with pytest.raises(Refused, match="3 kernels with float32 workspaces"):
+        refuse_staged_matmul(staged)
+    refuse_staged_matmul(nf.compile(outs, [h, r, w, wg, wu]))   # one kernel: kept
+
+
 def test_a_projection_after_attention_stays_with_the_rest():
     """Attention, then its output projection (``(B, N, H * D) @ W``): one rolling kernel
     cannot hold both, so the region is tried again without the product; the attention

@@ -63,7 +63,8 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
         visits=tuple((bm, bn, visited_fraction(prog, sizes, bm, bn))
                      for bm, bn in tile_shapes(rows)) if visits and contraction else (),
         reread_bytes=0 if contraction else rereads * along,
-        lengths=data_lengths(prog, sizes), gathers=gathers(prog))
+        lengths=data_lengths(prog, sizes), gathers=gathers(prog),
+        col_states=max(1, sum("col" in s.roles for s in prog.state)))
 
 
 def data_lengths(prog: TileProgram, sizes: dict) -> int:

@@ -264,13 +264,14 @@ def _shapes_first(ranked: list[Estimate]) -> list[Estimate]:
 def _gemm_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     """A program of a row x column grid: per pipeline stage a left tile (``block_m x
     block_n``: the rows' loop elements, normalised in registers) and a right tile
-    (``block_n x block_col``) in shared memory; the ``block_m x block_col`` accumulator
-    and the left tile in registers."""
+    (``block_n x block_col``, one per column state) in shared memory; the ``block_m x
+    block_col`` accumulators (``Problem.col_states``) and the left tile in registers."""
     bm, bn, bc, it = s.block_m, s.block_n, s.block_col, problem.itemsize
+    cs = problem.col_states
     stages = s.num_stages if bm >= 64 and s.num_warps % 4 == 0 else max(s.num_stages - 1, 1)
-    smem = stages * bn * (bm + bc) * it
+    smem = stages * bn * (bm + cs * bc) * it
     threads = 32 * s.num_warps
-    regs = (bm * bc + 2 * bm * bn) // threads + 40
+    regs = (cs * bm * bc + 2 * bm * bn) // threads + 40
     per_sm = min(device.smem_per_block // max(smem, 1),
                  device.regs_per_sm // (min(regs, 255) * threads),
                  device.max_warps_per_sm // s.num_warps, 32)
@@ -294,13 +295,14 @@ def gemm_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     waves = -(-progs // slots)
     busy = min(1.0, progs / slots)
     wave_eff = progs / (waves * slots) if progs >= slots else 1.0
+    cs = problem.col_states   # GEMMs sharing the left tile (gate and up projections)
     flops = 2.0 * problem.programs * row_tiles * bm * loop * \
-        (col_tiles * bc + col_tiles * problem.inner)
+        (cs * col_tiles * bc + col_tiles * problem.inner)
     rate = device.fp32_flops if problem.fp32 else device.mma_flops
     mma_eff = min(1.0, bm / 128) * min(1.0, bc / 128) * min(1.0, bn / 32)
     comp = flops / (rate * mma_eff * busy)
     left = problem.programs * rows * loop * it
-    right = problem.programs * loop * col * it
+    right = cs * problem.programs * loop * col * it
     mem = (left + right * -(-row_tiles // COL_GROUP)) / device.bandwidth
     iters = -(-loop // bn) * waves
     t = max(mem, comp) / wave_eff + iters * _ITER_S + device.launch_s

@@ -142,6 +142,9 @@ class Problem:
     an upper bound: any instance may stream all of it or none, and the lengths change
     between calls without a new choice (docs/scheduling.md, "Ragged decode").
     ``gathers``: a tile loop loads through a table (a paged cache; :func:`gather_depth`).
+    ``col_states``: how many state tiles span the output columns, each its own
+    ``block_m x col`` accumulator and, in a GEMM-tiled kernel, its own right operand
+    (RMSNorm followed by the gate and up projections: 2); priced by the GEMM path only.
     """
 
     rows: int
@@ -166,6 +169,7 @@ class Problem:
     lengths: int = 0
     # a tile loop loads through a table (a paged KV cache: k[block_table[b, j // p], ...])
     gathers: bool = False
+    col_states: int = 1
 
     def visited(self, block_m: int, block_n: int) -> float:
         """The share of loop tiles a schedule's programs visit (masks skip the rest);
