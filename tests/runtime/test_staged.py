@@ -392,3 +392,30 @@ def test_maps_over_other_axes_beside_a_projection_get_passes_of_their_own():
     rs = torch.rsqrt(((xd - mu) ** 2).mean(1, keepdim=True) + 1e-5)
     for g, want in zip(got, (xd - mu, rs, (xd - mu) * rs @ ws.double())):
         torch.testing.assert_close(g.double(), want, rtol=2e-5, atol=2e-5)
+
+
+def test_a_split_that_brings_its_dependency_back_is_an_error_not_a_recursion():
+    """One token through RMSNorm -> two projections as the torch.compile backend
+    translates it (a row of one read at index 0, the normalised value cast to bf16
+    inside the projection): the statistic no output row depends on came back in a pass
+    of its own at every split, until Python's recursion limit (Llama-1B decode on the
+    H200, 2026-12-03). Past ``MAX_PASS_DEPTH`` the plan's error is raised, naming it."""
+    from neptune_fusion.runtime.pipeline import MAX_PASS_DEPTH
+    D, K = nf.size("D"), nf.size("K")
+    e, g = nf.placeholder((1, 1, D), "bfloat16", name="e"), nf.placeholder((1, D), "bfloat16",
+                                                                            name="g")
+    w = nf.placeholder((D,), "bfloat16", name="w")
+    W1, W2 = nf.placeholder((K, D), "bfloat16", name="W1"), nf.placeholder((K, D), "bfloat16",
+                                                                           name="W2")
+    c, r = nf.reduce_axis(D, "c"), nf.reduce_axis(D, "r")
+    add = nf.compute((1, 1, D), lambda i, j, k: e[0, 0, k] + g[0, k], name="add")
+
+    def proj(m, name):
+        def body(i, j):
+            ms = nf.sum(nf.cast(e[0, 0, r] + g[0, r], "float32") ** 2, r) / 16.0
+            y = nf.cast(nf.cast(e[0, 0, c] + g[0, c], "float32") * nf.rsqrt(ms + 1e-6),
+                        "bfloat16")
+            return nf.sum(w[c] * y * m[j, c], c)
+        return nf.compute((1, K), body, name=name)
+    with pytest.raises(UnschedulableError, match=f"split into passes {MAX_PASS_DEPTH} times"):
+        nf.compile([add, proj(W1, "m1"), proj(W2, "m2")], [e, g, w, W1, W2])

@@ -221,7 +221,8 @@ class Builder:
 
 def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  # noqa: A001
             name: str | None = None, cache=None, log: bool | None = None, top_k: int = 4,
-            require_single_pass: bool = False, differentiable: bool = False, **options):
+            require_single_pass: bool = False, differentiable: bool = False,
+            _depth: int = 0, **options):
     """Compile plain ``outputs`` into one fused operator.
 
     ``inputs`` fixes the order of the tensor arguments (default: the placeholders in
@@ -253,6 +254,10 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
     ``differentiable=True`` wraps the kernel for ``torch.autograd``: its backward is
     derived from the definition and compiled on first use (docs/autodiff.md); without
     it, inputs that require grad are refused.
+
+    ``_depth`` (internal) counts the passes this call is nested in: a pass compiled as a
+    definition of its own (a 0-d result, a pass over another axis) passes it on, and
+    past :data:`MAX_PASS_DEPTH` the plan's error is raised instead of splitting again.
     """
     if differentiable:
         from .differentiable import DifferentiableKernel
@@ -303,13 +308,15 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
             raise UnschedulableError(f"{kname}: a reduction over several axes at once runs "
                                      "as several passes (fusion/axes.py); "
                                      "require_single_pass=True refuses them")
-        return _staged(builder, auto, sched, store, top_k, log, axis_staging(list(outs)))
+        return _staged(builder, auto, sched, store, top_k, log, axis_staging(list(outs)),
+                       depth=_depth)
     from ..fusion.scalars import has_scalars, unit_rows
     if has_scalars(outs):   # a 0-d compute: a row of one (fusion/scalars.py)
         from .scalars import ScalarOutputs
         inner = compile(unit_rows(outs), inputs, schedule=schedule, name=kname,
                         cache=cache, log=log, top_k=top_k,
-                        require_single_pass=require_single_pass, **options)
+                        require_single_pass=require_single_pass, _depth=_depth + 1,
+                        **options)
         return ScalarOutputs(inner, outs, single)
     if not auto and sched.strategy == "library":   # any plan: the product is cuBLAS's
         return builder.build(sched)
@@ -328,7 +335,12 @@ def compile(outputs, inputs=None, *, schedule: Schedule | dict | str = "auto",  
             # come from our kernels and the product from the library (runtime/library.py)
             from dataclasses import replace
             return builder.build(replace(sched, strategy="library"))
-        return _staged(builder, auto, sched, store, top_k, log)
+        if _depth >= MAX_PASS_DEPTH:
+            raise UnschedulableError(
+                f"{err}; split into passes {_depth} times over, the same dependency comes "
+                "back in a pass of its own (a reduction that no output row depends on, "
+                "read inside another reduction)") from None
+        return _staged(builder, auto, sched, store, top_k, log, depth=_depth)
     return _one(builder, auto, sched, store, top_k, log)
 
 
@@ -342,8 +354,12 @@ def _one(builder: Builder, auto: bool, sched: Schedule, store, top_k: int, log):
                       log=log)
 
 
+MAX_PASS_DEPTH = 4
+"""How deep passes compiled as definitions of their own may nest (:func:`compile`)."""
+
+
 def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log,
-            staging=None):
+            staging=None, depth: int = 0):
     """A multi-pass plan whose passes are not phases of one kernel: one kernel per pass
     program (fusion/stages.py, or ``staging`` given: fusion/axes.py), run in order by a
     :class:`~neptune_fusion.runtime.staged.StagedKernel`. A pass program that needs
@@ -366,7 +382,8 @@ def _staged(whole: Builder, auto: bool, sched: Schedule, store, top_k: int, log,
         if nested or has_scalars(ps.outputs) or not has_reduction(ps.outputs):
             kernels.append(compile(list(ps.outputs), list(ps.inputs), name=name,
                                    schedule="auto" if auto else sched,
-                                   cache=store or False, log=log, top_k=top_k))
+                                   cache=store or False, log=log, top_k=top_k,
+                                   _depth=depth + 1))
             continue
         b = Builder(ps.outputs, ps.inputs, name, False, store)
         b.form()
