@@ -257,7 +257,9 @@ def main(argv=None) -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--stacks", type=float, default=0.0, metavar="SECONDS",
                     help="print every thread's Python stack to stderr every SECONDS "
-                         "(where a slow warm-up spends its time; default off)")
+                         "(where a slow warm-up spends its time; default off). faulthandler "
+                         "crashed the process once (SIGSEGV) when it fired while "
+                         "Inductor's compile threads ran: a diagnostic, not for timings")
     ap.add_argument("--report", action="store_true",
                     help="only write the table from the rows earlier runs left in --out")
     a = ap.parse_args(argv)

@@ -259,3 +259,30 @@ def test_shifted_row_index_lowers_only_when_provably_inside():
     assert index_range(Binary("add", Binary("mul", h, Const(4, int64)), i)) == (0, 31)
     r = IndexVar("r", n_, "spatial", -3)
     assert index_range(Binary("add", r, Const(1, int64))) is None
+
+
+@pytest.mark.parametrize("schedule", ["auto", dict(block_m=16, block_n=16, block_col=64,
+                                                   num_warps=4, num_stages=2)])
+def test_last_row_of_a_symbolic_dimension_is_read_masked(schedule):
+    """The LM head of ``logits_to_keep=1`` as the torch.compile backend translates a
+    static graph: RMSNorm of ``x[i + 7]`` (a row of one: the sequence's last position,
+    at a constant offset) into a 300-column projection. The offset's range is known,
+    the dimension is a size argument: the load is masked by ``i + 7 < N`` (before, every
+    schedule was refused, on the H200 too). Whole-column and column-tiled schedules
+    against float64; a tensor too short for the offset reads zeros, never past its end."""
+    import numpy as np
+    import torch
+
+    import neptune_fusion as nf
+    n_, d_ = nf.sizes("N D")
+    x, w = nf.placeholder((n_, d_), name="x"), nf.placeholder((300, d_), name="W")
+    c, r = nf.reduce_axis(d_, "c"), nf.reduce_axis(d_, "r")
+    ms = nf.compute((1,), lambda i: nf.sum(x[i + 7, r] * x[i + 7, r], r) / 16.0, name="ms")
+    out = nf.compute((1, 300), lambda i, o: nf.sum(x[i + 7, c] * nf.rsqrt(ms[i] + 1e-6)
+                                                   * w[o, c], c), name="out")
+    xs, ws = torch.randn(8, 16) + 0.5, torch.randn(300, 16)
+    want = nf.evaluate(out, {"x": xs.double().numpy(), "W": ws.double().numpy()})
+    kernel = nf.compile(out, [x, w], schedule=schedule, cache=False)
+    np.testing.assert_allclose(kernel(xs, ws).double().numpy(), want, rtol=2e-5,
+                               atol=2e-5 * np.abs(want).max())
+    assert float(kernel(xs[:5], ws).abs().max()) == 0.0

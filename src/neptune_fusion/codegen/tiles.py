@@ -156,10 +156,14 @@ class TileOps:
         mask: Expr | None = None
         last = len(indices) - 1
         for d, idx in enumerate(indices):
+            whole = idx
             idx, shift = self._split_index(idx, tensor.shape[d])
             if shift is not None:   # ``scalar + tile variable``: the scalar goes to the base
                 term = fold(Cast(shift, int64))
                 scalar.append(term if d == last else Binary("mul", term, arg.stride(d)))
+                if not isinstance(tensor.shape[d], int):   # in range unless it is smaller
+                    cond = Binary("lt", whole, extent_expr(tensor.shape[d]))
+                    mask = cond if mask is None else Binary("and", mask, cond)
             ax = self.roles.get(idx) if isinstance(idx, IndexVar) else None
             if ax is not None and ax.role != "grid":
                 term = idx if d == last else Binary("mul", idx, arg.stride(d))
@@ -233,13 +237,17 @@ class TileOps:
     def _split_index(self, idx: Expr, extent) -> tuple[Expr, Expr | None]:
         """``(tile variable, scalar)`` when ``idx`` is a sum of one bare tile variable and
         terms free of tile axes (packed GQA decode reads a per-head buffer at
-        ``h * group + row``) *and* provably inside ``extent`` for every value of its
-        variables (the tile's own mask covers only the variable's axis); else
-        ``(idx, None)``, which :meth:`address` rejects as before."""
+        ``h * group + row``) whose values lie in a known range (static extents) that is
+        provably inside a static ``extent``, or non-negative where ``extent`` is a size
+        argument: :meth:`address` then masks the load by ``idx < extent`` (the last row
+        of a static graph's sequence, ``x[i + 8191]`` over a row of one: the LM head of
+        ``logits_to_keep=1``; a smaller tensor reads zeros, where the reference is
+        undefined). Else ``(idx, None)``, which :meth:`address` rejects as before
+        (``x[i + 1]`` over symbolic rows)."""
         if isinstance(idx, IndexVar) or not self.tile_roles(idx):
             return idx, None
         rng = index_range(idx)
-        if rng is None or not isinstance(extent, int) or rng[0] < 0 or rng[1] >= extent:
+        if rng is None or rng[0] < 0 or (isinstance(extent, int) and rng[1] >= extent):
             return idx, None
         terms, stack = [], [idx]
         while stack:
