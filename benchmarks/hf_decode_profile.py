@@ -1,0 +1,111 @@
+"""Where a Hugging Face decode step spends its time, per attention backend and mode.
+
+A measurement tool for the backend's decode (issue 19: Llama-1B through
+``backend="neptune_fusion"`` decoded at 0.76x Inductor on 2026-12-03, not diagnosed).
+The Llama-1B-shaped model of ``hf_models.py`` (bf16, random weights, a static cache),
+per ``--runs`` entry ``impl:mode`` (``sdpa:compile``, ``sdpa:backend``, ...): a prefill
+of ``--prompt`` tokens and ``--steps`` greedy decode steps to warm up (compile, tune,
+both decode graphs), then for ``--steps`` more steps: the wall time per step (CUDA
+events), the host's enqueue time of one step (its wall time before any
+synchronisation), and a ``torch.profiler`` profile of them: the GPU's busy time per step
+(the kernels' own time summed), the kernel launches per step, the calls of
+neptune-fusion's ops per step, and the top kernels and CPU ops
+(``--out``/``decode-<impl>-<mode>.txt``). Wall near busy: the GPU bounds the step;
+wall near enqueue: the host does.
+
+Usage (GPU): ``PYTHONPATH=src:benchmarks python benchmarks/hf_decode_profile.py
+--out DIR``; ``--smoke`` runs a tiny model on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def main(argv=None) -> None:
+    from hf_models import Run, config
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompt", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--runs", default="sdpa:compile,sdpa:backend")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    import transformers
+
+    import neptune_fusion.dynamo  # noqa: F401  (registers the backend without the package)
+    dev = torch.device("cpu" if args.smoke else "cuda")
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    cfg = config("llama", args.smoke)
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    n = 12 if args.smoke else args.prompt
+    steps = min(args.steps, 4) if args.smoke else args.steps
+    prompt = torch.randint(0, cfg.vocab_size, (1, n), device=dev)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for spec in args.runs.split(","):
+        impl, mode = spec.split(":")
+        torch._dynamo.reset()
+        model.set_attn_implementation(impl)
+        run = Run(model, cfg, prompt, 2 * steps, mode)
+        with torch.no_grad():
+            first = run.prefill().argmax(-1, keepdim=True)
+            run.decode(steps, first)                   # warm-up: both decode graphs
+            row = profile_steps(run, first, steps, dev, out / f"decode-{impl}-{mode}.txt")
+        row.update(impl=impl, mode=mode, prompt=n, steps=steps,
+                   device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                   torch=torch.__version__)
+        print(json.dumps(row), flush=True)
+        with open(out / "decode_profile.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def profile_steps(run, first, steps: int, dev, table: Path) -> dict:
+    """Wall, enqueue and GPU-busy milliseconds per decode step after a fresh prefill."""
+    run.prefill()
+    sync(dev)
+    t0 = time.perf_counter()
+    run.decode(1, first)
+    enqueue = (time.perf_counter() - t0) * 1e3
+    sync(dev)
+    run.prefill()
+    sync(dev)
+    t0 = time.perf_counter()
+    run.decode(steps, first)
+    sync(dev)
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    run.prefill()
+    sync(dev)
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        run.decode(steps, first)
+        sync(dev)
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e3 / steps
+    launches = sum(e.count for e in events if e.device_type.name == "CUDA") / steps
+    ours = sum(e.count for e in events if e.key.startswith("neptune_fusion::")) / steps
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    table.write_text(events.table(sort_by=key, row_limit=30, max_name_column_width=90)
+                     + "\n" + events.table(sort_by="cpu_time_total", row_limit=30,
+                                           max_name_column_width=90))
+    return {"wall_ms_per_step": wall, "enqueue_ms_first_step": enqueue,
+            "gpu_busy_ms_per_step": busy, "gpu_events_per_step": launches,
+            "neptune_ops_per_step": ours}
+
+
+def sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
