@@ -434,16 +434,20 @@ def test_llama_in_plain_pytorch_through_the_backend():
         assert not any("getitem" in x.reason or "fused has" in x.reason for x in report.left)
 
 
-def test_llama_static_cache_decode_through_the_backend():
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_llama_static_cache_decode_through_the_backend(rest):
     """transformers' SDPA path with a static cache under ``torch.compile`` with the
     neptune_fusion backend: the prefill graph and the decode-step graph (one for every
     step: the cache's shapes are static) each fuse both layers' attention; the cache
     writes (``index_copy``) stay with the rest, and no fused region is several kernels
-    (backend.refuse_staged_matmul). Each step's logits within 1e-5 of eager."""
+    (backend.refuse_staged_matmul). Each step's logits within 1e-5 of eager, with
+    Inductor as the rest too (the graph's input mutations -- the cache rows, a position
+    counter -- applied after the fused calls read them: docs/jit.md, the decode's cache
+    copies)."""
     from neptune_fusion.dynamo import Backend
     model = _model("llama")
     model.set_attn_implementation("sdpa")
-    backend = Backend(rest="eager")
+    backend = Backend(rest=rest)
     torch._dynamo.reset()
     compiled = torch.compile(model.forward, backend=backend)
 
