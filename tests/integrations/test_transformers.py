@@ -441,9 +441,9 @@ def test_llama_static_cache_decode_through_the_backend(rest):
     step: the cache's shapes are static) each fuse both layers' attention; the cache
     writes (``index_copy``) stay with the rest, and no fused region is several kernels
     (backend.refuse_staged_matmul). Each step's logits within 1e-5 of eager, with
-    Inductor as the rest too (the graph's input mutations -- the cache rows, a position
-    counter -- applied after the fused calls read them: docs/jit.md, the decode's cache
-    copies)."""
+    Inductor as the rest too: there the graph keeps its input mutations (the cache rows,
+    a position counter), written in place after the fused calls read the old values
+    (docs/jit.md, "Input mutations stay in the graph")."""
     from neptune_fusion.dynamo import Backend
     model = _model("llama")
     model.set_attn_implementation("sdpa")

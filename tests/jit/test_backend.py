@@ -602,3 +602,21 @@ def test_regions_of_one_structure_compile_once():
     assert again.plan == first.plan and str(again).endswith(f"plan: {first.name}'s")
     for f in (first, other_shape, other_constant):
         assert not f.same_as and (f is first or f.kernel is not first.kernel)
+
+
+def test_input_mutations_go_back_to_the_end_of_the_graph():
+    """``finish`` re-sorts the graph by data dependencies; a ``copy_`` into a graph input
+    (an input mutation AOTAutograd keeps in the graph for Inductor) has none on the
+    readers of the input's old value, and is moved back behind them."""
+    from torch.fx import Graph
+
+    from neptune_fusion.dynamo.rewrite import mutations_last
+    g = Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    a = g.call_function(torch.ops.aten.add.Tensor, (x, 1))
+    w = g.call_function(torch.ops.aten.copy_.default, (x, a))   # where a sort may put it
+    z = g.call_function(torch.ops.aten.mul.Tensor, (x, y))       # reads the old x
+    g.output((z,))
+    mutations_last(g)
+    assert list(g.nodes)[-2:] == [w, list(g.nodes)[-1]]
+    assert [n.name for n in g.nodes].index(z.name) < [n.name for n in g.nodes].index(w.name)

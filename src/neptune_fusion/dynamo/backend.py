@@ -224,7 +224,12 @@ class Backend:
                             inference_compiler=functools.partial(forward, inference=True),
                             bw_compiler=lambda fx, inputs: self._rest(
                                 fx, inputs, graph and graph.backward(fx)),
-                            decompositions=self._decompositions())(gm, example_inputs)
+                            decompositions=self._decompositions(),
+                            # as Inductor's own entry: the graph's input mutations (a
+                            # static cache's new rows) stay in it, so Inductor writes
+                            # them in place (docs/jit.md)
+                            keep_inference_input_mutations=self.rest != "eager",
+                            )(gm, example_inputs)
 
     def _decompositions(self) -> dict:
         """Ours, over Inductor's own when Inductor gets the rest (it refuses a graph that

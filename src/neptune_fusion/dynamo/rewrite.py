@@ -63,6 +63,18 @@ def _strided_rows(node) -> bool:
     return not (static(n) and n <= 1) and not (static(stride) and stride == 1)
 
 
+def mutations_last(graph) -> None:
+    """Every ``copy_`` into a graph input moved back to the graph's end, in its order.
+    AOTAutograd places a graph's input mutations there (``keep_inference_input_mutations``:
+    a static cache's new rows, a position counter); a topological sort only knows data
+    dependencies and had moved a counter's increment ahead of a fused call reading the
+    counter's old value (wrong decode logits through Inductor)."""
+    out = next(n for n in graph.nodes if n.op == "output")
+    for n in [n for n in graph.nodes if n.op == "call_function"
+              and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"]:
+        out.prepend(n)
+
+
 def finish(gm, example_inputs) -> None:
     """Drop dead nodes, restore a topological order, recompile, and give every node its
     fake value again (Inductor reads ``node.meta["val"]``)."""
@@ -72,6 +84,7 @@ def finish(gm, example_inputs) -> None:
     from torch.fx.passes.tools_common import legalize_graph
 
     legalize_graph(gm)   # first: a call placed after its region may precede a reader
+    mutations_last(gm.graph)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     mode = detect_fake_mode(example_inputs)
