@@ -177,7 +177,10 @@ def refuse_staged_matmul(kernel) -> None:
     trial call, so nothing is tuned for it."""
     from ..codegen.lower import dot_roles
     passes = getattr(kernel, "passes", ())
-    if len(passes) > 1 and any(dot_roles(p._program()) for p in passes):
+    # a pass compiled as a definition of its own (a 0-d result: no ``_program``) is not
+    # looked into
+    if len(passes) > 1 and any(hasattr(p, "_program") and dot_roles(p._program())
+                               for p in passes):
         raise Refused(f"the fused form is {len(passes)} kernels with float32 workspaces "
                       "between them, a matmul among them: Inductor's separate matmuls "
                       "write their outputs once")
