@@ -394,28 +394,51 @@ def test_maps_over_other_axes_beside_a_projection_get_passes_of_their_own():
         torch.testing.assert_close(g.double(), want, rtol=2e-5, atol=2e-5)
 
 
-def test_a_split_that_brings_its_dependency_back_is_an_error_not_a_recursion():
+def _one_token_mlp_entry():
     """One token through RMSNorm -> two projections as the torch.compile backend
-    translates it (a row of one read at index 0, the normalised value cast to bf16
-    inside the projection): the statistic no output row depends on came back in a pass
-    of its own at every split, until Python's recursion limit (Llama-1B decode on the
-    H200, 2026-12-03). Past ``MAX_PASS_DEPTH`` the plan's error is raised, naming it."""
-    from neptune_fusion.runtime.pipeline import MAX_PASS_DEPTH
+    translates it: a row of one read at index 0, so the statistic depends on no output
+    row, and the planner groups it with the projections (both reduce over ``D``)."""
     D, K = nf.size("D"), nf.size("K")
-    e, g = nf.placeholder((1, 1, D), "bfloat16", name="e"), nf.placeholder((1, D), "bfloat16",
-                                                                            name="g")
-    w = nf.placeholder((D,), "bfloat16", name="w")
-    W1, W2 = nf.placeholder((K, D), "bfloat16", name="W1"), nf.placeholder((K, D), "bfloat16",
-                                                                           name="W2")
+    e, g = nf.placeholder((1, 1, D), name="e"), nf.placeholder((1, D), name="g")
+    w = nf.placeholder((D,), name="w")
+    W1, W2 = nf.placeholder((K, D), name="W1"), nf.placeholder((K, D), name="W2")
     c, r = nf.reduce_axis(D, "c"), nf.reduce_axis(D, "r")
     add = nf.compute((1, 1, D), lambda i, j, k: e[0, 0, k] + g[0, k], name="add")
 
     def proj(m, name):
         def body(i, j):
-            ms = nf.sum(nf.cast(e[0, 0, r] + g[0, r], "float32") ** 2, r) / 16.0
-            y = nf.cast(nf.cast(e[0, 0, c] + g[0, c], "float32") * nf.rsqrt(ms + 1e-6),
-                        "bfloat16")
-            return nf.sum(w[c] * y * m[j, c], c)
+            ms = nf.sum((e[0, 0, r] + g[0, r]) ** 2, r) / 16.0
+            return nf.sum(w[c] * (e[0, 0, c] + g[0, c]) * nf.rsqrt(ms + 1e-6) * m[j, c], c)
         return nf.compute((1, K), body, name=name)
-    with pytest.raises(UnschedulableError, match=f"split into passes {MAX_PASS_DEPTH} times"):
-        nf.compile([add, proj(W1, "m1"), proj(W2, "m2")], [e, g, w, W1, W2])
+    return [add, proj(W1, "m1"), proj(W2, "m2")], [e, g, w, W1, W2]
+
+
+def test_a_statistic_of_one_fixed_row_is_a_pass_of_its_own_not_the_whole_group():
+    """The first pass holds only the members no output row depends on: with the whole
+    group it came back unchanged as the next pass's program, at every split, until
+    Python's recursion limit (Llama-1B decode through the backend, H200, 2026-12-03)."""
+    outs, ins = _one_token_mlp_entry()
+    staging = split_passes(outs)
+    first, *rest = staging.passes
+    assert len(first.outputs) == 1 and first.outputs[0].shape == ()
+    assert all(o.shape != () for p in rest for o in p.outputs)
+    kern = nf.compile(outs, ins, cache=False)
+    gen = torch.Generator().manual_seed(3)
+    d, k = 16, 24
+    e, g, w = (torch.randn(*s, generator=gen) for s in ((1, 1, d), (1, d), (d,)))
+    W1, W2 = torch.randn(k, d, generator=gen), torch.randn(k, d, generator=gen)
+    got = kern(e, g, w, W1, W2)
+    xd = (e.double() + g.double())
+    y = xd[0] * torch.rsqrt((xd[0] ** 2).sum(-1, keepdim=True) / 16.0 + 1e-6) * w.double()
+    for out, want in zip(got, (xd, y @ W1.double().T, y @ W2.double().T)):
+        torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
+
+
+def test_passes_nested_past_the_limit_are_an_error_not_a_recursion(monkeypatch):
+    """Past ``MAX_PASS_DEPTH`` nested splits the plan's error is raised, naming it (the
+    guard that kept the case above from a RecursionError before its cause was found)."""
+    from neptune_fusion.runtime import pipeline
+    monkeypatch.setattr(pipeline, "MAX_PASS_DEPTH", 0)
+    outs, ins = _one_token_mlp_entry()
+    with pytest.raises(UnschedulableError, match="split into passes 0 times"):
+        nf.compile(outs, ins, cache=False)

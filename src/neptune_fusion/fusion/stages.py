@@ -84,11 +84,10 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
         if not p.groups or len(passes) >= max_passes or \
                 (len(p.groups) == 1 and rows_apart(p) is None):
             break
-        g = p.groups[0]
         order = list(reversed(p.context))      # outermost spatial variable first
         mapping: dict[Expr, Expr] = {}
         computes = []
-        for m in g.members:
+        for m in _first_members(p):
             # no spatial axis (a full reduction to one value): a 0-d intermediate, which
             # the pipeline compiles with a unit row (fusion/scalars.py)
             axes = tuple(v for v in order if v in m.node.free_vars)
@@ -171,6 +170,22 @@ def rows_apart(p) -> str | None:
         if not rows & set(axes):
             return f"output {o.name} has none of the rows {members[0].name} is reduced per"
     return None
+
+
+def _first_members(p) -> tuple:
+    """The members of plan ``p``'s first group that the next pass computes: the group,
+    or only the members that no output row depends on when the others do and none of
+    those reads them. One token's RMSNorm statistic beside the projections that read it
+    plans as one group over the row's width; as a whole it would come back, unchanged,
+    as the next pass's program (H200, Llama-1B decode, 2026-12-03)."""
+    members = p.groups[0].members
+    free = [m for m in members if not set(p.context) & m.node.free_vars]
+    if not free or len(free) == len(members):
+        return members
+    rest = {id(m.node) for m in members if not any(m is f for f in free)}
+    if any(id(x) in rest for m in free for x in walk(m.node)):
+        return members
+    return tuple(free)
 
 
 def _rebuilt(o: Compute, body: Expr, axes: tuple[IndexVar, ...], mapping: dict) -> Compute:
