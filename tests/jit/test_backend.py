@@ -208,6 +208,13 @@ def test_a_staged_region_with_a_matmul_is_refused_before_tuning():
     with pytest.raises(Refused, match="3 kernels with float32 workspaces"):
         refuse_staged_matmul(staged)
     refuse_staged_matmul(nf.compile(outs, [h, r, w, wg, wu]))   # one kernel: kept
+    # one decode token: the statistic reads row 0, the products are row-vector products
+    # (no pass has a tl.dot), and the region's matmul ops are what counts
+    from runtime.test_staged import _one_token_mlp_entry
+    decode = nf.compile(*_one_token_mlp_entry())
+    assert len(decode.passes) > 1
+    with pytest.raises(Refused, match="float32 workspaces"):
+        refuse_staged_matmul(decode)
 
 
 def test_a_projection_after_attention_stays_with_the_rest():

@@ -135,6 +135,7 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
     if not has_chain(outs):
         raise Refused("no dependent reduction chain (a lone reduction or matmul is "
                       "Inductor's job)")
+    matmul = "contraction" in region.kinds()
     packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
                      [shape_of(n.meta["val"]) for n in region.outputs])
     kernel = None
@@ -142,11 +143,11 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
         try:
             kernel, casts = _compiled(translate_region(
                 RULES, inputs, region.nodes, region.outputs, packed, hints),
-                args, packed, name, hints)
+                args, packed, name, hints, matmul)
         except Exception:   # noqa: BLE001 - the plain program below instead
             packed = None
     if kernel is None:   # compile errors surface here, not in a graph run
-        kernel, casts = _compiled((outs, phs, casts), args, None, name, hints)
+        kernel, casts = _compiled((outs, phs, casts), args, None, name, hints, matmul)
     plan = str(kernel.plan) if packed is None else f"{packed.describe()}\n{kernel.plan}"
     return args, casts, kernel, packed, plan
 
@@ -156,31 +157,31 @@ def _reason(err: Exception) -> str:
         f"the compiler refused it: {type(err).__name__}: {err}"
 
 
-def _compiled(translated, inputs, packed, name: str, hints: dict):
+def _compiled(translated, inputs, packed, name: str, hints: dict, matmul: bool):
     """``(kernel, casts)``: a translated region compiled and called once (the trial, at
-    the example's sizes)."""
+    the example's sizes); ``matmul``: the region holds one (:func:`refuse_staged_matmul`)."""
     from ..runtime.pipeline import compile as nf_compile
     outs, phs, casts = translated
     kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
-    refuse_staged_matmul(kernel)
+    if matmul:
+        refuse_staged_matmul(kernel)
     trial(kernel, inputs, casts, packed, hints)
     return kernel, casts
 
 
 def refuse_staged_matmul(kernel) -> None:
-    """Raise :class:`Refused` for a region the compiler builds as several kernels (passes
-    with float32 workspaces between them) of which one is a matmul. Llama's RMSNorm ->
-    gate and up projections beside the residual sum is one: the projections' outputs
-    would make a float32 round trip through memory that Inductor's cuBLAS calls, writing
-    their own outputs, do not, and a norm -> matmul chain gains at most its statistics'
-    one pass over the input (1.00-1.01x Inductor in the chain suite). Checked before the
+    """Raise :class:`Refused` for a region with a matmul (the caller knows) that the
+    compiler builds as several kernels (passes with float32 workspaces between them).
+    Llama's RMSNorm -> gate and up projections beside the residual sum is one: the
+    projections' outputs would make a float32 round trip through memory that Inductor's
+    cuBLAS calls, writing their own outputs, do not, and a norm -> matmul chain gains at
+    most its statistics' one pass over the input (1.00-1.01x Inductor in the chain
+    suite). One decode token makes the projections row-vector products, which no pass
+    builds with ``tl.dot``: each pass is then a launch more than Inductor's norm kernel
+    and two matrix-vector calls, plus the staged kernel's Python. Checked before the
     trial call, so nothing is tuned for it."""
-    from ..codegen.lower import dot_roles
     passes = getattr(kernel, "passes", ())
-    # a pass compiled as a definition of its own (a 0-d result: no ``_program``) is not
-    # looked into
-    if len(passes) > 1 and any(hasattr(p, "_program") and dot_roles(p._program())
-                               for p in passes):
+    if len(passes) > 1:
         raise Refused(f"the fused form is {len(passes)} kernels with float32 workspaces "
                       "between them, a matmul among them: Inductor's separate matmuls "
                       "write their outputs once")
