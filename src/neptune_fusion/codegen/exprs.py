@@ -14,6 +14,7 @@ per-row ``l``) is a multiply by its reciprocal, computed once per row.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from ..errors import CodegenError
@@ -204,7 +205,7 @@ class Lowerer(TileOps):
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, e: Expr, axes: tuple[str, ...]) -> Val:
         if isinstance(e, Const):
-            code, prec = literal(e.value)
+            code, prec = literal(_finite_f32(e.value) if e.dtype.is_float else e.value)
             kind = "f32" if e.dtype.is_float else "bool" if e.dtype.is_bool else "i32"
             return Val(code, (), kind, prec)
         if isinstance(e, (Size, IndexVar, Param)):
@@ -322,3 +323,17 @@ class Lowerer(TileOps):
             return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
         kind = "i64" if e.dtype == int64 else "i32"
         return x if x.kind == kind else self.convert(x, kind)
+
+
+_F32_MAX = 3.4028234663852886e38
+
+
+def _finite_f32(v: float) -> float:
+    """A finite float constant within float32's range: the kernels compute in float32,
+    and Triton types a Python float beyond it as float64 (which then meets a float32
+    ``tl.dot`` operand: an error). Scaling folds make such constants -- a float mask
+    filled with float32's minimum, scaled by log2(e) for ``exp2`` -- and the saturated
+    value keeps what the finite one meant: far below every score, never ``-inf``."""
+    if math.isfinite(v) and abs(v) > _F32_MAX:
+        return math.copysign(_F32_MAX, v)
+    return v
