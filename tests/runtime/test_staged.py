@@ -442,3 +442,39 @@ def test_passes_nested_past_the_limit_are_an_error_not_a_recursion(monkeypatch):
     outs, ins = _one_token_mlp_entry()
     with pytest.raises(UnschedulableError, match="split into passes 0 times"):
         nf.compile(outs, ins, cache=False)
+
+
+def rotated_keys_beside_attention():
+    """``([o, rot], inputs)``: attention over keys rotated inline, and the rotated keys as
+    an output of their own (what a sliding-window cache stores)."""
+    N, M, D = nf.sizes("N M D")
+    q, k, sn = nf.placeholder((N, D), name="q"), nf.placeholder((M, D), name="k"), \
+        nf.placeholder((M, D), name="sn")
+    j, c = nf.reduce_axis(M, "j"), nf.reduce_axis(D, "c")
+    rot = nf.compute((M, D), lambda r, d: k[r, d] * 0.5 + sn[r, d], name="rot")
+
+    def body(i, e):
+        s = nf.sum(q[i, c] * (k[j, c] * 0.5 + sn[j, c]), c)
+        w = nf.exp(s - nf.max(s, j))
+        return nf.sum(w * (k[j, e] * 0.5 + sn[j, e]), j) / nf.sum(w, j)
+    return [nf.compute((N, D), body, name="o"), rot], [q, k, sn]
+
+
+def test_an_output_that_reads_no_reduction_is_a_pass_beside_the_group_not_a_reason_to_split_it():
+    """Attention beside the rotated keys a sliding-window cache stores (Mistral, Gemma2
+    through the torch.compile backend): the map has none of the attention's rows, which
+    made the attention's group a pass of its own, its states float32 workspaces and its
+    division a third pass. The map is now a pass of its own and the attention one kernel;
+    no workspace."""
+    (out, rot), ins = rotated_keys_beside_attention()
+    staging = split_passes([out, rot])
+    assert len(staging.passes) == 2 and not staging.intermediates
+    kern = nf.compile([out, rot], ins, cache=False)
+    gen = torch.Generator().manual_seed(6)
+    qs, ks, ss = torch.randn(7, 16, generator=gen), torch.randn(23, 16, generator=gen), \
+        torch.randn(23, 16, generator=gen)
+    got_o, got_rot = kern(qs, ks, ss)
+    kr = ks.double() * 0.5 + ss.double()
+    torch.testing.assert_close(got_rot.double(), kr, rtol=2e-6, atol=2e-6)
+    want = torch.softmax(qs.double() @ kr.T, -1) @ kr
+    torch.testing.assert_close(got_o.double(), want, rtol=2e-5, atol=2e-5)

@@ -82,7 +82,7 @@ def split_passes(outputs, *, max_passes: int = 64) -> Staging:
     while True:
         p = make_plan(rest)
         if not p.groups or len(passes) >= max_passes or \
-                (len(p.groups) == 1 and rows_apart(p) is None):
+                (len(p.groups) == 1 and rows_apart(p, maps_aside=True) is None):
             break
         order = list(reversed(p.context))      # outermost spatial variable first
         mapping: dict[Expr, Expr] = {}
@@ -153,12 +153,15 @@ def _pass_inputs(outs, program_inputs) -> tuple[Placeholder, ...]:
     return tuple(ins)
 
 
-def rows_apart(p) -> str | None:
+def rows_apart(p, maps_aside: bool = False) -> str | None:
     """Why plan ``p``'s first group cannot share one kernel with the outputs' rows, or
     None: the kernels block over a row axis that every member depends on and every
     output has. A member that no output row depends on (``y[i] = x[i] - max_r x[r]``) or
     an output without the members' rows (a row output ``lse[i]`` beside the loss
-    ``sum_i lse[i]`` that inlines it) makes that group a pass of its own."""
+    ``sum_i lse[i]`` that inlines it) makes that group a pass of its own.
+    ``maps_aside``: outputs that read no reduction do not count (:func:`split_passes`
+    gives them passes of their own: the rotated keys a sliding-window cache stores,
+    beside the attention that reads them)."""
     if not p.groups or not any(p.out_axes):
         return None
     members = p.groups[0].members
@@ -166,7 +169,9 @@ def rows_apart(p) -> str | None:
         if not set(p.context) & m.node.free_vars:
             return f"{m.name} reduces to a value that no output row depends on"
     rows = set(p.context).intersection(*(m.node.free_vars for m in members))
-    for o, axes in zip(p.outputs, p.out_axes):
+    for o, body, axes in zip(p.outputs, p.bodies, p.out_axes):
+        if maps_aside and not any(isinstance(x, Reduce) for x in walk(body)):
+            continue
         if not rows & set(axes):
             return f"output {o.name} has none of the rows {members[0].name} is reduced per"
     return None
