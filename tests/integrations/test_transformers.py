@@ -469,3 +469,39 @@ def test_llama_static_cache_decode_through_the_backend(rest):
     for report in backend.reports:
         assert sum("amax" in f.ops and "bmm" in f.ops for f in report.fused) == 2
         assert all(len(getattr(f.kernel, "passes", ())) < 2 for f in report.fused)
+
+
+@pytest.mark.parametrize("name,impl", [("llama", "eager"), ("mistral", "sdpa"),
+                                       ("gemma2", "eager")])
+def test_plain_attention_of_each_model_is_fused_through_the_backend(name, impl):
+    """transformers' own attention code under ``torch.compile(backend="neptune_fusion")``:
+    the eager path's float mask (filled with float32's minimum, which ``exp2``'s scaling
+    took past float32: codegen/exprs.py) and the sliding-window cache's rotated keys
+    beside the attention (a map pass, not a reason to split it: fusion/stages.py) kept
+    each from being fused. The prefill graph fuses both layers' attention (Gemma2: soft-cap
+    and a sliding window on alternate layers); prefill and decode logits within 1e-5 of
+    eager. (A decode graph made dynamic by the prefill before it slices a sliding window
+    at ``Max(0, s - w)``, which the translation refuses: those layers stay the rest's.)"""
+    from neptune_fusion.dynamo import Backend
+    model = _model(name)
+    model.set_attn_implementation(impl)
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(model.forward, backend=backend)
+
+    def steps(fwd):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=24)
+        ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
+        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(9),
+                   use_cache=True).logits[:, -1]]
+        for s in range(3):
+            tok = out[-1].argmax(-1, keepdim=True)
+            out.append(fwd(input_ids=tok, past_key_values=cache,
+                           cache_position=torch.tensor([9 + s]), use_cache=True).logits[:, -1])
+        return out
+    with torch.no_grad():
+        want, got = steps(model.forward), steps(compiled)
+    for a, b in zip(got, want):
+        assert _rel(a, b) <= 1e-5
+    prefill = backend.reports[0]
+    assert sum("amax" in f.ops and "bmm" in f.ops for f in prefill.fused) == 2, str(prefill)

@@ -171,20 +171,40 @@ def _compiled(translated, inputs, packed, name: str, hints: dict, matmul: bool):
 
 def refuse_staged_matmul(kernel) -> None:
     """Raise :class:`Refused` for a region with a matmul (the caller knows) that the
-    compiler builds as several kernels (passes with float32 workspaces between them).
-    Llama's RMSNorm -> gate and up projections beside the residual sum is one: the
-    projections' outputs would make a float32 round trip through memory that Inductor's
-    cuBLAS calls, writing their own outputs, do not, and a norm -> matmul chain gains at
-    most its statistics' one pass over the input (1.00-1.01x Inductor in the chain
-    suite). One decode token makes the projections row-vector products, which no pass
-    builds with ``tl.dot``: each pass is then a launch more than Inductor's norm kernel
-    and two matrix-vector calls, plus the staged kernel's Python. Checked before the
-    trial call, so nothing is tuned for it."""
+    compiler builds as several kernels, unless the kernels share no workspace and one of
+    them fuses a dependent chain (a repaired member: attention) -- the others are then
+    maps beside it, launches Inductor would make too (a sliding-window cache's rotated
+    keys beside the attention that reads them: Mistral, Gemma2).
+
+    Refused: Llama's RMSNorm -> gate and up projections beside the residual sum. Split
+    with workspaces, the projections' outputs made a float32 round trip through memory
+    that Inductor's cuBLAS calls, writing their own outputs, do not; split without, the
+    norm's statistic needs no repair (the rsqrt factors out of the sum), so the kernel
+    holds nothing Inductor cannot do, and a norm -> matmul chain gains at most the
+    statistic's one pass over the input (1.00-1.01x Inductor in the chain suite). One
+    decode token makes the projections row-vector products, which no pass builds with
+    ``tl.dot``: each pass is a launch more than Inductor's norm kernel and two
+    matrix-vector calls, plus the staged kernel's Python. Checked before the trial call,
+    so nothing is tuned for it."""
     passes = getattr(kernel, "passes", ())
-    if len(passes) > 1:
-        raise Refused(f"the fused form is {len(passes)} kernels with float32 workspaces "
-                      "between them, a matmul among them: Inductor's separate matmuls "
-                      "write their outputs once")
+    if len(passes) < 2:
+        return
+    if not kernel.staging.intermediates and any(_repairs(p) for p in passes):
+        return
+    raise Refused(f"the fused form is {len(passes)} kernels"
+                  + (" with float32 workspaces between them" if kernel.staging.intermediates
+                     else ", none with a dependent chain")
+                  + ", a matmul among them: Inductor's separate matmuls write their "
+                  "outputs once")
+
+
+def _repairs(kernel) -> bool:
+    """Whether ``kernel``'s plan fuses a member by a repair (a dependent chain)."""
+    try:
+        groups = kernel.plan.groups
+    except AttributeError:   # a pass compiled as a definition of its own (a 0-d result)
+        return False
+    return any(m.repair is not None for g in groups for m in g.members)
 
 
 class Backend:
