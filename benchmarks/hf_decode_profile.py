@@ -35,6 +35,9 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", default="sdpa:compile,sdpa:backend")
     ap.add_argument("--out", default=".")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--python", action="store_true",
+                    help="also profile the decode steps' Python (cProfile): the functions "
+                         "with the most own time, to --out/decode-<impl>-<mode>-python.txt")
     args = ap.parse_args(argv)
     import transformers
 
@@ -59,6 +62,9 @@ def main(argv=None) -> None:
             first = run.prefill().argmax(-1, keepdim=True)
             run.decode(steps, first)                   # warm-up: both decode graphs
             row = profile_steps(run, first, steps, dev, out / f"decode-{impl}-{mode}.txt")
+            if args.python:
+                python_profile(run, first, steps, dev,
+                               out / f"decode-{impl}-{mode}-python.txt")
         row.update(impl=impl, mode=mode, prompt=n, steps=steps,
                    device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                    torch=torch.__version__)
@@ -100,6 +106,26 @@ def profile_steps(run, first, steps: int, dev, table: Path) -> dict:
     return {"wall_ms_per_step": wall, "enqueue_ms_first_step": enqueue,
             "gpu_busy_ms_per_step": busy, "gpu_events_per_step": launches,
             "neptune_ops_per_step": ours}
+
+
+def python_profile(run, first, steps: int, dev, table: Path) -> None:
+    """The decode steps under cProfile: the 40 functions with the most own time, and the
+    40 with the most time under them."""
+    import cProfile
+    import io
+    import pstats
+    run.prefill()
+    sync(dev)
+    prof = cProfile.Profile()
+    prof.enable()
+    run.decode(steps, first)
+    sync(dev)
+    prof.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(40)
+    table.write_text(text.getvalue())
 
 
 def sync(dev) -> None:
