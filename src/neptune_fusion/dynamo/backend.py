@@ -32,7 +32,14 @@ from .decomp import decompositions, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches
 from .memo import Compiled, region_key
-from .partition import boundaries, depends_on_itself, has_chain, regions, without_trailing_matmuls
+from .partition import (
+    LINEAR_PRODUCTS,
+    boundaries,
+    depends_on_itself,
+    has_chain,
+    regions,
+    without_trailing_matmuls,
+)
 from .refused import Refused
 from .report import Fused, GraphReport, Left
 from .rewrite import finish, replace_region, trial
@@ -135,7 +142,10 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
     if not has_chain(outs):
         raise Refused("no dependent reduction chain (a lone reduction or matmul is "
                       "Inductor's job)")
-    matmul = "contraction" in region.kinds()
+    # None: no product; False: batched products only (attention's scores and values);
+    # True: a Linear layer's product (refuse_staged_matmul)
+    matmul = ("contraction" in region.kinds() or None) and \
+        any(n.target in LINEAR_PRODUCTS for n in region.nodes)
     packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
                      [shape_of(n.meta["val"]) for n in region.outputs])
     kernel = None
@@ -157,45 +167,49 @@ def _reason(err: Exception) -> str:
         f"the compiler refused it: {type(err).__name__}: {err}"
 
 
-def _compiled(translated, inputs, packed, name: str, hints: dict, matmul: bool):
+def _compiled(translated, inputs, packed, name: str, hints: dict, matmul: bool | None):
     """``(kernel, casts)``: a translated region compiled and called once (the trial, at
-    the example's sizes); ``matmul``: the region holds one (:func:`refuse_staged_matmul`)."""
+    the example's sizes); ``matmul``: the region's products (:func:`refuse_staged_matmul`:
+    None for none, True where one is a Linear layer's)."""
     from ..runtime.pipeline import compile as nf_compile
     outs, phs, casts = translated
     kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
-    if matmul:
-        refuse_staged_matmul(kernel)
+    if matmul is not None:
+        refuse_staged_matmul(kernel, linear=matmul)
     trial(kernel, inputs, casts, packed, hints)
     return kernel, casts
 
 
-def refuse_staged_matmul(kernel) -> None:
-    """Raise :class:`Refused` for a region with a matmul (the caller knows) that the
-    compiler builds as several kernels, unless the kernels share no workspace and one of
-    them fuses a dependent chain (a repaired member: attention) -- the others are then
-    maps beside it, launches Inductor would make too (a sliding-window cache's rotated
-    keys beside the attention that reads them: Mistral, Gemma2).
+def refuse_staged_matmul(kernel, linear: bool = True) -> None:
+    """Raise :class:`Refused` for a region with a product (the caller knows which kind)
+    that the compiler builds as several kernels -- unless its products are all batched
+    ones (``bmm``: attention's scores and values, not a Linear layer's ``mm``), the
+    kernels share no workspace and one of them fuses a dependent chain: the others are
+    then maps beside the attention, launches Inductor would make too (a sliding-window
+    cache's rotated keys beside the attention that reads them: Mistral, Gemma2).
 
     Refused: Llama's RMSNorm -> gate and up projections beside the residual sum. Split
     with workspaces, the projections' outputs made a float32 round trip through memory
-    that Inductor's cuBLAS calls, writing their own outputs, do not; split without, the
-    norm's statistic needs no repair (the rsqrt factors out of the sum), so the kernel
-    holds nothing Inductor cannot do, and a norm -> matmul chain gains at most the
-    statistic's one pass over the input (1.00-1.01x Inductor in the chain suite). One
-    decode token makes the projections row-vector products, which no pass builds with
-    ``tl.dot``: each pass is a launch more than Inductor's norm kernel and two
-    matrix-vector calls, plus the staged kernel's Python. Checked before the trial call,
-    so nothing is tuned for it."""
+    that Inductor's cuBLAS calls, writing their own outputs, do not. Split without (the
+    sum a map pass), the norm's bf16 cast inside the projections keeps the statistic a
+    repaired dependency, and the rolling kernel's two rescaled accumulators ran Llama-1B's
+    8192-token prefill at 64.0 ms against 44.1 ms with the region Inductor's (H200,
+    2026-12-03): a norm -> matmul chain gains at most the statistic's one pass over the
+    input (1.00-1.01x Inductor in the chain suite). One decode token makes the
+    projections row-vector products, which no pass builds with ``tl.dot``: each pass is a
+    launch more than Inductor's norm kernel and two matrix-vector calls, plus the staged
+    kernel's Python. Checked before the trial call, so nothing is tuned for it."""
     passes = getattr(kernel, "passes", ())
     if len(passes) < 2:
         return
-    if not kernel.staging.intermediates and any(_repairs(p) for p in passes):
+    if not linear and not kernel.staging.intermediates and any(_repairs(p) for p in passes):
         return
     raise Refused(f"the fused form is {len(passes)} kernels"
                   + (" with float32 workspaces between them" if kernel.staging.intermediates
-                     else ", none with a dependent chain")
-                  + ", a matmul among them: Inductor's separate matmuls write their "
-                  "outputs once")
+                     else "")
+                  + (", a Linear layer's matmul among them: Inductor's separate matmuls "
+                     "write their outputs once" if linear else
+                     ", none with a dependent chain"))
 
 
 def _repairs(kernel) -> bool:

@@ -31,7 +31,7 @@ from .symbolic import is_scalar_value
 from .translate import meta_of
 
 aten = torch.ops.aten
-_LEAVES_REGION = (aten.mm.default, aten.addmm.default)
+LINEAR_PRODUCTS = (aten.mm.default, aten.addmm.default)   # a Linear layer's product
 _COPIES = (aten.clone.default, aten.alias.default)   # a layout copy: trimmed like a view
 _FUSED = "neptune_fusion.fused.default"   # the op of a region fused already (by name:
 # it is defined when the first region is replaced)
@@ -92,7 +92,7 @@ def regions(graph) -> list[Region]:
 
     for n in nodes:
         for a in n.all_input_nodes:
-            if a in fusible and a.target not in _LEAVES_REGION:
+            if a in fusible and a.target not in LINEAR_PRODUCTS:
                 parent[find(a)] = find(n)
     groups: dict = {}
     for n in nodes:
@@ -157,7 +157,7 @@ def _region(members, copies: frozenset = frozenset()) -> Region:
                 region.inputs.append(a)
     cheap = _cheap(members, inside) | copies
     region.outputs = [n for n in members if n not in cheap
-                      and any(u not in inside or n.target in _LEAVES_REGION
+                      and any(u not in inside or n.target in LINEAR_PRODUCTS
                               for u in n.users)]
     return region
 
@@ -172,7 +172,7 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     heads)."""
     inside = set(region.nodes)
     drop = {n for n in region.nodes
-            if n.target in _LEAVES_REGION and all(u not in inside for u in n.users)}
+            if n.target in LINEAR_PRODUCTS and all(u not in inside for u in n.users)}
     if not drop:
         return None
     grown = True
