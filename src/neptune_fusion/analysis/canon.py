@@ -4,7 +4,10 @@ Two rewrites make that so:
 
 * binders are renamed by the *height* of their reduction (1 + the height of the highest
   reduction inside its body), so ``max(s[i, j], j)`` and an inlined copy of it with a
-  fresh ``j`` become the same node, and nested binders never collide;
+  fresh ``j`` become the same node, and nested binders never collide; two reductions
+  equal but for their binders' names (the backend names axes after their ops: SDPA's
+  softmax maximum over ``r_amax`` and its empty-row guard's over ``r_amax_1``) become
+  the first of them;
 * the spatial axes of the outputs become one shared variable per (position, extent),
   so a reduction that two outputs both need (the row max of attention and of its
   log-sum-exp) is one node, computed once.
@@ -32,9 +35,12 @@ def _height(e: Expr, memo: dict[int, tuple[Expr, int]]) -> int:
     return got[1]
 
 
-def canonical_binders(root: Expr) -> Expr:
-    """Rename every reduction's axes to canonical variables chosen by its height."""
+def canonical_binders(root: Expr, seen: dict | None = None) -> Expr:
+    """Rename every reduction's axes to canonical variables chosen by its height, and
+    make reductions equal up to their binders' names one node: the first seen, in
+    ``seen`` (shared across a program's bodies: ``SpatialVars.binders``)."""
     heights: dict[int, tuple[Expr, int]] = {}
+    seen = {} if seen is None else seen
 
     def fn(e: Expr) -> Expr | None:
         if not isinstance(e, Reduce):
@@ -46,10 +52,14 @@ def canonical_binders(root: Expr) -> Expr:
             IndexVar(a.name.rstrip("'") or a.name, a.extent, "reduce",
                      _BINDER_BASE - 64 * h - p)
             for p, a in enumerate(e.axes))
-        if all(a is b for a, b in zip(new_axes, e.axes)):
-            return None
-        body = substitute(e.body, dict(zip(e.axes, new_axes)))
-        return Reduce(e.op, body, new_axes)
+        out = e if all(a is b for a, b in zip(new_axes, e.axes)) else \
+            Reduce(e.op, substitute(e.body, dict(zip(e.axes, new_axes))), new_axes)
+        # its name-free form (its children are canonical already: the rewrite is
+        # bottom-up) keys the first reduction of that form
+        anon = tuple(IndexVar("_", a.extent, "reduce", a.uid) for a in new_axes)
+        key = Reduce(out.op, substitute(out.body, dict(zip(new_axes, anon))), anon)
+        first = seen.setdefault(key, out)
+        return None if first is e else first
 
     return rewrite(root, fn)
 
@@ -59,6 +69,7 @@ class SpatialVars:
 
     def __init__(self) -> None:
         self._vars: dict[tuple[int, object], IndexVar] = {}
+        self.binders: dict = {}   # reductions by name-free form (canonical_binders)
 
     def axes_for(self, c: Compute) -> tuple[IndexVar, ...]:
         out = []
@@ -75,6 +86,7 @@ class SpatialVars:
         """An independent copy holding the same canonical variables."""
         other = SpatialVars()
         other._vars = dict(self._vars)
+        other.binders = dict(self.binders)
         return other
 
     @property
@@ -92,4 +104,4 @@ def canonical_output(c: Compute, spatial: SpatialVars, memo: dict | None = None
     """
     axes = spatial.axes_for(c)
     body = substitute(inline(c.body, memo), dict(zip(c.axes, axes)))
-    return canonical_binders(body), axes
+    return canonical_binders(body, spatial.binders), axes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir.nodes import Binary, Expr, Reduce, Unary
+from ..ir.nodes import Binary, Cast, Expr, Reduce, Unary
 from ..ir.traverse import factors, product, rewrite
 
 Rule = Callable[[Reduce, frozenset], Expr | None]
@@ -77,8 +77,20 @@ def _extreme_shift(r: Reduce, ax: frozenset) -> Expr | None:
     return None
 
 
+def _extreme_cast(r: Reduce, ax: frozenset) -> Expr | None:
+    # max(cast(b_j)) = cast(max(b_j)) for a cast between float dtypes: rounding is
+    # monotone, so the largest term rounds to the largest rounded term. SDPA in bf16
+    # guards an empty row with max(s) == -inf beside softmax's max(cast(s, float32)):
+    # one maximum, not two (the second one also kept the kernel off the Gluon path)
+    b = r.body
+    if r.op in ("max", "min") and isinstance(b, Cast) and b.dtype.is_float \
+            and b.x.dtype.is_float:
+        return Cast(_sub_reduce(r, b.x), b.dtype_)
+    return None
+
+
 RULES: tuple[Rule, ...] = (_sum_scale, _sum_divide, _sum_factor_divide, _sum_negate,
-                          _extreme_shift)
+                          _extreme_shift, _extreme_cast)
 
 
 def normalize(root: Expr, rules: tuple[Rule, ...] = RULES) -> Expr:

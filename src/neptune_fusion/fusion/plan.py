@@ -131,7 +131,7 @@ def _canonicalise(outputs: list[Compute], memo: dict):
         _dump("canon", lambda o=o, b=b: f"{o.name} = {b}")
         if check:
             verify_body(b, ax, f"after canon: output {o.name!r}")
-        b = canonical_binders(normalize(b))
+        b = canonical_binders(normalize(b), sv.binders)
         _dump("normalize", lambda o=o, b=b: f"{o.name} = {b}")
         if check:
             verify_body(b, ax, f"after normalize: output {o.name!r}")
@@ -158,7 +158,7 @@ def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
         if not isinstance(t, Compute):
             continue
         b, _ = canonical_output(t, scratch, memo)
-        b = canonical_binders(normalize(b))
+        b = canonical_binders(normalize(b), scratch.binders)
         if isinstance(b, Reduce):
             give(b, t.name)
         tops = [r for r in maximal_hoistable(b, outer) if r not in names]
