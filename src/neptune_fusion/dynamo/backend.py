@@ -207,8 +207,8 @@ def refuse_staged_matmul(kernel, linear: bool = True) -> None:
     raise Refused(f"the fused form is {len(passes)} kernels"
                   + (" with float32 workspaces between them" if kernel.staging.intermediates
                      else "")
-                  + (", a Linear layer's matmul among them: Inductor's separate matmuls "
-                     "write their outputs once" if linear else
+                  + (", a Linear layer's matmul among them: Inductor's cuBLAS calls do "
+                     "as well or better (docs/jit.md)" if linear else
                      ", none with a dependent chain"))
 
 
