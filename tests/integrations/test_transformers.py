@@ -434,6 +434,26 @@ def test_llama_in_plain_pytorch_through_the_backend():
         assert not any("getitem" in x.reason or "fused has" in x.reason for x in report.left)
 
 
+def _same_greedy_steps(model, compiled, prompt: int, steps: int, cache_len: int) -> None:
+    """A prefill of ``prompt`` tokens and ``steps`` greedy decode steps over a static
+    cache, through ``model.forward`` and through ``compiled``: each step's last logits
+    within 1e-5 of eager's."""
+    def run(fwd):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=cache_len)
+        ids = torch.randint(1, VOCAB, (1, prompt), generator=torch.Generator().manual_seed(4))
+        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt),
+                   use_cache=True).logits[:, -1]]
+        for s in range(steps):
+            tok = out[-1].argmax(-1, keepdim=True)
+            out.append(fwd(input_ids=tok, past_key_values=cache, use_cache=True,
+                           cache_position=torch.tensor([prompt + s])).logits[:, -1])
+        return out
+    with torch.no_grad():
+        want, got = run(model.forward), run(compiled)
+    for a, b in zip(got, want):
+        assert _rel(a, b) <= 1e-5
+
+
 @pytest.mark.parametrize("rest", ["eager", "inductor"])
 def test_llama_static_cache_decode_through_the_backend(rest):
     """transformers' SDPA path with a static cache under ``torch.compile`` with the
@@ -451,20 +471,7 @@ def test_llama_static_cache_decode_through_the_backend(rest):
     torch._dynamo.reset()
     compiled = torch.compile(model.forward, backend=backend)
 
-    def steps(fwd):
-        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
-        ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
-        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(6),
-                   use_cache=True).logits[:, -1]]
-        for s in range(4):
-            tok = out[-1].argmax(-1, keepdim=True)
-            out.append(fwd(input_ids=tok, past_key_values=cache,
-                           cache_position=torch.tensor([6 + s]), use_cache=True).logits[:, -1])
-        return out
-    with torch.no_grad():
-        want, got = steps(model.forward), steps(compiled)
-    for a, b in zip(got, want):
-        assert _rel(a, b) <= 1e-5
+    _same_greedy_steps(model, compiled, prompt=6, steps=4, cache_len=16)
     assert len(backend.reports) == 2   # the prefill, then one graph for every decode step
     for report in backend.reports:
         assert sum("amax" in f.ops and "bmm" in f.ops for f in report.fused) == 2
@@ -489,19 +496,6 @@ def test_plain_attention_of_each_model_is_fused_through_the_backend(name, impl):
     torch._dynamo.reset()
     compiled = torch.compile(model.forward, backend=backend)
 
-    def steps(fwd):
-        cache = transformers.StaticCache(config=model.config, max_cache_len=24)
-        ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
-        out = [fwd(input_ids=ids, past_key_values=cache, cache_position=torch.arange(9),
-                   use_cache=True).logits[:, -1]]
-        for s in range(3):
-            tok = out[-1].argmax(-1, keepdim=True)
-            out.append(fwd(input_ids=tok, past_key_values=cache,
-                           cache_position=torch.tensor([9 + s]), use_cache=True).logits[:, -1])
-        return out
-    with torch.no_grad():
-        want, got = steps(model.forward), steps(compiled)
-    for a, b in zip(got, want):
-        assert _rel(a, b) <= 1e-5
+    _same_greedy_steps(model, compiled, prompt=9, steps=3, cache_len=24)
     prefill = backend.reports[0]
     assert sum("amax" in f.ops and "bmm" in f.ops for f in prefill.fused) == 2, str(prefill)
