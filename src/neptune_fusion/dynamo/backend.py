@@ -142,9 +142,8 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
     if not has_chain(outs):
         raise Refused("no dependent reduction chain (a lone reduction or matmul is "
                       "Inductor's job)")
-    # None: no product; False: batched products only (attention's scores and values);
-    # True: a Linear layer's product (refuse_staged_matmul)
-    matmul = ("contraction" in region.kinds() or None) and \
+    # the region's products (refuse_staged_matmul): any, and a Linear layer's among them
+    products = "contraction" in region.kinds(), \
         any(n.target in LINEAR_PRODUCTS for n in region.nodes)
     packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
                      [shape_of(n.meta["val"]) for n in region.outputs])
@@ -153,11 +152,11 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
         try:
             kernel, casts = _compiled(translate_region(
                 RULES, inputs, region.nodes, region.outputs, packed, hints),
-                args, packed, name, hints, matmul)
+                args, packed, name, hints, products)
         except Exception:   # noqa: BLE001 - the plain program below instead
             packed = None
     if kernel is None:   # compile errors surface here, not in a graph run
-        kernel, casts = _compiled((outs, phs, casts), args, None, name, hints, matmul)
+        kernel, casts = _compiled((outs, phs, casts), args, None, name, hints, products)
     plan = str(kernel.plan) if packed is None else f"{packed.describe()}\n{kernel.plan}"
     return args, casts, kernel, packed, plan
 
@@ -167,15 +166,17 @@ def _reason(err: Exception) -> str:
         f"the compiler refused it: {type(err).__name__}: {err}"
 
 
-def _compiled(translated, inputs, packed, name: str, hints: dict, matmul: bool | None):
+def _compiled(translated, inputs, packed, name: str, hints: dict,
+              products: tuple[bool, bool]):
     """``(kernel, casts)``: a translated region compiled and called once (the trial, at
-    the example's sizes); ``matmul``: the region's products (:func:`refuse_staged_matmul`:
-    None for none, True where one is a Linear layer's)."""
+    the example's sizes); ``products``: whether the region has products, and a Linear
+    layer's among them (:func:`refuse_staged_matmul`)."""
     from ..runtime.pipeline import compile as nf_compile
     outs, phs, casts = translated
     kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
-    if matmul is not None:
-        refuse_staged_matmul(kernel, linear=matmul)
+    has_products, linear = products
+    if has_products:
+        refuse_staged_matmul(kernel, linear=linear)
     trial(kernel, inputs, casts, packed, hints)
     return kernel, casts
 
