@@ -76,13 +76,21 @@ def config(name: str, smoke: bool):
     raise SystemExit(f"unknown --model {name!r}: llama or gemma2")
 
 
-def snapshot_flex_mask() -> None:
+def snapshot_flex_mask(eager_block_mask: bool = False) -> None:
     """Register transformers' flex mask builder again, with tensor ``q_offset`` /
-    ``kv_offset`` arguments copied when the mask is built (see the module docstring)."""
+    ``kv_offset`` arguments copied when the mask is built (see the module docstring).
+    ``eager_block_mask``: build the block mask without compiling it (``_compile=False``)."""
     try:
+        from transformers import masking_utils
         from transformers.masking_utils import AttentionMaskInterface, flex_attention_mask
     except ImportError:   # an older transformers without the mask interface
         return
+    if eager_block_mask and hasattr(masking_utils, "create_block_mask"):
+        build = masking_utils.create_block_mask
+
+        def create_block_mask(*args, **kw):
+            return build(*args, **(kw | {"_compile": False}))
+        masking_utils.create_block_mask = create_block_mask
 
     def mask(*args, **kw):
         for key in ("q_offset", "kv_offset"):
@@ -260,6 +268,10 @@ def main(argv=None) -> None:
                          "(where a slow warm-up spends its time; default off). faulthandler "
                          "crashed the process once (SIGSEGV) when it fired while "
                          "Inductor's compile threads ran: a diagnostic, not for timings")
+    ap.add_argument("--flex-eager-mask", action="store_true",
+                    help="build FlexAttention's block mask without compiling it: on the H200 "
+                         "(Triton 3.6) transformers' compiled create_block_mask for an "
+                         "8192-token prompt did not finish compiling in 240 s (2026-12-03)")
     ap.add_argument("--report", action="store_true",
                     help="only write the table from the rows earlier runs left in --out")
     a = ap.parse_args(argv)
@@ -273,7 +285,7 @@ def main(argv=None) -> None:
     import neptune_fusion.dynamo  # noqa: F401
     from neptune_fusion.integrations.transformers import register
     register()
-    snapshot_flex_mask()
+    snapshot_flex_mask(a.flex_eager_mask)
     import transformers
     smoke = a.smoke or not torch.cuda.is_available()
     dev = torch.device("cpu" if smoke else "cuda")
