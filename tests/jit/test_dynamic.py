@@ -164,5 +164,33 @@ def test_size_expressions_translate_or_are_refused():
     assert str(to_ir(s0 - 1, {s0: size})) in ("dyn_s0 + -1", "-1 + dyn_s0")
     with pytest.raises(Refused, match="no input's dimension"):
         to_ir(s0, {})
-    with pytest.raises(Refused, match="not a sum or product"):
+    assert "maximum" in repr(to_ir(sympy.Max(0, s0 - 3), {s0: size}))
+    with pytest.raises(Refused, match="not a sum, product, maximum or minimum"):
         to_ir(sympy.floor(s0 / 2), {s0: size})
+
+
+def test_a_position_no_shape_gives_is_passed_as_a_tensor():
+    """A sliding window whose first key is ``max(0, end - 3)`` for an int ``end`` that
+    changes between calls (a decode step's position): Dynamo makes it a symbolic int that
+    no input's shape gives, so the kernel gets it as a 0-d tensor. One graph serves every
+    position, each result against float64; rows with every key masked stay out (eager
+    gives NaN there)."""
+    def windowed(q, k, v, end):
+        s = (q @ k.transpose(-1, -2)) * 0.25
+        pos = torch.arange(k.shape[-2])
+        keep = (pos >= max(0, end - 3)) & (pos < end)
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+    torch._dynamo.reset()
+    backend = Backend(rest="eager")
+    compiled = torch.compile(windowed, backend=backend, dynamic=True)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (4, 12, 12))
+    for end in (5, 2, 11, 12):
+        with torch.no_grad():
+            got = compiled(q, k, v, end)
+        want = windowed(q.double(), k.double(), v.double(), end)
+        assert float((got.double() - want).abs().max()) <= 2e-5 * float(want.abs().max())
+    assert len(backend.reports) == 1, "a position recompiled the graph"
+    (fused,) = _fused(backend)
+    assert "bmm" in fused.ops and "amax" in fused.ops

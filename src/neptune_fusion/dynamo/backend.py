@@ -44,7 +44,7 @@ from .refused import Refused
 from .report import Fused, GraphReport, Left
 from .rewrite import finish, replace_region, trial
 from .rules import RULES
-from .symbolic import hints_of, is_scalar_value, shape_of
+from .symbolic import arg_shape, hints_of, is_scalar_value, shape_of, unbound_scalars
 from .translate import translate_region
 
 RESTS = ("inductor", "eager")
@@ -135,8 +135,13 @@ def _compile_once(memo: dict, region, hints: dict, name: str):
 def _compile_region(region, inputs: list, hints: dict, name: str):
     """``(args, casts, kernel, packed, plan)`` of a region translated, compiled and called
     once; raises :class:`Refused` or the compiler's error."""
-    # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes
-    args = [a for a in inputs if not is_scalar_value(a.meta.get("val"))]
+    # the kernel's arguments: a symbolic int (a dynamic size) is read from the shapes,
+    # unless no shape gives it (then a 0-d tensor: symbolic.unbound_scalars)
+    passed = set(unbound_scalars(inputs))
+    args = [a for a in inputs if not is_scalar_value(a.meta.get("val")) or a in passed]
+    if passed and len(passed) == len(args):
+        raise Refused("the region reads no tensor, only symbolic ints: nothing gives the "
+                      "device their 0-d tensors would live on")
     outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
                                         hints=hints)
     if not has_chain(outs):
@@ -145,7 +150,7 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
     # the region's products (refuse_staged_matmul): any, and a Linear layer's among them
     products = "contraction" in region.kinds(), \
         any(n.target in LINEAR_PRODUCTS for n in region.nodes)
-    packed = packing(outs, phs, args, [shape_of(n.meta["val"]) for n in args],
+    packed = packing(outs, phs, args, [arg_shape(n) for n in args],
                      [shape_of(n.meta["val"]) for n in region.outputs])
     kernel = None
     if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)

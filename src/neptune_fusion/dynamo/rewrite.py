@@ -4,7 +4,8 @@ The call is the ``neptune_fusion::fused`` op (:mod:`neptune_fusion.runtime.torch
 ``neptune_fusion::kernel`` without the custom op's per-call Python wrappers; the graph is
 AOTAutograd's forward or inference graph, which nothing differentiates through) with the
 operator's handle, so the rest of the graph -- Inductor or eager -- runs it as an opaque
-op. Boolean inputs (masks) are passed as ``int32``, as kernels take no bool.
+op. Boolean inputs (masks) are passed as ``int32``, as kernels take no bool; a symbolic
+int whose value no input shape gives, as a 0-d ``int64`` tensor (``scalar_tensor``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import operator
 import torch
 
 from ..runtime.torch_ops import KernelEntry, constant_key, handle
-from .symbolic import dim, hint, shape_of, static
+from .symbolic import dim, hint, is_scalar_value, shape_of, static
 
 
 def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
@@ -27,8 +28,13 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
     last = max(region.nodes, key=order.__getitem__)
     with graph.inserting_before(last.next):   # in creation order, after the region
         args = []
+        device = next(n.meta["val"].device for n in inputs
+                      if not is_scalar_value(n.meta["val"]))
         for n in inputs:
-            if n in casts:
+            if is_scalar_value(n.meta["val"]):   # a symbolic int no shape gives
+                n = graph.call_function(torch.ops.aten.scalar_tensor.default, (n,),
+                                        {"dtype": torch.int64, "device": device})
+            elif n in casts:
                 n = graph.call_function(torch.ops.prims.convert_element_type.default,
                                         (n, getattr(torch, casts[n])))
             elif _strided_rows(n):   # kernels read rows with unit stride
@@ -110,8 +116,12 @@ def trial(kernel, inputs, casts, packed=None, hints=None) -> None:
 
 def _random_like(inputs, casts, packed, hints) -> list:
     out = []
+    device = next(n.meta["val"].device for n in inputs if not is_scalar_value(n.meta["val"]))
     for n in inputs:
         v = n.meta["val"]
+        if is_scalar_value(v):   # a symbolic int passed as a 0-d tensor: its example value
+            out.append(torch.tensor(hint(dim(v), hints), dtype=torch.int64, device=device))
+            continue
         shape = tuple(hint(d, hints) for d in shape_of(v))
         if packed is not None and n in packed.queries:
             shape = packed.input_shape(shape)

@@ -54,6 +54,27 @@ def size_name(sym) -> str:
     return f"dyn_{sym}"
 
 
+def unbound_scalars(inputs) -> list:
+    """The symbolic-int inputs of a region whose value no tensor input's shape gives (a
+    symbol that is no tensor input's dimension: a static cache's decode position, a
+    sliding window's first key ``Max(0, s - w + 1)``). The kernel cannot compute those
+    from its sizes, so each is passed as a 0-d int64 tensor (translate.py, rewrite.py)."""
+    bound = set()
+    for n in inputs:
+        v = n.meta.get("val")
+        if not is_scalar_value(v):
+            bound.update(d for d in shape_of(v) if not static(d) and d.is_Symbol)
+    return [n for n in inputs if is_scalar_value(v := n.meta.get("val"))
+            and not static(dim(v)) and not dim(v).free_symbols <= bound]
+
+
+def arg_shape(node) -> tuple:
+    """The shape of a region input as passed to its kernel: a tensor's, or ``()`` for a
+    symbolic int (passed as a 0-d tensor when passed at all)."""
+    v = node.meta["val"]
+    return () if is_scalar_value(v) else shape_of(v)
+
+
 def hints_of(values) -> dict:
     """The example value of every symbol (the shape environment's hints) of the first
     symbolic int found among ``values`` (tensor values or ints), or ``{}``."""
@@ -78,7 +99,8 @@ def hint(d, hints: Mapping) -> int:
 
 def to_ir(expr, sizes: Mapping):
     """A sympy expression of symbols as an IR expression of their sizes (``sizes``:
-    symbol -> IR size). Sums and products of bound symbols and integers only."""
+    symbol -> IR size): sums, products, maxima and minima of bound symbols and integers
+    (a sliding window's first key ``Max(0, s - w + 1)``)."""
     if static(expr):
         return expr
     if expr.is_Integer:
@@ -94,8 +116,17 @@ def to_ir(expr, sizes: Mapping):
         for p in parts[1:]:
             out = out + p if expr.is_Add else out * p
         return out
-    raise Refused(f"dynamic size expression {expr} ({type(expr).__name__}) is not a sum "
-                  "or product of sizes")
+    kind = type(expr).__name__   # sympy's Max/Min or torch's own (torch.utils._sympy)
+    if kind in ("Max", "Min"):
+        from ..ir import build  # the IR's own elementwise max/min of int values
+        op = "maximum" if kind == "Max" else "minimum"
+        parts = [to_ir(a, sizes) for a in expr.args]
+        out = parts[0]
+        for p in parts[1:]:
+            out = build.binary(op, out, p)
+        return out
+    raise Refused(f"dynamic size expression {expr} ({type(expr).__name__}) is not a sum, "
+                  "product, maximum or minimum of sizes")
 
 
 def same(a, b) -> bool:

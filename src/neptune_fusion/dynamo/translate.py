@@ -31,7 +31,7 @@ from ..ir.dtypes import float32
 from ..ir.index import simplify
 from ..ir.nodes import Binary, Const, Expr
 from .refused import Refused
-from .symbolic import dim, is_scalar_value, shape_of, size_name, static, to_ir
+from .symbolic import dim, is_scalar_value, shape_of, size_name, static, to_ir, unbound_scalars
 from .views import Merges
 
 KERNEL_DTYPES = ("float16", "bfloat16", "float32", "int32", "int64")
@@ -93,9 +93,16 @@ class Translator:
         expression of the sizes."""
         return n if static(n) else to_ir(n, self.sizes)
 
-    def add_input(self, node) -> None:
+    def add_input(self, node, passed: bool = False) -> None:
+        """A region input; ``passed``: a symbolic int the kernel gets as a 0-d int64
+        tensor, its symbols being no tensor input's dimension (symbolic.unbound_scalars)."""
         val = node.meta.get("val")
-        if is_scalar_value(val):   # a symbolic int (a dynamic graph's size): no tensor
+        if is_scalar_value(val) and passed:
+            p = nf.placeholder((), "int64", name=f"in_{node.name}")
+            self.placeholders.append(p)
+            self.vals[node] = Val((), "int64", lambda idx, p=p: p[()])
+            return
+        if is_scalar_value(val):   # a dynamic graph's size, read from the shapes
             expr = dim(val)
             self.vals[node] = Val((), "int64", lambda idx, e=expr: self.size_expr(e))
             return
@@ -241,7 +248,8 @@ def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Se
     ``packed`` (a :class:`~.gqa.Packing`): the query heads of a key/value group become
     rows (its query inputs and its one output take the packed shapes). ``hints``: the
     example values of a dynamic graph's size symbols (symbolic.py). The placeholders are
-    those of the tensor inputs, in order: a symbolic int input is no argument."""
+    those of the tensor inputs and of the symbolic ints no shape gives (0-d int64
+    tensors), in order; any other symbolic int input is read from the sizes."""
     tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, frozenset())
     # an extent-1 dimension read at 0 by one path (a view dropped it) and at an axis of
     # extent 1 by another (a broadcast kept it) reads one element, but the two loads
@@ -255,8 +263,9 @@ def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Se
 
 def _translate(rules, inputs, nodes, outputs, packed, hints, zeros):
     tr = Translator(rules, packed, hints, zeros)
+    passed = set(unbound_scalars(inputs))
     for node in inputs:
-        tr.add_input(node)
+        tr.add_input(node, node in passed)
     for node in nodes:
         tr.translate(node)
     return tr, [tr.output(n, f"out_{n.name}") for n in outputs]
