@@ -479,17 +479,19 @@ def test_llama_static_cache_decode_through_the_backend(rest):
 
 
 @pytest.mark.parametrize("name,impl", [("llama", "eager"), ("mistral", "sdpa"),
-                                       ("gemma2", "eager")])
+                                       ("gemma2", "eager"), ("gpt_oss", "eager")])
 def test_plain_attention_of_each_model_is_fused_through_the_backend(name, impl):
     """transformers' own attention code under ``torch.compile(backend="neptune_fusion")``:
     the eager path's float mask (filled with float32's minimum, which ``exp2``'s scaling
-    took past float32: codegen/exprs.py) and the sliding-window cache's rotated keys
-    beside the attention (a map pass, not a reason to split it: fusion/stages.py) kept
-    each from being fused. The prefill graph fuses both layers' attention (Gemma2: soft-cap
-    and a sliding window on alternate layers); prefill and decode logits within 1e-5 of
-    eager. The decode graph, made dynamic by the prefill before it, fuses them too: its
-    mask reads the step's position and a sliding window's first key ``Max(0, s - w + 1)``,
-    symbolic ints no input shape gives, passed as 0-d tensors (dynamo/symbolic.py)."""
+    took past float32: codegen/exprs.py), gpt-oss's sink logits concatenated to the
+    scores (dynamo/rules.py: the reductions split at the sink's entry) and the
+    sliding-window cache's rotated keys beside the attention (a map pass, not a reason to
+    split it: fusion/stages.py) kept each from being fused. The prefill graph fuses both
+    layers' attention (Gemma2: soft-cap and a sliding window on alternate layers;
+    gpt-oss: sinks); prefill and decode logits within 1e-5 of eager. The decode graph,
+    made dynamic by the prefill before it, fuses them too: its mask reads the step's
+    position and a sliding window's first key ``Max(0, s - w + 1)``, symbolic ints no
+    input shape gives, passed as 0-d tensors (dynamo/symbolic.py)."""
     from neptune_fusion.dynamo import Backend
     model = _model(name)
     model.set_attn_implementation(impl)

@@ -660,3 +660,45 @@ def test_bf16_sdpa_through_the_backend_prints_in_the_gluon_dialect():
     gluon = fused.kernel.kernel_of(Schedule(block_m=128, block_n=64, num_warps=8,
                                             num_stages=2, dialect="gluon"))
     assert gluon.specs[0].dialect == "gluon" and "warpgroup_mma" in gluon.source
+
+
+def _sink_attention(q, k, v, sinks, sink_first=False):
+    """gpt-oss's eager attention: a sink logit per head concatenated to the causal
+    scores, the row maximum subtracted (``max(...).values``), a softmax, the sink's column
+    dropped, then the product with V."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    pos = torch.arange(s.shape[-1])
+    s = s.masked_fill(pos[None, :] > pos[:, None], float("-inf"))
+    sk = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+    c = torch.cat([sk, s] if sink_first else [s, sk], dim=-1)
+    c = c - c.max(dim=-1, keepdim=True).values
+    p = torch.softmax(c, dim=-1)
+    return (p[..., 1:] if sink_first else p[..., :-1]) @ v
+
+
+@pytest.mark.parametrize("sink_first", [False, True])
+def test_sink_logits_concatenated_to_the_scores_are_one_chain(sink_first):
+    """The concatenation's one-entry piece splits each reduction over the row
+    (``rules._cat``): a maximum and a sum over the keys, combined with the sink's entry;
+    the product over the keys reads the large piece only. One kernel, one pass, within
+    float32 rounding of float64, the sink at the end (gpt-oss) or in front."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 3, 20, 16, generator=g) for _ in range(3))
+    sinks = torch.randn(3, generator=g) * 3
+    ex = _check(lambda *a: _sink_attention(*a, sink_first=sink_first), (q, k, v, sinks))
+    (fused,) = ex.fused
+    assert "cat" in fused.ops and "1 pass(es)" in fused.plan, str(ex)
+
+
+def test_concatenated_halves_stay_a_boundary():
+    """A rotary embedding's ``rotate_half`` concatenates two long pieces, read by the
+    scores' product at indices of either piece: not taken, with the reason, and the
+    attention after it still fuses."""
+    def fn(q, k, v):
+        half = q.shape[-1] // 2
+        q = torch.cat([-q[..., half:], q[..., :half]], dim=-1)
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+
+    g = torch.Generator().manual_seed(12)
+    ex = _check(fn, tuple(torch.randn(1, 2, 12, 16, generator=g) for _ in range(3)))
+    assert any("several pieces longer than one entry" in x.reason for x in ex.left), str(ex)

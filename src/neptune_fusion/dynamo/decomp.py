@@ -6,7 +6,8 @@ it. torch's own decompositions give softmax and log-softmax in that form; log-su
 variance, layer norm and ``scaled_dot_product_attention`` get small ones here, because
 torch's guard an infinite maximum inside the exponential (two passes), go through
 ``prims.var`` (one node for a two-reduction chain) or pick a fused attention kernel per
-device; ``nll_loss`` becomes a gather, so cross-entropy is one chain.
+device; ``nll_loss`` becomes a gather, so cross-entropy is one chain; ``max``/``min``
+over a dimension become ``amax``/``amin`` (with ``argmax``/``argmin`` for the indices).
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     return (loss.sum(0) / total if reduction == 1 else loss.sum(0)), total
 
 
+def _max_dim(x, dim, keepdim=False):
+    """``x.max(dim)``: the values as ``amax`` (a reduction the rule table has) and the
+    indices as ``argmax``, dead code when unused (gpt-oss subtracts
+    ``logits.max(-1, keepdim=True).values`` before its softmax)."""
+    return x.amax(dim, keepdim), x.argmax(dim, keepdim)
+
+
+def _min_dim(x, dim, keepdim=False):
+    return x.amin(dim, keepdim), x.argmin(dim, keepdim)
+
+
 def _layer_norm(x, normalized_shape, weight, bias, eps):
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     var, mean = _var_mean(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x,
@@ -139,4 +151,6 @@ def decompositions() -> dict:
     table[aten.native_layer_norm.default] = _layer_norm
     table[aten.scaled_dot_product_attention.default] = _sdpa
     table[aten.nll_loss_forward.default] = _nll_loss_forward
+    table[aten.max.dim] = _max_dim
+    table[aten.min.dim] = _min_dim
     return table

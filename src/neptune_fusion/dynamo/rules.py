@@ -244,6 +244,47 @@ def _t(tr, node, out):
     return lambda idx: x.load(tuple(reversed(idx)))
 
 
+def _cat(tr, node, out):
+    """``torch.cat(xs, d)``: pieces side by side along ``d``. A load picks its piece from
+    the index's structure, never from a comparison in the kernel: a constant index, an
+    axis whose extent is the first piece's (a product over the first ``n0`` entries,
+    ``probs[..., :-1] @ v``), or ``r + offset`` for an axis ``r`` of a piece's extent (a
+    reduction split at the pieces: :func:`_reduction`). Any other index is refused.
+    gpt-oss appends one sink logit per head to the scores this way."""
+    xs = [tr.arg(a) for a in node.args[0]]
+    d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+    pieces = tr.pieces_of(node, d, [x.shape[d] for x in xs])
+
+    def load(idx):
+        k, at = tr.piece_at(pieces, idx[d], node)
+        src = list(idx)
+        src[d] = at
+        return _at(tr, node.args[0][k], tuple(src), out)
+    return load
+
+
+def _cat_check(node):
+    """Only single entries added beside one piece (gpt-oss's sink logit) are taken: a
+    reduction splits at them, and an index of the large piece is known from its axis.
+    Concatenated halves (a rotary embedding's ``rotate_half``) are read at indices that
+    fall in either piece, which a kernel would have to select by comparison: they stay
+    boundaries."""
+    val = node.meta.get("val")
+    xs = node.args[0]
+    d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
+    if val is None or not isinstance(xs, (list, tuple)):
+        return f"{node.name}: no tensor metadata"
+    d %= val.ndim
+    sizes = [getattr(x.meta.get("val"), "shape", None) for x in xs]
+    if any(s is None for s in sizes):
+        return f"{node.name}: no tensor metadata"
+    big = [s for s in sizes if not (isinstance(s[d], int) and s[d] == 1)]
+    if len(big) > 1:
+        return (f"{node.name}: a concatenation of several pieces longer than one entry "
+                "(only single entries beside one piece are translated)")
+    return None
+
+
 # -- sources --------------------------------------------------------------------------
 
 def _fill(value_of):
@@ -302,16 +343,30 @@ def _reduction(op: str, mean: bool = False):
         d = (dims[0] if isinstance(dims, (list, tuple)) else dims) % len(x.shape)
         keep = len(out) == len(x.shape)
         n = x.shape[d]
-        r = tr.reduce_axis(n, f"r_{node.name}")
+        # over a concatenation (through elementwise ops): one reduction per piece, their
+        # results combined -- a piece of one entry is that entry
+        pieces = tr.cuts.get(node.args[0], {}).get(d) or ((0, n),)
+        axes = [None if extent == 1 else tr.reduce_axis(extent, f"r_{node.name}_{k}"
+                                                         if k else f"r_{node.name}")
+                for k, (_, extent) in enumerate(pieces)]
+        red = nf.sum if op == "sum" else nf.max if op == "max" else nf.min
+        join = operator.add if op == "sum" else nf.maximum if op == "max" else nf.minimum
 
         def load(idx):
-            src = list(idx)
-            if keep:
-                src[d] = r
-            else:
-                src.insert(d, r)
-            e = nf.sum(x.load(tuple(src)), r) if op == "sum" else \
-                (nf.max if op == "max" else nf.min)(x.load(tuple(src)), r)
+            parts = []
+            for (start, _), r in zip(pieces, axes):
+                at = tr.size_expr(start) if r is None else r + tr.size_expr(start) \
+                    if start else r
+                src = list(idx)
+                if keep:
+                    src[d] = at
+                else:
+                    src.insert(d, at)
+                e = x.load(tuple(src))
+                parts.append(e if r is None else red(e, r))
+            e = parts[0]
+            for p in parts[1:]:
+                e = join(e, p)
             return e / tr.size_expr(n) if mean else e
         return load
     return fn
@@ -374,6 +429,7 @@ def _table() -> dict:
     t[aten.t.default] = Rule("view", _t)
     t[aten.select.int] = Rule("view", _select)
     t[aten.slice.Tensor] = Rule("view", _slice)
+    t[aten.cat.default] = Rule("elementwise", _cat, _cat_check)
     ones = Rule("source", _fill(lambda n: True if _is_bool(n) else 1))
     zeros = Rule("source", _fill(lambda n: False if _is_bool(n) else 0))
     for op in (aten.ones.default, aten.ones_like.default, aten.new_ones.default):

@@ -28,8 +28,8 @@ import torch
 from ..frontend import lang as nf
 from ..ir import build
 from ..ir.dtypes import float32
-from ..ir.index import simplify
-from ..ir.nodes import Binary, Const, Expr
+from ..ir.index import int_const, simplify
+from ..ir.nodes import Binary, Const, Expr, IndexVar
 from .refused import Refused
 from .symbolic import dim, is_scalar_value, shape_of, size_name, static, to_ir, unbound_scalars
 from .views import Merges
@@ -73,6 +73,9 @@ class Translator:
         self.sizes: dict = {}   # static extent or dynamic symbol -> its IR size
         self.placeholders: list = []
         self.casts: dict = {}   # input node -> kernel dtype it is passed as (bool -> int32)
+        # node -> {dim: ((start, extent), ...)}: the pieces of a concatenation along a
+        # dimension, kept through elementwise ops (rules._cat, rules._reduction)
+        self.cuts: dict = {}
 
     # -- inputs and sizes
 
@@ -188,6 +191,54 @@ class Translator:
             return build.cast(e, dtype)
 
         self.vals[node] = Val(shape, dtype, typed)
+        if rule.kind == "elementwise" and node not in self.cuts:
+            self._carry_cuts(node, shape)
+
+    # -- concatenations
+
+    def pieces_of(self, node, d: int, extents) -> tuple:
+        """``((start, extent), ...)`` of ``node``, a concatenation along ``d`` of parts
+        of ``extents``; remembered as its cuts."""
+        pieces, start = [], 0
+        for n in extents:
+            pieces.append((start, n))
+            start = start + n
+        self.cuts[node] = {d: tuple(pieces)}
+        return tuple(pieces)
+
+    def piece_at(self, pieces, e, node) -> tuple:
+        """``(k, index in piece k)`` of index ``e`` along a concatenation: found from the
+        index's structure (see rules._cat), or ``Refused``."""
+        c = e if isinstance(e, int) else int_const(e)
+        for k, (start, n) in enumerate(pieces):
+            lo = build.as_expr(self.size_expr(start))
+            if c is not None and static(start) and static(n) and start <= c < start + n:
+                return k, c - start
+            if n == 1 and build.as_expr(e) == lo:
+                return k, 0
+            if isinstance(e, IndexVar) and k == 0 and e.extent == self.extent(n):
+                return 0, e
+            if isinstance(e, Binary) and e.op == "add" and isinstance(e.a, IndexVar) \
+                    and e.b == lo and e.a.extent == self.extent(n):
+                return k, e.a
+        raise Refused(f"{node.name}: a concatenation read at {e}, which is not known to "
+                      "fall in one of its pieces")
+
+    def _carry_cuts(self, node, shape) -> None:
+        """An elementwise node's cuts: its operands', aligned by broadcasting (a
+        dimension an operand broadcasts has none), dropped where two disagree."""
+        got: dict = {}
+        for a in node.all_input_nodes:
+            cuts, v = self.cuts.get(a), self.vals.get(a)
+            if not cuts or v is None:
+                continue
+            lead = len(shape) - len(v.shape)
+            for d, pieces in cuts.items():
+                if v.shape[d] == shape[d + lead]:
+                    got[d + lead] = pieces if got.get(d + lead, pieces) == pieces else None
+        got = {d: p for d, p in got.items() if p is not None}
+        if got:
+            self.cuts[node] = got
 
     def _only_into_dots(self, node) -> bool:
         """Whether every use of ``node``, through view ops, is a matmul operand."""
