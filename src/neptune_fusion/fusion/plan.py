@@ -224,8 +224,31 @@ def _repairs(graph: ReductionGraph, outer: frozenset, names: dict, thrifty: bool
                     f"{names[c]} also reads {names[p]} through {names[via]}, which needs "
                     f"the final {names[p]}")
                 conflict = True
+                continue
+            # p's own repaired producers share p's pass, so c's pass: c cannot read one
+            # of them final (KL divergence: the loss repairs the target's sum, which
+            # repairs the target's maximum, and reads that maximum unrepaired)
+            final = next((q for q in _pass_mates(p, repairs)
+                          if any(q is d for d in graph.deps[c]) and (q, c) not in fused),
+                         None)
+            if final is not None:
+                banned[(id(p), id(c))] = (
+                    f"{names[c]} reads {names[final]} final, which fusing {names[p]} "
+                    f"into {names[c]} puts in {names[c]}'s pass")
+                conflict = True
         if not conflict:
             return repairs, banned
+
+
+def _pass_mates(p: Reduce, repairs: dict) -> list[Reduce]:
+    """The producers repaired into ``p``, theirs, and so on: they share ``p``'s pass."""
+    out, todo = [], list(repairs[p].producers) if p in repairs else []
+    while todo:
+        q = todo.pop()
+        if all(q is not r for r in out):
+            out.append(q)
+            todo.extend(repairs[q].producers if q in repairs else ())
+    return out
 
 
 def _stages(graph: ReductionGraph, repairs: dict) -> dict[Reduce, int]:
