@@ -83,6 +83,34 @@ def test_library_functions(fn):
     assert "amax" in ex.fused[0].ops or "mean" in ex.fused[0].ops
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x: F.layer_norm(F.gelu(x, approximate="tanh"), (X[-1],)),
+    lambda x: F.rms_norm(F.silu(x), (X[-1],)) @ torch.ones(X[-1], 7, dtype=x.dtype),
+    lambda x: torch.logsumexp(F.softplus(4 * x, beta=2, threshold=5), -1),
+    lambda x: (torch.softmax(x, -1) * torch.log_softmax(x, -1)).sum(-1),   # entropy
+], ids=["gelu-tanh-layer-norm", "silu-rms-norm-matmul", "softplus-logsumexp", "entropy"])
+def test_activations_inside_a_chain(fn):
+    """Activations before a chain are translated with it: the region does not end at
+    them, so the activation's output is never written and read again."""
+    ex = _check(fn, (_x(),))
+    assert not ex.left, str(ex)
+
+
+def test_exact_gelu_stays_a_boundary_with_the_reason():
+    ex = _check(lambda x: F.layer_norm(F.gelu(x), (X[-1],)), (_x(),))
+    assert any("erf" in x.reason for x in ex.left), str(ex)
+
+
+def test_kl_divergence_of_two_softmaxes():
+    """``kl_div(log_softmax(a), softmax(b))`` per row: ``xlogy`` translated, and a plan
+    that fuses the loss with the target's sum but reads the target's maximum final
+    (which that fusion would put in the loss's pass) is refused for a second pass
+    rather than looping: fusion/plan.py. Before, the pass assignment did not converge."""
+    ex = _check(lambda a, b: F.kl_div(F.log_softmax(a, -1), F.softmax(b, -1),
+                                      reduction="none").sum(-1), (_x(), _x()))
+    assert not ex.left, str(ex)
+
+
 def test_layer_norm_and_rms_norm_then_matmul():
     x, w, b, big_w = _x((6, 32)), 1 + 0.1 * torch.randn(32), 0.1 * torch.randn(32), \
         torch.randn(32, 7) / 6

@@ -14,6 +14,7 @@ log-sum-exp, variance and attention arrive as these primitives.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,47 @@ def _binary(f):
             return f(a, b if alpha == 1 else b * alpha)
         return load
     return fn
+
+
+def _silu(x):
+    return x * nf.sigmoid(x)
+
+
+def _gelu(tr, node, out):
+    """``gelu(x, approximate="tanh")``: ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    c = math.sqrt(2.0 / math.pi)
+    return lambda idx: (lambda x: 0.5 * x * (1.0 + nf.tanh(c * (x + 0.044715 * x * x * x))))(
+        _at(tr, node.args[0], idx, out))
+
+
+def _gelu_check(node):
+    if node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") \
+            != "tanh":
+        return (f"{node.name}: the exact gelu needs erf, which the IR has no op for "
+                "(approximate='tanh' is translated)")
+    return None
+
+
+def _softplus(tr, node, out):
+    """``softplus(x, beta, threshold)``: ``log(1 + exp(beta x)) / beta``, and ``x`` where
+    ``beta x > threshold`` (as torch computes it)."""
+    beta = node.args[1] if len(node.args) > 1 else node.kwargs.get("beta", 1)
+    limit = node.args[2] if len(node.args) > 2 else node.kwargs.get("threshold", 20)
+
+    def load(idx):
+        x = _at(tr, node.args[0], idx, out)
+        z = x * beta if beta != 1 else x
+        soft = nf.log(1.0 + nf.exp(z))
+        return nf.where(z > limit, x, soft / beta if beta != 1 else soft)
+    return load
+
+
+def _xlogy(tr, node, out):
+    """``xlogy(x, y)``: ``x log y``, 0 where ``x == 0`` unless ``y`` is NaN."""
+    def load(idx):
+        x, y = (_at(tr, a, idx, out) for a in node.args[:2])
+        return nf.where((x == 0) & (y == y), 0.0, x * nf.log(y))
+    return load
 
 
 def _pow(tr, node, out):
@@ -406,6 +448,11 @@ def _table() -> dict:
         for ov in ("Tensor", "Scalar", "default"):
             if hasattr(packet, ov):
                 t[getattr(packet, ov)] = Rule("elementwise", _binary(f))
+    t[aten.silu.default] = Rule("elementwise", _unary(_silu))
+    t[aten.gelu.default] = Rule("elementwise", _gelu, _gelu_check)
+    t[aten.softplus.default] = Rule("elementwise", _softplus)
+    for op in (aten.xlogy.Tensor, aten.xlogy.Scalar_Other):
+        t[op] = Rule("elementwise", _xlogy)
     for op in (aten.pow.Tensor_Scalar,):
         t[op] = Rule("elementwise", _pow)
     t[aten.where.self] = Rule("elementwise", _where)
