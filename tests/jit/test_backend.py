@@ -730,3 +730,19 @@ def test_concatenated_halves_stay_a_boundary():
     g = torch.Generator().manual_seed(12)
     ex = _check(fn, tuple(torch.randn(1, 2, 12, 16, generator=g) for _ in range(3)))
     assert any("several pieces longer than one entry" in x.reason for x in ex.left), str(ex)
+
+
+def test_group_norm_by_hand_takes_its_views_outside_the_kernel():
+    """``x.reshape(N, G, -1)``, normalised per group, reshaped back: the whole region
+    reads ``x`` at ``g * c + r``, which the code generator refuses, so the backend tries
+    it without the views (partition.without_views) and fuses the statistics and the
+    normalisation on the ``(N, G, c)`` view; the report names the views left out."""
+    def group_norm(x):
+        g = x.reshape(x.shape[0], 4, -1)
+        mean = g.mean(-1, keepdim=True)
+        var = ((g - mean) ** 2).mean(-1, keepdim=True)
+        return ((g - mean) * torch.rsqrt(var + 1e-5)).reshape(x.shape)
+
+    ex = _check(group_norm, (_x((6, 64), mean=3.0),))
+    assert any("views of the chain's inputs and results" in x.reason for x in ex.left), \
+        str(ex)

@@ -39,6 +39,7 @@ from .partition import (
     has_chain,
     regions,
     without_trailing_matmuls,
+    without_views,
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
@@ -79,20 +80,15 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         try:
             got = _compile_once(memo, region, hints, name)
         except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
-            got, trimmed = None, without_trailing_matmuls(region)
-            if trimmed is not None:   # the chain alone, its output projection to the rest
-                try:
-                    got = _compile_once(memo, trimmed, hints, name)
-                except Exception:   # noqa: BLE001 - the whole region's reason is reported
-                    pass
-            if got is None:
+            smaller = _trimmed(memo, region, hints, name)
+            if smaller is None:
                 report.left.append(Left(tuple(region.ops), _reason(err), rest))
                 continue
+            got, trimmed, why = smaller
             kept = set(trimmed.nodes)
             report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
                                           if n not in kept),
-                                    "a matmul after the chain, left out of its kernel; "
-                                    f"with it: {_reason(err)}", rest))
+                                    f"{why}; with it: {_reason(err)}", rest))
             region = trimmed
         same_as, (args, casts, kernel, packed, plan) = got
         replace_region(gm.graph, region, args, casts, kernel, packed)
@@ -102,6 +98,27 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
         changed = True
     if changed:
         finish(gm, example_inputs)
+
+
+# a refused region's smaller forms, tried in turn, with what the report says of the rest
+_TRIMS = ((without_trailing_matmuls, "a matmul after the chain, left out of its kernel"),
+          (without_views, "views of the chain's results, taken on them outside its kernel"),
+          (functools.partial(without_views, leading=True),
+           "views of the chain's inputs and results, taken outside its kernel"))
+
+
+def _trimmed(memo: dict, region, hints: dict, name: str):
+    """``(compiled, smaller region, what was left out)`` for the first of a refused
+    region's smaller forms (``_TRIMS``) that compiles, or None (the whole region's reason
+    is then the one reported)."""
+    for trim, why in _TRIMS:
+        smaller = trim(region)
+        if smaller is not None:
+            try:
+                return _compile_once(memo, smaller, hints, name), smaller, why
+            except Exception:   # noqa: BLE001, S112 - the next form, or the region's reason
+                continue
+    return None
 
 
 def _inputs(region) -> list:

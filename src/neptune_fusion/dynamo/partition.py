@@ -189,6 +189,38 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
+def without_views(region: Region, leading: bool = False) -> Region | None:
+    """``region`` without the views (and layout copies) between its values and its
+    outputs -- with ``leading``, also those between its inputs and its values -- or None
+    if it has none: the kernel then computes (and reads) those values in their own
+    shapes, and the views run with the rest. The backend tries this when the whole
+    region is refused: a group norm written ``x.reshape(N, G, -1)`` and reshaped back
+    reads ``x`` at ``g * c + r`` and writes at ``j // c``, tile indices the code generator
+    refuses, where the ``(N, G, c)`` view in and result out are plain."""
+    inside = set(region.nodes)
+
+    def view(n):
+        return RULES[n.target].kind == "view" or n.target in _COPIES
+    drop = {n for n in region.nodes if view(n) and n.users
+            and all(u not in inside for u in n.users)}
+    grown = True
+    while grown:
+        grown = False
+        for n in reversed(region.nodes):
+            if n not in drop and view(n) and n.users and all(u in drop for u in n.users):
+                drop.add(n)
+                grown = True
+    if leading:   # views of inputs, and views of those: the kernel takes them as inputs
+        for n in region.nodes:
+            if view(n) and n.all_input_nodes and all(
+                    a not in inside or a in drop for a in n.all_input_nodes):
+                drop.add(n)
+    kept = [n for n in region.nodes if n not in drop]
+    if not drop or not kept:
+        return None
+    return _region(kept, region.copies & frozenset(kept))
+
+
 def _acyclic(members, copyable=lambda n: False) -> list[list]:
     """``members`` cut where an outside op reads the region and feeds it again (a gelu
     between a norm and the matmul after it): the nodes downstream of such an input go to
