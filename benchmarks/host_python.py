@@ -15,8 +15,10 @@ split-k: two launches per call, as on the H200), A/B in one process:
 * eager ``ops.attention``: the general path (bound calls switched off: the path before
   the lean eager call), then as it is (bound once per signature, BoundCalls);
 * the prepared call (``ops.prepare``, i.e. ``nf.prepare_attention``);
-* the torch op (``neptune_fusion::attention`` called eagerly, what a compiled graph
-  runs): its general path, then its bound launch.
+* the torch ops as a compiled graph calls them (the handle a constant, the launch bound
+  at the signature's first call): ``neptune_fusion::attention`` (the custom op with its
+  autograd wrapper: what a graph traced for training calls), ``attention_infer`` (what a
+  graph traced without gradients calls) and the Python behind both (the entry's ``run``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from neptune_fusion.bench.workloads import attention_options, make_inputs, selec
 from neptune_fusion.frontend import attention as attention_mod
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.runtime import kernel as kernel_mod
-from neptune_fusion.runtime import loader
+from neptune_fusion.runtime import loader, torch_ops
 from neptune_fusion.schedule.schedule import Schedule
 
 SPLIT = Schedule(block_m=16, block_n=64, num_warps=4, strategy="split", splits=8)
@@ -110,10 +112,19 @@ def run_op(name: str, seq: int, calls: int, profile: bool) -> None:
     nkw = ops._keywords(q, k, kw["scale"], kw["causal"], kw["q_start"],
                         kw["alibi_slopes"], kw["softcap"], kw["window"], cache, SPLIT)
 
-    def op_call():
-        return attention_mod._traced(q, k, v, nkw["score_mod"], nkw["mask_mod"],
-                                     nkw["scale"], nkw["enable_gqa"], nkw["q_offset"],
-                                     nkw["buffers"], cache, SPLIT)
+    # the ops as a compiled graph calls them: the handle is the graph's constant
+    key = torch_ops.constant_key
+    names = None if nkw["buffers"] is None else tuple(nkw["buffers"])
+    bufs = [] if names is None else [nkw["buffers"][n] for n in names]
+    h = torch_ops.handle(attention_mod._OpEntry, key(nkw["score_mod"]), key(nkw["mask_mod"]),
+                         nkw["scale"], nkw["enable_gqa"], nkw["q_offset"], names, key(cache),
+                         key(SPLIT), (False, False))
+
+    def op_call():   # the custom op, with its autograd wrapper (what training traces)
+        return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
+
+    def infer_call():   # what a graph traced without gradients calls
+        return torch.ops.neptune_fusion.attention_infer(q, k, v, bufs, h)
     eager()
     launches = len(cache.kernels()[0].specs) if hasattr(cache.kernels()[0], "specs") \
         else "?"
@@ -121,17 +132,20 @@ def run_op(name: str, seq: int, calls: int, profile: bool) -> None:
           "launches per call (stubbed)")
     with unbound(cache):
         general = per_call_us(eager, calls)
-        op_general = per_call_us(op_call, calls)
     bound = per_call_us(eager, calls)
     prepared = ops.prepare(q, k, v, cache=cache, **kw)
     prep = per_call_us(lambda: prepared(q, k, v), calls)
     op_bound = per_call_us(op_call, calls)
+    infer_bound = per_call_us(infer_call, calls)
+    run = torch_ops.entry(h).run
+    entry_bound = per_call_us(lambda: run([q, k, v, *bufs]), calls)
     print(f"  eager, general path (before) {general:7.1f} us/call")
     hits = cache.bound.hits if hasattr(cache, "bound") else "no"
     print(f"  eager, bound (after)         {bound:7.1f} us/call  ({hits} bound calls)")
     print(f"  prepared call                {prep:7.1f} us/call")
-    print(f"  torch op, general path       {op_general:7.1f} us/call")
-    print(f"  torch op, bound              {op_bound:7.1f} us/call")
+    print(f"  torch op attention           {op_bound:7.1f} us/call  (bound launch)")
+    print(f"  torch op attention_infer     {infer_bound:7.1f} us/call  (bound launch)")
+    print(f"  the ops' Python (entry.run)  {entry_bound:7.1f} us/call")
     if profile:
         for label, fn in (("eager", eager), ("prepared", lambda: prepared(q, k, v))):
             pr = cProfile.Profile()

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import neptune_fusion as nf
+from neptune_fusion import ops
 from neptune_fusion.autodiff.attention import attention_backward
 from neptune_fusion.frontend.attention import AttentionCache, AttentionSpec, attention_definition
 from neptune_fusion.ir.graph import tensors_in_order
@@ -210,6 +211,29 @@ def test_causal_gradients_at_lengths_on_and_off_the_tile_multiple():
         for name, g, w in zip("qkv", got, want):
             torch.testing.assert_close(g.grad.double(), w.grad, rtol=1e-4, atol=1e-5,
                                        msg=lambda m, name=name, n=n: f"n={n} d_{name}: {m}")
+
+
+def test_gradients_when_the_value_head_dim_differs():
+    """Values narrower than queries and keys (as in multi-head latent attention): d_k and
+    d_v have different widths, which one rolling kernel cannot hold, so they run as two
+    kernels (frontend/attention_grad._Apart). Before, the backward raised a CodegenError
+    ("members depend on different axes"). Causal GQA, float32 against float64."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 20, 32, generator=g)
+    k = torch.randn(2, 2, 20, 32, generator=g)
+    v = torch.randn(2, 2, 20, 16, generator=g)
+    got = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = nf.attention(*got, mask_mod=ops.Causal(), enable_gqa=True)
+    d_o = torch.randn(o.shape, generator=g)
+    o.backward(d_o)
+    want = [t.double().requires_grad_() for t in (q, k, v)]
+    kk, vv = (t.repeat_interleave(2, dim=1) for t in want[1:])
+    s = (want[0] @ kk.transpose(-1, -2)) * 32 ** -0.5
+    s = s.masked_fill(torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf"))
+    (torch.softmax(s, -1) @ vv).backward(d_o.double())
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"d_{name}: {m}")
 
 
 def test_a_fully_masked_row_gets_zero_gradient():

@@ -30,6 +30,7 @@ from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
 from ..runtime import torch_ops
 from ..runtime.inputs import check_no_grad, remember
+from ..runtime.prepared import PreparedLaunch, signed
 from ..schedule.schedule import Schedule
 from . import kv
 from . import lang as nf
@@ -645,7 +646,8 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
             schedule, kv_lens=None, block_table=None):
     """:func:`attention` as the ``neptune_fusion::attention`` op (code Dynamo traces): the
     arguments that are not tensors enter the op's table, the buffers go as a list (then
-    ``kv_lens`` and ``block_table``, when given)."""
+    ``kv_lens`` and ``block_table``, when given). Where no gradient is wanted, the op is
+    ``attention_infer``, the same call without a derivative or its per-call wrapper."""
     import torch
     names = None if buffers is None else tuple(buffers)
     bufs = [] if names is None else [buffers[n] for n in names]
@@ -654,7 +656,10 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     key = torch_ops.constant_key
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), scale, enable_gqa, q_offset,
                          names, key(cache), key(schedule), has)
-    return torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    op = torch.ops.neptune_fusion.attention if grad else \
+        torch.ops.neptune_fusion.attention_infer   # no autograd wrapper per call
+    return op(q, k, v, bufs, h)
 
 
 OP_PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not bound
@@ -697,8 +702,9 @@ class _OpEntry:
         (as ``nf.prepare_attention`` binds it: no call key, checks or setup per call),
         with a fresh output per call (an op returns a tensor of its own). None where a bound
         launch does not apply (the general path then runs and says what is wrong)."""
-        from ..runtime.prepared import PreparedLaunch, cheap_signature
-        sig = cheap_signature(tensors)
+        cuda = tensors[0].is_cuda
+        sig, vals = signed(tensors, cuda)   # once: the key, and the launch's values
+        sig = tuple(sig)
         got = self._prepared.get(sig)
         if got is None:
             kw = self.kw
@@ -728,7 +734,7 @@ class _OpEntry:
         if (lens is not None or table is not None) and kv.wants_values_checked(
                 tensors[0].device):   # as the general path checks them, every call
             kv.check_values(tensors[1], lens, table, page_size)
-        outs = launch(list(tensors))
+        outs = launch.launch(vals)   # the key is the signature it was bound for
         if outs is None:
             return None
         return outs[0].reshape(qshape[0], qshape[1], 1, d) if packed else outs[0]

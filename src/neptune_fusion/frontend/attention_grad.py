@@ -111,9 +111,31 @@ def build_backward(kernel, store):
                            name="attention_backward_delta", cache=store)
     # d_k, d_v is compiled for its lengths' class (static_sizes): 12 % faster on the
     # H200 at S = 4096; d_q was 2 % slower so (docs/autodiff.md)
-    return BackwardKernels(nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store),
-                           nf_compile(outs[1:], ins, name="attention_backward_dkdv",
-                                      cache=store, static_sizes=True), delta), group
+    dq = nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store)
+    q, v = kernel.inputs[0], kernel.inputs[2]
+    if q.shape[-1] == v.shape[-1]:
+        dkv = nf_compile(outs[1:], ins, name="attention_backward_dkdv", cache=store,
+                         static_sizes=True)
+    else:   # one rolling kernel holds one column axis: d_k's and d_v's widths differ
+        dkv = _Apart([nf_compile([o], ins, name=f"attention_backward_{n}", cache=store,
+                                 static_sizes=True)
+                      for o, n in zip(outs[1:], ("dk", "dv"))])
+    return BackwardKernels(dq, dkv, delta), group
+
+
+class _Apart:
+    """``d_k`` and ``d_v`` as two operators, called as one: where the value head dim
+    differs from the query/key one (each recomputes the probabilities)."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def __call__(self, *tensors):
+        out = []
+        for k in self.kernels:
+            got = k(*tensors)
+            out.append(got[0] if isinstance(got, (list, tuple)) else got)
+        return out
 
 
 def check_buffers(bufs: dict) -> None:

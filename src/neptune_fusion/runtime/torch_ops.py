@@ -11,7 +11,9 @@ trace has no graph break and tunes or launches nothing:
   -> Tensor`` for ``nf.attention`` (registered by :mod:`neptune_fusion.frontend.attention`);
 * ``neptune_fusion::fused(Tensor[] inputs, int handle) -> Tensor[]``: ``kernel`` without
   the custom op's per-call Python wrappers, for the regions the jit backend fuses in a
-  graph AOTAutograd has already differentiated (:mod:`neptune_fusion.dynamo.rewrite`).
+  graph AOTAutograd has already differentiated (:mod:`neptune_fusion.dynamo.rewrite`);
+* ``neptune_fusion::attention_infer``: ``attention`` without them, traced where no input
+  requires a gradient (or grad mode is off): it has no derivative.
 
 An op takes tensors and plain values only, so what is not a tensor -- the compiled
 operator, or attention's mods, scale, cache and schedule -- is entered once in a table of
@@ -305,6 +307,19 @@ def define_ops() -> None:
                  "CompositeExplicitAutograd")
         torch.library.register_fake("neptune_fusion::fused",
                                     lambda inputs, handle: entry(handle).fake(inputs), lib=lib)
+
+        # attention where no gradient is wanted (inference, a decode step), defined as
+        # ``fused`` is: the custom op's Python autograd wrapper cost about 13 of a 27 us
+        # op call on the CPU with the launches stubbed (benchmarks/host_python.py)
+        lib.define("attention_infer(Tensor q, Tensor k, Tensor v, Tensor[] buffers, "
+                   "int handle) -> Tensor")
+        lib.impl("attention_infer",
+                 lambda q, k, v, buffers, handle: entry(handle).run([q, k, v, *buffers])[0],
+                 "CompositeExplicitAutograd")
+        torch.library.register_fake(
+            "neptune_fusion::attention_infer",
+            lambda q, k, v, buffers, handle: entry(handle).fake([q, k, v, *buffers])[0],
+            lib=lib)
 
         @torch.library.custom_op(
             "neptune_fusion::attention", mutates_args=(),
