@@ -28,8 +28,8 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
     last = max(region.nodes, key=order.__getitem__)
     with graph.inserting_before(last.next):   # in creation order, after the region
         args = []
-        device = next(n.meta["val"].device for n in inputs
-                      if not is_scalar_value(n.meta["val"]))
+        device = next((n.meta["val"].device for n in inputs
+                       if not is_scalar_value(n.meta["val"])), None)
         for n in inputs:
             if is_scalar_value(n.meta["val"]):   # a symbolic int no shape gives
                 n = graph.call_function(torch.ops.aten.scalar_tensor.default, (n,),
@@ -116,7 +116,8 @@ def trial(kernel, inputs, casts, packed=None, hints=None) -> None:
 
 def _random_like(inputs, casts, packed, hints) -> list:
     out = []
-    device = next(n.meta["val"].device for n in inputs if not is_scalar_value(n.meta["val"]))
+    device = next((n.meta["val"].device for n in inputs
+                   if not is_scalar_value(n.meta["val"])), None)
     for n in inputs:
         v = n.meta["val"]
         if is_scalar_value(v):   # a symbolic int passed as a 0-d tensor: its example value
