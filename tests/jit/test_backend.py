@@ -111,6 +111,17 @@ def test_kl_divergence_of_two_softmaxes():
     assert not ex.left, str(ex)
 
 
+@pytest.mark.parametrize("shape", [(8, 6, 5), (6, 5)])
+def test_layer_norm_over_several_trailing_dims(shape):
+    """``F.layer_norm(x, (C, H, W))``: the statistics over one merged dimension
+    (decomp._layer_norm; a reduction over several axes is not translated), weight and
+    bias flattened alike: one chain, against float64."""
+    x = _x((3, 8, 6, 5), mean=2.0)
+    w, b = 1 + 0.1 * torch.randn(shape), 0.1 * torch.randn(shape)
+    ex = _check(lambda x, w, b: F.layer_norm(x, shape, w, b), (x, w, b))
+    assert not ex.left, str(ex)
+
+
 def test_layer_norm_and_rms_norm_then_matmul():
     x, w, b, big_w = _x((6, 32)), 1 + 0.1 * torch.randn(32), 0.1 * torch.randn(32), \
         torch.randn(32, 7) / 6

@@ -89,6 +89,19 @@ def _min_dim(x, dim, keepdim=False):
 
 
 def _layer_norm(x, normalized_shape, weight, bias, eps):
+    """Over several trailing dimensions the statistics are over one merged dimension
+    (the rule table reduces over one axis), the weight and bias flattened alike, and the
+    result reshaped back at the end: a view the backend can leave outside the kernel
+    (partition.without_views). ``mean`` and ``rstd`` keep their shapes."""
+    k = len(normalized_shape)
+    if k > 1:
+        lead = x.shape[:x.dim() - k]
+        out, mean, rstd = _layer_norm(
+            x.reshape(*lead, -1), [math.prod(normalized_shape)],
+            None if weight is None else weight.reshape(-1),
+            None if bias is None else bias.reshape(-1), eps)
+        keep = (*lead, *([1] * k))
+        return out.reshape(x.shape), mean.reshape(keep), rstd.reshape(keep)
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     var, mean = _var_mean(x.float() if x.dtype in (torch.float16, torch.bfloat16) else x,
                           dims, correction=0, keepdim=True)
