@@ -133,6 +133,35 @@ def _build_cross_entropy(dtype):
     return [loss], [x, t]
 
 
+def _softmax_stats(x, n, k, name):
+    mx = nf.compute((n,), lambda i: nf.max(x[i, k], k), name=f"m{name}")
+    den = nf.compute((n,), lambda i: nf.sum(nf.exp(x[i, k] - mx[i]), k), name=f"l{name}")
+    return mx, den
+
+
+def _build_entropy(dtype):
+    n, x, k = _rows(dtype)
+    mx, den = _softmax_stats(x, n, k, "")
+    h = nf.compute((n,), lambda i: -nf.sum(nf.exp(x[i, k] - mx[i]) / den[i]
+                                           * (x[i, k] - mx[i] - nf.log(den[i])), k),
+                   name="entropy")
+    return [h], [x]
+
+
+def _build_kl(dtype):
+    n, x, k = _rows(dtype)
+    y = nf.placeholder(x.shape, dtype, name="y")
+    mx, lx = _softmax_stats(x, n, k, "x")
+    my, ly = _softmax_stats(y, n, k, "y")
+
+    def term(i):   # p_y * (log p_y - log p_x)
+        log_py = y[i, k] - my[i] - nf.log(ly[i])
+        log_px = x[i, k] - mx[i] - nf.log(lx[i])
+        return nf.exp(log_py) * (log_py - log_px)
+    kl = nf.compute((n,), lambda i: nf.sum(term(i), k), name="kl")
+    return [kl], [x, y]
+
+
 def _mean_var(n, x, k):
     m = x.shape[1]
     mu = nf.compute((n,), lambda i: nf.sum(x[i, k], k) / m, name="mean")
@@ -231,6 +260,17 @@ def _plain_tanh_sum(x):
     return torch.tanh(xf - xf.amax(dim=-1, keepdim=True)).sum(dim=-1).to(x.dtype)
 
 
+def _plain_entropy(x):
+    xf = x.float()
+    return -(torch.softmax(xf, -1) * torch.log_softmax(xf, -1)).sum(-1).to(x.dtype)
+
+
+def _plain_kl(x, y):
+    """KL(softmax(y) || softmax(x)) per row, as distillation losses write it."""
+    return F.kl_div(torch.log_softmax(x.float(), -1), torch.log_softmax(y.float(), -1),
+                    reduction="none", log_target=True).sum(-1).to(x.dtype)
+
+
 def _plain_rmsnorm_matmul(x, w, big_w):
     xf = x.float()
     y = xf * torch.rsqrt((xf * xf).mean(dim=-1, keepdim=True) + EPS_RMS) * w.float()
@@ -270,6 +310,15 @@ def _ref_softmax(x):
     return torch.softmax(x, dim=-1)
 
 
+def _ref_entropy(x):
+    return torch.distributions.Categorical(logits=x).entropy()
+
+
+def _ref_kl(x, y):
+    px, py = torch.log_softmax(x, -1), torch.log_softmax(y, -1)
+    return (py.exp() * (py - px)).sum(-1)
+
+
 def _ref_rms(x, w, big_w):
     return F.rms_norm(x, (x.shape[-1],), w, eps=EPS_RMS) @ big_w
 
@@ -290,6 +339,7 @@ PROJ_SMOKE = {"N": 5, "D": 29, "K": 7}
 
 ROW_IN = (("x", ("N", "M")),)
 LABELED_IN = (("x", ("N", "M")), ("t", ("N",)))   # t: int64 class ids in [0, M)
+PAIR_IN = (("x", ("N", "M")), ("y", ("N", "M")))   # y: a second row of logits, N(0, 1)
 PROJ_IN = (("x", ("N", "D")), ("w", ("D",)), ("W", ("D", "K")))
 LN_IN = (("x", ("N", "D")), ("w", ("D",)), ("b", ("D",)), ("W", ("D", "K")))
 PER_ROW = (("N",),)
@@ -333,6 +383,10 @@ CHAINS: dict[str, Chain] = {c.name: c for c in (
     _chain("layer-stats", "mean and rsqrt(var + eps), x ~ N(100, 1): two outputs",
            _build_layer_stats, _plain_layer_stats, _ref_layer_stats, outputs=PER_ROW * 2,
            mean=VARIANCE_MEAN),
+    _chain("softmax-entropy", "-sum p log p, p = softmax(x) (a policy's entropy)",
+           _build_entropy, _plain_entropy, _ref_entropy),
+    _chain("kl-divergence", "sum p_y (log p_y - log p_x), two rows of logits (distillation)",
+           _build_kl, _plain_kl, _ref_kl, inputs=PAIR_IN),
     _chain("tanh-sum", "sum tanh(x - max): cannot fuse (multi-pass)", _build_tanh_sum,
            _plain_tanh_sum, lambda x: torch.tanh(x - x.amax(dim=-1, keepdim=True)).sum(-1),
            single_pass=False),
@@ -364,9 +418,9 @@ def input_seed(chain: Chain, dtype: torch.dtype) -> int:
 
 def make_inputs(chain: Chain, sizes: Sizes, dtype: torch.dtype,
                 device: torch.device | str) -> tuple[torch.Tensor, ...]:
-    """Fresh random inputs in argument order: ``x`` ~ N(mean, 1); the norm weight ``w`` ~
-    N(1, 0.1^2), bias ``b`` ~ N(0, 0.1^2); the projection ``W`` ~ N(0, 1/D); the targets
-    ``t`` uniform int64 class ids in ``[0, M)``."""
+    """Fresh random inputs in argument order: ``x`` ~ N(mean, 1), ``y`` ~ N(0, 1); the
+    norm weight ``w`` ~ N(1, 0.1^2), bias ``b`` ~ N(0, 0.1^2); the projection ``W`` ~
+    N(0, 1/D); the targets ``t`` uniform int64 class ids in ``[0, M)``."""
     gen = torch.Generator(device=device)
     gen.manual_seed(input_seed(chain, dtype))
     out = []
@@ -377,6 +431,8 @@ def make_inputs(chain: Chain, sizes: Sizes, dtype: torch.dtype,
         t = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
         if name == "x":
             t = t + chain.mean
+        elif name == "y":
+            pass
         elif name == "w":
             t = 1.0 + 0.1 * t
         elif name == "b":
