@@ -224,8 +224,10 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
     partial = [v for v in plan.context if v in union - common]
     if len(partial) > 1:
         raise CodegenError(
-            f"members depend on different axes ({', '.join(v.name for v in partial)}); "
-            "the rolling kernel holds one column axis")
+            f"members depend on different axes "
+            f"({', '.join(f'{v.name} < {v.extent}' for v in partial)}: outputs over "
+            "columns of their own, such as projections to q and to k); the rolling "
+            "kernel holds one column axis")
     col = partial[0] if partial else next(
         (v for v in plan.context if v in out_vars and v not in union), None)
     if col is None:     # a plain matmul: rows and columns of the output, both shared
