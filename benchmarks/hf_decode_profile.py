@@ -3,7 +3,8 @@
 A measurement tool for the backend's decode (issue 19: Llama-1B through
 ``backend="neptune_fusion"`` decoded at 0.76x Inductor on 2026-12-03, not diagnosed).
 The Llama-1B-shaped model of ``hf_models.py`` (bf16, random weights, a static cache),
-per ``--runs`` entry ``impl:mode`` (``sdpa:compile``, ``sdpa:backend``, ...): a prefill
+per ``--runs`` entry ``impl:mode`` (``sdpa:compile``, ``sdpa:backend``,
+``neptune_fusion:eager``, ``neptune_fusion:compile``, ...): a prefill
 of ``--prompt`` tokens and ``--steps`` greedy decode steps to warm up (compile, tune,
 both decode graphs), then for ``--steps`` more steps: the wall time per step (CUDA
 events), the host's enqueue time of one step (its wall time before any
@@ -42,6 +43,8 @@ def main(argv=None) -> None:
     import transformers
 
     import neptune_fusion.dynamo  # noqa: F401  (registers the backend without the package)
+    from neptune_fusion.integrations.transformers import register
+    register()   # attn_implementation="neptune_fusion" in --runs
     dev = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
     cfg = config("llama", args.smoke)
