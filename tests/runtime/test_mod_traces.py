@@ -126,6 +126,10 @@ def test_guards():
     box = [1.0]
     assert guard(lambda s, b, h, i, j: s * box[0]) is None  # a list may change
 
+    def softcap(c):   # a forward that makes its mod on every call
+        return lambda s, b, h, i, j: c * nf.tanh(s / c)
+    assert guard(softcap(30.0)) == guard(softcap(30.0)) != guard(softcap(3.0))
+
 
 def test_mod_that_reduces_keeps_one_kernel():
     cache = AttentionCache(store=False)

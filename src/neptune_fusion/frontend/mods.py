@@ -169,8 +169,8 @@ def _snap_function(f: FunctionType, out: list, depth: int) -> bool:
     for c in code.co_consts:
         if type(c) is CodeType:  # a nested function or comprehension: not looked into
             return False
-    out.append(f)
-    out.append(code)
+    out.append(code)   # not the function itself: a closure made again per call (a
+    # forward that builds its mods) has the same code and captures, so the same trace
     for cell in f.__closure__ or ():
         try:
             val = cell.cell_contents

@@ -200,6 +200,7 @@ def _slice_padding(mask, kv_length: int, kv_offset):
 
 
 # -- the mods: built from plain scalars only, so nf.attention's guard reuses their traces
+# (their code and captured values: frontend/mods.guard), made again on every call
 def _mask_mod(causal: bool, window: int | None, shift: int, with_padding: bool):
     """Key ``j`` (the real key ``j - shift``; ``shift`` 1: a sink at 0) for query ``i``
     (its position in key coordinates: nf's ``"end"`` offset)."""
