@@ -294,7 +294,7 @@ def _cat(tr, node, out):
     reduction split at the pieces: :func:`_reduction`). Any other index is refused.
     gpt-oss appends one sink logit per head to the scores this way."""
     xs = [tr.arg(a) for a in node.args[0]]
-    d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % len(out)
+    d = _cat_dim(node, len(out))
     pieces = tr.pieces_of(node, d, [x.shape[d] for x in xs])
 
     def load(idx):
@@ -305,6 +305,10 @@ def _cat(tr, node, out):
     return load
 
 
+def _cat_dim(node, ndim: int) -> int:
+    return (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % ndim
+
+
 def _cat_check(node):
     """Only single entries added beside one piece (gpt-oss's sink logit) are taken: a
     reduction splits at them, and an index of the large piece is known from its axis.
@@ -313,10 +317,9 @@ def _cat_check(node):
     boundaries."""
     val = node.meta.get("val")
     xs = node.args[0]
-    d = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0))
     if val is None or not isinstance(xs, (list, tuple)):
         return f"{node.name}: no tensor metadata"
-    d %= val.ndim
+    d = _cat_dim(node, val.ndim)
     sizes = [getattr(x.meta.get("val"), "shape", None) for x in xs]
     if any(s is None for s in sizes):
         return f"{node.name}: no tensor metadata"
