@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -186,7 +187,8 @@ def timed(fn, dev):
     return out, a.elapsed_time(b)
 
 
-def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> dict:
+def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> tuple[dict, Run]:
+    """Warm-up, prefill, decode and logits of one backend in one mode (its first round)."""
     model.set_attn_implementation(impl)
     run = Run(model, cfg, prompt, steps, mode)
     t0 = time.perf_counter()
@@ -209,7 +211,25 @@ def measure(model, cfg, prompt, steps: int, impl: str, mode: str) -> dict:
     n = prompt.shape[1]
     return {"impl": impl, "mode": mode, "warmup_s": round(warm_s, 2), "prefill_ms": pre,
             "prefill_tok_s": n / pre * 1e3, "decode_ms": dec, "decode_tok_s": steps / dec * 1e3,
-            "logits": logits, "tokens": toks, "decode_logits": checked}
+            "logits": logits, "tokens": toks, "decode_logits": checked}, run
+
+
+def again(model, run: Run, row: dict) -> None:
+    """One more round of an eager row (already warm): its prefill and decode times are
+    appended to the row's lists, and the row's times become the lists' medians."""
+    model.set_attn_implementation(row["impl"])
+    with torch.no_grad():
+        pre = timed(run.prefill, run.dev)[1]
+        logits = run.prefill()
+        dec = timed(lambda: run.decode(run.steps, logits.argmax(-1, keepdim=True)),
+                    run.dev)[1]
+    row.setdefault("prefill_ms_rounds", [row["prefill_ms"]]).append(pre)
+    row.setdefault("decode_ms_rounds", [row["decode_ms"]]).append(dec)
+    n = run.prompt.shape[1]
+    row["prefill_ms"] = statistics.median(row["prefill_ms_rounds"])
+    row["decode_ms"] = statistics.median(row["decode_ms_rounds"])
+    row["prefill_tok_s"] = n / row["prefill_ms"] * 1e3
+    row["decode_tok_s"] = run.steps / row["decode_ms"] * 1e3
 
 
 def note(text: str, t0: float) -> None:
@@ -272,6 +292,11 @@ def main(argv=None) -> None:
                     help="build FlexAttention's block mask without compiling it: on the H200 "
                          "(Triton 3.6) transformers' compiled create_block_mask for an "
                          "8192-token prompt did not finish compiling in 240 s (2026-12-03)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="eager mode: measure every backend this many times, the backends "
+                         "taking turns, and report the medians (an eager decode is "
+                         "host-bound, and one host's speed drifts by up to 1.7x within a "
+                         "minute: H200 host, 2026-12-03; default 1)")
     ap.add_argument("--report", action="store_true",
                     help="only write the table from the rows earlier runs left in --out")
     a = ap.parse_args(argv)
@@ -300,18 +325,26 @@ def main(argv=None) -> None:
     with torch.device(dev):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), device=dev)
-    rows = []
+    rows, eager = [], []
     for mode in modes:
         for impl in impls:
             torch._dynamo.reset()
             try:
-                rows.append(measure(model, cfg, prompt, steps, impl, mode))
+                row, run = measure(model, cfg, prompt, steps, impl, mode)
+                rows.append(row)
+                if mode == "eager":
+                    eager.append((run, row))
             except Exception as err:   # one failing backend must not lose the others
                 traceback.print_exc()
                 rows.append({"impl": impl, "mode": mode,
                              "error": f"{type(err).__name__}: {err}".replace("\n", " ")})
             print(rows[-1].get("error") or {k: v for k, v in rows[-1].items()
                                              if k not in _TENSORS}, flush=True)
+    t0 = time.perf_counter()
+    for r in range(1, a.rounds):   # the eager backends take turns
+        for run, row in eager:
+            again(model, run, row)
+        note(f"eager round {r + 1} of {a.rounds} done", t0)
     out = Path(a.out or "/tmp/hf_models")
     out.mkdir(parents=True, exist_ok=True)
     tensors = Path("/tmp/hf_models_tensors")
@@ -349,6 +382,15 @@ def report(out: Path, model: str) -> None:
     text = (f"# {model}: prefill {r0['prompt']} tokens, {r0['steps']} greedy decode steps\n\n"
             f"{r0['device']}, torch {r0['torch']}, transformers {r0['transformers']}, "
             f"{r0['date']}; baseline: {base}\n\n{table(rows, base)}\n")
+    spread = [f"| {r['impl']} | {len(r['decode_ms_rounds'])} | "
+              f"{min(r['prefill_ms_rounds']):.1f}-{max(r['prefill_ms_rounds']):.1f} | "
+              f"{r['steps'] / max(r['decode_ms_rounds']) * 1e3:.1f}-"
+              f"{r['steps'] / min(r['decode_ms_rounds']) * 1e3:.1f} |"
+              for r in rows if "decode_ms_rounds" in r]
+    if spread:   # --rounds: the table holds medians; the ranges say how far they moved
+        text += ("\nEager rows are medians over rounds in which the backends took turns:\n\n"
+                 "| backend | rounds | prefill ms, range | decode tok/s, range |\n"
+                 "|---|---|---|---|\n" + "\n".join(spread) + "\n")
     print(text)
     (out / f"hf_models-{model}.md").write_text(text)
 
