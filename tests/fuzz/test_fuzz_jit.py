@@ -25,6 +25,9 @@ MAPS = {
     "affine-2": lambda t: t * 1.5 + 0.25,   # affine's ops, other constants
     "tanh": lambda t: torch.tanh(t) * 3.0,
     "silu": lambda t: t * torch.sigmoid(t),
+    "F.silu": F.silu,
+    "softplus": lambda t: F.softplus(t) - 1.0,
+    "gelu-tanh": lambda t: F.gelu(t, approximate="tanh"),
 }
 # the chain over dimension d (each reads a reduction's final value, or is torch's own)
 CHAINS = {
@@ -38,6 +41,13 @@ CHAINS = {
     / (t.amax(d) - t.amin(d) + 1.0),
     "layer_norm": lambda t, d: F.layer_norm(t, (t.shape[-1],)),
     "rms": lambda t, d: t * torch.rsqrt(t.square().mean(d, keepdim=True) + 1e-6),
+    "entropy": lambda t, d: -(torch.softmax(t, d) * torch.log_softmax(t, d)).sum(d),
+    "max-dim": lambda t, d: t - t.max(d, keepdim=True).values + t.min(d).values.sum(),
+    "std": lambda t, d: t.std(d, keepdim=True) * t,
+    "norm": lambda t, d: t / (torch.linalg.vector_norm(t, dim=d, keepdim=True) + 1e-3),
+    "masked-softmax": lambda t, d: torch.softmax(t.masked_fill(t > 1.5, float("-inf")), d),
+    "var_mean": lambda t, d: torch.var_mean(t, d, correction=0)[0]
+    - torch.var_mean(t, d)[1],
 }
 # after the chain
 POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y}

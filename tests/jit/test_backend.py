@@ -207,7 +207,8 @@ def test_a_mask_from_indexed_positions_keeps_its_causal_structure():
     """Positions read by advanced indexing (``cache_position[kv_idx]``, as transformers'
     mask builders read them) become index arithmetic, so the causal mask built from them
     is structure: the kernel's key loop ends at the block's last row. An index read from
-    a tensor is refused (PyTorch wraps negative ones), and the region runs eagerly."""
+    a tensor is refused (PyTorch wraps negative ones): the rows are gathered with the
+    rest, and the softmax over them is fused (partition.without_prologue)."""
     def fn(q, k, v):
         n = q.shape[-2]
         pos, at = torch.arange(n), torch.arange(n)
@@ -221,7 +222,8 @@ def test_a_mask_from_indexed_positions_keeps_its_causal_structure():
 
     def by_data(x, at):
         return torch.softmax(x[at], -1)
-    ex = _check(by_data, (_x((6, 40)), torch.tensor([5, -1, 0])), fused=0)
+    ex = _check(by_data, (_x((6, 40)), torch.tensor([5, -1, 0])))
+    assert ex.fused[0].ops == ("amax", "sub", "exp", "sum", "div"), str(ex)
     assert any("read from a tensor" in x.reason for x in ex.left)
 
 
@@ -757,3 +759,124 @@ def test_group_norm_by_hand_takes_its_views_outside_the_kernel():
     ex = _check(group_norm, (_x((6, 64), mean=3.0),))
     assert any("views of the chain's inputs and results" in x.reason for x in ex.left), \
         str(ex)
+
+
+def _mha_cases():
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(10)
+    pad = torch.zeros(2, 10, dtype=torch.bool)
+    pad[1, 7:] = True
+    return {"self": {}, "float-mask": {"attn_mask": mask},
+            "padding": {"key_padding_mask": pad}, "cross": {"cross": True}}
+
+
+@pytest.mark.parametrize("case", list(_mha_cases()))
+def test_multihead_attention_module_fuses_its_attention(case):
+    """``nn.MultiheadAttention``: Dynamo keeps ``F.multi_head_attention_forward`` whole, so
+    its SDPA reaches AOTAutograd, which picks the device's kernel
+    (``_scaled_dot_product_flash_attention_for_cpu`` here); the table opens that kernel
+    again (decomp.py) and the region without the in-projection's head split
+    (partition.without_prologue) is the attention, fused."""
+    torch.manual_seed(3)
+    kw = dict(_mha_cases()[case])
+    cross = kw.pop("cross", False)
+    m = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    m64 = copy.deepcopy(m).double()
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 10, 32, generator=g)
+    y = torch.randn(2, 7, 32, generator=g) if cross else x
+
+    def fn(x, y):
+        return m(x, y, y, need_weights=False, **kw)[0]
+
+    def ref(x, y):
+        return m64(x, y, y, need_weights=False,
+                   **{k: v.double() if v.is_floating_point() else v
+                      for k, v in kw.items()})[0]
+    ex = _check(fn, (x, y), ref64=ref)
+    assert "bmm" in str(ex.fused[0]) and "amax" in str(ex.fused[0]), str(ex)
+
+
+def test_transformer_encoder_layer_fast_path_stays_whole():
+    """In inference ``nn.TransformerEncoderLayer`` takes PyTorch's fast path, one native
+    op (``torch._transformer_encoder_layer_fwd``) that no rule opens: nothing is fused,
+    nothing is refused, and the result is eager's."""
+    torch.manual_seed(4)
+    enc = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    enc64 = copy.deepcopy(enc).double()
+    x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(6))
+    ex = _check(lambda x: enc(x), (x,), ref64=lambda x: enc64(x), fused=0)
+    assert not ex.graphs[0].left, str(ex)
+
+
+def test_multihead_attention_training_keeps_the_device_kernel_and_its_gradient():
+    """With a gradient wanted the kernel is recorded by autograd before the table
+    applies, and its own backward reads its log-sum-exp: the graph keeps the kernel
+    (decompositions(inference=False)), and the gradients match float64."""
+    torch.manual_seed(5)
+    m = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+    m64 = copy.deepcopy(m).double()
+    x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(7))
+    torch._dynamo.reset()
+    got = nf.jit(lambda x: m(x, x, x, need_weights=False)[0], rest="eager")(x)
+    got.square().sum().backward()
+    want = m64(x.double(), x.double(), x.double(), need_weights=False)[0]
+    want.square().sum().backward()
+    assert float((got.double() - want).abs().max()) <= 1e-5
+    for p, q in zip(m.parameters(), m64.parameters()):
+        assert float((p.grad.double() - q.grad).abs().max()) <= 1e-4 * max(
+            1.0, float(q.grad.abs().max()))
+
+
+def test_device_attention_kernels_open_to_the_math_with_their_outputs_shaped():
+    """The table's forms of SDPA's CUDA kernels (only reachable on a GPU): the outputs
+    their meta kernels give (shapes, dtypes, the two sequence lengths), and on CPU
+    tensors the attention and log-sum-exp of float64 math."""
+    from neptune_fusion.dynamo import decomp
+    aten = torch.ops.aten
+
+    def sig(xs):
+        return [(tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in xs]
+    meta = {n: torch.empty(*s, device="meta", dtype=torch.float16)
+            for n, s in (("q", (2, 4, 10, 16)), ("k", (2, 4, 7, 16)), ("v", (2, 4, 7, 8)))}
+    q, k, v = meta["q"], meta["k"], meta["v"]
+    for op, fn, args in (
+            (aten._scaled_dot_product_flash_attention.default, decomp._flash_cuda, (q, k, k)),
+            (aten._scaled_dot_product_efficient_attention.default, decomp._efficient_cuda,
+             (q, k, v, None, True)),
+            (aten._scaled_dot_product_efficient_attention.default, decomp._efficient_cuda,
+             (q, k, v, None, False)),
+            (aten._scaled_dot_product_cudnn_attention.default, decomp._cudnn_cuda,
+             (q, k, v, None, True))):
+        assert sig(op(*args)) == sig(fn(*args)), op
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 4, n, d, generator=g, dtype=torch.float64)
+               for n, d in ((10, 16), (7, 16), (7, 16)))
+    bias = torch.randn(10, 7, generator=g, dtype=torch.float64)
+    s = q @ k.transpose(-1, -2) / 4.0 + bias
+    want = torch.softmax(s, -1) @ v
+    lse = torch.logsumexp(s, -1)
+    for out in (decomp._efficient_cuda(q, k, v, bias, True),
+                decomp._cudnn_cuda(q, k, v, bias, True)):
+        assert torch.allclose(out[0], want)
+        assert torch.allclose(out[1].reshape(2, 4, -1)[..., :10].double(), lse)
+    causal = decomp._flash_cuda(q, k, v, is_causal=True, scale=0.5)
+    assert torch.allclose(causal[0], F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                    scale=0.5))
+    assert decomp._flash_cuda(q, k, v, dropout_p=0.1) is NotImplemented
+
+
+@pytest.mark.parametrize("shape,affine", [((3, 16, 5, 6), True), ((3, 16, 5, 6), False),
+                                          ((2, 12, 7), True)])
+def test_group_norm_fuses_on_the_group_view(shape, affine):
+    """``F.group_norm`` (``native_group_norm``) decomposes on the ``(N, G, C/G * HxW)``
+    view with its weight and bias spread over it: one chain (mean, variance, normalise,
+    affine), the views and the spread weight left outside the kernel."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(*shape, generator=g) * 2.0 + 1.0
+    w, b = torch.randn(shape[1], generator=g), torch.randn(shape[1], generator=g)
+    groups = 4 if shape[1] % 4 == 0 else 3
+
+    def fn(x, w, b):
+        return F.group_norm(x, groups, w if affine else None, b if affine else None)
+    ex = _check(fn, (x, w, b))
+    assert {"mean", "rsqrt"} <= set(ex.fused[0].ops), str(ex)

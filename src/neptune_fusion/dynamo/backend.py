@@ -38,6 +38,7 @@ from .partition import (
     depends_on_itself,
     has_chain,
     regions,
+    without_prologue,
     without_trailing_matmuls,
     without_views,
 )
@@ -104,7 +105,9 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
 _TRIMS = ((without_trailing_matmuls, "a matmul after the chain, left out of its kernel"),
           (without_views, "views of the chain's results, taken on them outside its kernel"),
           (functools.partial(without_views, leading=True),
-           "views of the chain's inputs and results, taken outside its kernel"))
+           "views of the chain's inputs and results, taken outside its kernel"),
+          (without_prologue, "the maps and views before its first reduction or product "
+                             "(and a matmul after it), computed outside its kernel"))
 
 
 def _trimmed(memo: dict, region, hints: dict, name: str):
@@ -285,20 +288,20 @@ class Backend:
                             inference_compiler=functools.partial(forward, inference=True),
                             bw_compiler=lambda fx, inputs: self._rest(
                                 fx, inputs, graph and graph.backward(fx)),
-                            decompositions=self._decompositions(),
+                            decompositions=self._decompositions(_inference(example_inputs)),
                             # as Inductor's own entry: the graph's input mutations (a
                             # static cache's new rows) stay in it, so Inductor writes
                             # them in place (docs/jit.md)
                             keep_inference_input_mutations=self.rest != "eager",
                             )(gm, example_inputs)
 
-    def _decompositions(self) -> dict:
+    def _decompositions(self, inference: bool) -> dict:
         """Ours, over Inductor's own when Inductor gets the rest (it refuses a graph that
         still holds ops it decomposes itself)."""
         if self.rest == "eager":
-            return decompositions()
+            return decompositions(inference)
         from torch._inductor.decomposition import select_decomp_table
-        return {**select_decomp_table(), **decompositions()}
+        return {**select_decomp_table(), **decompositions(inference)}
 
     def _log(self, report: GraphReport) -> None:
         if settings.log_enabled(self.log):
@@ -309,6 +312,14 @@ class Backend:
             from torch._functorch.aot_autograd import make_boxed_func
             return make_boxed_func(gm.forward)
         return compile_rest(gm, example_inputs, self.patches, kwargs)
+
+
+def _inference(example_inputs) -> bool:
+    """Whether AOTAutograd will trace an inference graph: no gradient wanted of any input
+    (parameters are inputs of a Dynamo graph)."""
+    import torch
+    return not (torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs))
 
 
 def neptune_fusion(gm, example_inputs, mode: str | None = None, options: dict | None = None):

@@ -3,11 +3,13 @@
 Translating primitives (``amax``, ``sub``, ``exp``, ``sum``, ``div``, ``bmm``) rather than
 ``aten._softmax`` as one node means any chain built of them is translated, whoever wrote
 it. torch's own decompositions give softmax and log-softmax in that form; log-sum-exp,
-variance, layer norm and ``scaled_dot_product_attention`` get small ones here, because
-torch's guard an infinite maximum inside the exponential (two passes), go through
-``prims.var`` (one node for a two-reduction chain) or pick a fused attention kernel per
-device; ``nll_loss`` becomes a gather, so cross-entropy is one chain; ``max``/``min``
-over a dimension become ``amax``/``amin`` (with ``argmax``/``argmin`` for the indices).
+variance, layer norm, group norm and ``scaled_dot_product_attention`` get small ones
+here, because torch's guard an infinite maximum inside the exponential (two passes), go
+through ``prims.var`` (one node for a two-reduction chain), index groups across tile axes
+or pick a fused attention kernel per device (and the per-device kernels, where a caller
+such as ``nn.MultiheadAttention`` reached them, become the math again in inference);
+``nll_loss`` becomes a gather, so cross-entropy is one chain; ``max``/``min`` over a
+dimension become ``amax``/``amin`` (with ``argmax``/``argmin`` for the indices).
 """
 
 from __future__ import annotations
@@ -114,10 +116,38 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
     return out.to(x.dtype), mean, rstd
 
 
+def _group_norm(x, weight, bias, n, c, hw, group, eps):
+    """``native_group_norm`` on the ``(N, G, C/G * HxW)`` view: the statistics are a row
+    chain over its last dimension, and the affine reads the weight and bias spread over
+    that view (``(G, C/G * HxW)``: a copy of the size of one sample, made with the rest
+    when the backend leaves the views out). On the ``(N, C, ...)`` layout the group of an
+    element is arithmetic across tile axes, which the code generator refuses."""
+    per = c // group
+    xg = x.reshape(n, group, per * hw)
+    var, mean = _var_mean(_wide(xg), [2], correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (xg - mean) * rstd
+
+    def spread(t):
+        return t.reshape(group, per, 1).expand(group, per, hw).reshape(group, per * hw)
+    if weight is not None:
+        y = y * spread(weight)
+    if bias is not None:
+        y = y + spread(bias)
+    return (y.to(x.dtype).reshape(x.shape), mean.reshape(n, group).to(x.dtype),
+            rstd.reshape(n, group).to(x.dtype))
+
+
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     if dropout_p:
         return NotImplemented
+    return _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa)[0]
+
+
+def _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    """SDPA's math: ``(output, scores)``, the scores masked and scaled (for a
+    log-sum-exp)."""
     if enable_gqa and q.shape[-3] != k.shape[-3]:
         g = q.shape[-3] // k.shape[-3]
         k = k.repeat_interleave(g, dim=-3)
@@ -129,13 +159,73 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                           device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
     if attn_mask is None:
-        return torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+        return torch.softmax(_wide(s), dim=-1).to(v.dtype) @ v, s
     s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
         else s + attn_mask
-    out = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+    out = torch.softmax(_wide(s), dim=-1).to(v.dtype) @ v
     # a row whose every key is masked gives 0, as SDPA does (the softmax alone: NaN)
     empty = s.amax(dim=-1, keepdim=True) == float("-inf")
-    return out.masked_fill(empty, 0.0)
+    return out.masked_fill(empty, 0.0), s
+
+
+def _wide(s):
+    """Half-precision scores widened to float32 for the softmax (as SDPA's kernels do);
+    float32 and float64 kept."""
+    return s.float() if s.dtype in (torch.float16, torch.bfloat16) else s
+
+
+# SDPA's per-device kernels, reached where Dynamo keeps a caller whole
+# (``F.multi_head_attention_forward``, so ``swap_sdpa`` never sees its SDPA) and
+# AOTAutograd picks the kernel. Each becomes the math, its extra outputs as the op's meta
+# kernel shapes them (dead code in an inference graph, the only graphs that open them:
+# see decompositions()). Dropout and debug masks stay with the kernel.
+
+def _fused_math(q, k, v, attn_mask, dropout_p, is_causal, scale):
+    if dropout_p:
+        return NotImplemented
+    out, s = _attention(q, k, v, attn_mask, is_causal, scale, q.shape[1] != k.shape[1])
+    return out, _logsumexp(_wide(s), -1).float()
+
+
+def _flash_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    return _fused_math(q, k, v, attn_mask, dropout_p, is_causal, scale)
+
+
+def _seed_offset(dtype=torch.long):
+    return torch.empty((), dtype=dtype, device="meta"), torch.empty((), dtype=dtype,
+                                                                     device="meta")
+
+
+def _flash_cuda(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                scale=None):
+    got = NotImplemented if return_debug_mask else \
+        _fused_math(q, k, v, None, dropout_p, is_causal, scale)
+    if got is NotImplemented:
+        return got
+    return (*got, None, None, q.shape[2], k.shape[2],
+            torch.empty(2, dtype=torch.uint64, device="meta"),
+            torch.empty((), dtype=torch.uint64, device="meta"), q.new_empty(0))
+
+
+def _efficient_cuda(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                    is_causal=False, *, scale=None):
+    got = _fused_math(q, k, v, attn_bias, dropout_p, is_causal, scale)
+    if got is NotImplemented:
+        return got
+    # its log-sum-exp is padded to a multiple of 32 queries (or empty)
+    n = -(-q.shape[2] // 32) * 32 if compute_log_sumexp else 0
+    lse = torch.nn.functional.pad(got[1], (0, n - q.shape[2]))[..., :n]
+    return (got[0], lse, *_seed_offset())
+
+
+def _cudnn_cuda(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, *, scale=None):
+    got = NotImplemented if return_debug_mask else \
+        _fused_math(q, k, v, attn_bias, dropout_p, is_causal, scale)
+    if got is NotImplemented:
+        return got
+    return (got[0], got[1].unsqueeze(-1), None, None, q.shape[2], k.shape[2],
+            *_seed_offset(), None)
 
 
 def swap_sdpa(gm) -> None:
@@ -153,8 +243,11 @@ def swap_sdpa(gm) -> None:
         gm.recompile()
 
 
-def decompositions() -> dict:
-    """The table handed to AOTAutograd."""
+def decompositions(inference: bool = True) -> dict:
+    """The table handed to AOTAutograd. SDPA's per-device kernels are opened only for
+    an ``inference`` graph: in a training graph autograd records such a kernel before
+    the table applies, so its own backward runs on the saved log-sum-exp, and the
+    kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm])
     table[aten.logsumexp.default] = _logsumexp
@@ -162,8 +255,14 @@ def decompositions() -> dict:
     table[aten.var_mean.correction] = _var_mean
     table[aten.std.correction] = _std
     table[aten.native_layer_norm.default] = _layer_norm
+    table[aten.native_group_norm.default] = _group_norm
     table[aten.scaled_dot_product_attention.default] = _sdpa
     table[aten.nll_loss_forward.default] = _nll_loss_forward
+    if inference:
+        table[aten._scaled_dot_product_flash_attention_for_cpu.default] = _flash_cpu
+        table[aten._scaled_dot_product_flash_attention.default] = _flash_cuda
+        table[aten._scaled_dot_product_efficient_attention.default] = _efficient_cuda
+        table[aten._scaled_dot_product_cudnn_attention.default] = _cudnn_cuda
     table[aten.max.dim] = _max_dim
     table[aten.min.dim] = _min_dim
     return table

@@ -189,6 +189,27 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
+def without_prologue(region: Region) -> Region | None:
+    """``region`` without the maps, views and copies it computes from its inputs before
+    any reduction or product reads them (and without its trailing matmuls, as
+    :func:`without_trailing_matmuls`), or None if it has none: the kernel reads their
+    results, materialised with the rest. The last form the backend tries: in
+    ``nn.MultiheadAttention`` the in-projection's bias and head split (a clone, three
+    selects, transposes) come before the attention, and their indices into the packed
+    projection mix tile axes that the code generator refuses."""
+    region = without_trailing_matmuls(region) or region
+    inside = set(region.nodes)
+    late: set = set()   # downstream of a reduction or product inside the region
+    for n in region.nodes:
+        if RULES[n.target].kind in ("reduction", "contraction") or any(
+                a in late for a in n.all_input_nodes if a in inside):
+            late.add(n)
+    kept = [n for n in region.nodes if n in late]
+    if len(kept) == len(region.nodes) or not kept:
+        return None
+    return _region(kept, region.copies & frozenset(kept))
+
+
 def without_views(region: Region, leading: bool = False) -> Region | None:
     """``region`` without the views (and layout copies) between its values and its
     outputs -- with ``leading``, also those between its inputs and its values -- or None

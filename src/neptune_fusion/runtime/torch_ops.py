@@ -302,7 +302,11 @@ def define_ops() -> None:
         # nothing differentiates through it; a call with inputs that require grad in grad
         # mode is refused by the eager path's check, as any kernel call is.
         lib = torch.library.Library("neptune_fusion", "FRAGMENT")
-        lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]")
+        # Inductor keeps each input's stride order as traced (an op without the tag gets
+        # any layout: a region's transposed input, copied for unit-stride rows, reached
+        # the kernel as the transposed view again, in nn.MultiheadAttention)
+        lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]",
+                   tags=(torch.Tag.needs_fixed_stride_order,))
         lib.impl("fused", lambda inputs, handle: entry(handle).run(inputs),
                  "CompositeExplicitAutograd")
         torch.library.register_fake("neptune_fusion::fused",
