@@ -171,21 +171,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", default=",".join(WORK), help=f"of {', '.join(WORK)}")
+def cli(work: dict, run, table, description: str) -> None:
+    """The command line of this script and of its siblings (``jit_modules.py``): run the
+    chosen ``--work`` items, print the table, write the rows."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--work", default=",".join(work), help=f"of {', '.join(work)}")
     ap.add_argument("--out", help="rows as JSON lines (a .md table beside it)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    unknown = set(a.work.split(",")) - set(WORK)
+    unknown = set(a.work.split(",")) - set(work)
     if unknown:
-        sys.exit(f"unknown --work {', '.join(sorted(unknown))}: choose from {', '.join(WORK)}")
+        sys.exit(f"unknown --work {', '.join(sorted(unknown))}: choose from {', '.join(work)}")
     rows = [r for w in a.work.split(",") for r in run(w, device)]
     text = table(rows)
     print(text)
     if a.out:
         Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         Path(a.out).with_suffix(".md").write_text(text + "\n")
+
+
+def main() -> None:
+    cli(WORK, run, table, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -880,3 +880,40 @@ def test_group_norm_fuses_on_the_group_view(shape, affine):
         return F.group_norm(x, groups, w if affine else None, b if affine else None)
     ex = _check(fn, (x, w, b))
     assert {"mean", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
+
+
+def test_group_norm_then_silu_is_one_chain():
+    """A map after the group norm reads its result reshaped back to ``(N, C, H, W)``;
+    the reshape moves below the map first (sink.py), so the SiLU joins the chain on the
+    group view instead of running as a second pass."""
+    m = torch.nn.GroupNorm(4, 16).eval()
+    m64 = copy.deepcopy(m).double()
+    x = torch.randn(2, 16, 5, 5, generator=torch.Generator().manual_seed(10)) * 2.0 + 1.0
+    ex = _check(lambda x: F.silu(m(x)), (x,), ref64=lambda x: F.silu(m64(x)))
+    ops = set(ex.fused[0].ops)   # silu, or its decomposition when Inductor gets the rest
+    assert "rsqrt" in ops and ops & {"silu", "exp"}, str(ex)
+
+
+def test_views_sink_below_value_maps_only():
+    """``sink_views``: ``exp(view(a)) + view(b)`` becomes ``view(exp(a) + b)``; a map of
+    positions (``tril``) and a map that broadcasts another tensor stay after the view."""
+    from neptune_fusion.dynamo.sink import sink_views
+
+    def graph_of(fn, *args):
+        from torch.fx.experimental.proxy_tensor import make_fx
+        return make_fx(fn, tracing_mode="fake")(*args)
+    a, b, w = torch.randn(4, 6), torch.randn(4, 6), torch.randn(2, 12)
+
+    def moved(x, y):
+        return torch.exp(x.view(2, 12)) + y.view(2, 12)
+    gm = graph_of(moved, a, b)
+    assert sink_views(gm.graph)
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops[-1] in (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+    gm.recompile()
+    assert torch.allclose(gm(a, b), moved(a, b))
+
+    def kept(x, y, w):
+        return torch.tril(x.view(2, 12)) + w, y.view(2, 12) * w
+    gm = graph_of(kept, a, b, w)
+    assert not sink_views(gm.graph)

@@ -44,8 +44,9 @@ from .partition import (
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
-from .rewrite import finish, replace_region, trial
+from .rewrite import finish, propagate, replace_region, trial
 from .rules import RULES
+from .sink import sink_views
 from .symbolic import arg_shape, hints_of, is_scalar_value, shape_of, unbound_scalars
 from .translate import translate_region
 
@@ -70,6 +71,8 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     hints = hints_of(example_inputs)   # a dynamic graph's symbols: example values
     report.dynamic = {str(sym): v for sym, v in sorted(hints.items(), key=str)}
     changed, seen, memo = False, set(), {}
+    if sink_views(gm.graph):   # maps after a reshape join the chain before it (sink.py)
+        propagate(gm, example_inputs)
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
             continue

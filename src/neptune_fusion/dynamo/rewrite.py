@@ -84,14 +84,20 @@ def mutations_last(graph) -> None:
 def finish(gm, example_inputs) -> None:
     """Drop dead nodes, restore a topological order, recompile, and give every node its
     fake value again (Inductor reads ``node.meta["val"]``)."""
-    from torch._guards import detect_fake_mode
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     from torch.fx.passes.tools_common import legalize_graph
 
     legalize_graph(gm)   # first: a call placed after its region may precede a reader
     mutations_last(gm.graph)
     gm.graph.eliminate_dead_code()
+    propagate(gm, example_inputs)
+
+
+def propagate(gm, example_inputs) -> None:
+    """Recompile ``gm`` and give every node its fake value again."""
+    from torch._guards import detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
     gm.recompile()
     mode = detect_fake_mode(example_inputs)
     if mode is None:

@@ -1,0 +1,127 @@
+"""PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention`` and
+``nn.GroupNorm`` (issue 19).
+
+Usage:
+    PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
+        [--out FILE.jsonl]
+
+Each workload is a module in inference (``eval()``, no gradient), called through three
+providers in one process: ``eager`` (the module itself), ``inductor``
+(``torch.compile(module)``) and ``jit`` (``nf.jit(module)``). The jit opens
+``nn.MultiheadAttention``'s SDPA kernel to its math and fuses the attention
+(docs/jit.md, "nn.MultiheadAttention is opened at SDPA's device kernel"), and fuses group
+norm's statistics, normalisation and affine on the group view. Every output is checked
+against a float64 copy of the module first (relative error, printed); GPU time from
+CUDA-graph replay (``gpu_ms``) and an eager call's time (``ms``, ``do_bench``). On a CPU
+the sizes are tiny, the kernels run under the interpreter and times mean nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import torch
+from jit_dynamic import cli, timers
+
+from neptune_fusion.dynamo import jit
+
+
+def _mha(causal: bool):
+    def make(big: bool, dtype, dev, gen):
+        e, h, b, n = (1024, 16, 4, 4096) if big else (32, 4, 2, 10)
+        m = torch.nn.MultiheadAttention(e, h, batch_first=True, device=dev)
+        x = torch.randn(b, n, e, device=dev, generator=gen)
+        kw = {"need_weights": False}
+        if causal:
+            kw |= {"attn_mask": torch.nn.Transformer.generate_square_subsequent_mask(
+                n, device=dev), "is_causal": True}
+
+        def fn(mod, x):
+            mask = kw.get("attn_mask")
+            extra = {} if mask is None else {"attn_mask": mask.to(x.dtype)}
+            return mod(x, x, x, **{**kw, **extra})[0]
+        return m, (x,), fn
+    return make
+
+
+def _group_norm(silu: bool):
+    def make(big: bool, dtype, dev, gen):
+        n, c, hw, g = (16, 512, 64, 32) if big else (2, 16, 5, 4)
+        m = torch.nn.GroupNorm(g, c, device=dev)
+        with torch.no_grad():
+            m.weight.normal_(generator=gen)
+            m.bias.normal_(generator=gen)
+        x = torch.randn(n, c, hw, hw, device=dev, generator=gen) * 2.0 + 1.0
+
+        def fn(mod, x):
+            y = mod(x)
+            return torch.nn.functional.silu(y) if silu else y
+        return m, (x,), fn
+    return make
+
+
+WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(False),
+        "group-norm-silu": _group_norm(True)}
+
+
+def run(name: str, device: str) -> list[dict]:
+    big = device == "cuda"
+    dtype = torch.float16 if big else torch.float32
+    gen = torch.Generator(device=device)
+    gen.manual_seed(7)
+    mod, args, fn = WORK[name](big, dtype, device, gen)
+    mod = mod.eval()
+    ref_mod = copy.deepcopy(mod).double()
+    mod = mod.to(dtype)
+    args = tuple(a.to(dtype) for a in args)
+    with torch.no_grad():
+        ref = fn(ref_mod, *(a.double() for a in args))
+    torch._dynamo.reset()
+    providers = {"eager": lambda *a: fn(mod, *a),
+                 "inductor": torch.compile(lambda *a: fn(mod, *a)),
+                 "jit": jit(lambda *a: fn(mod, *a))}
+    time_of = timers(device)
+    rows = []
+    with torch.no_grad():
+        for pname, call in providers.items():
+            t0 = time.perf_counter()
+            out = call(*args)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            reports = getattr(getattr(call, "backend", None), "reports", None)
+            row = {"work": name, "provider": pname, "shape": [list(a.shape) for a in args],
+                   "dtype": str(dtype).removeprefix("torch."),
+                   "first_call_s": round(first, 3),
+                   "rel_err": float((out.double() - ref).norm() / ref.norm()),
+                   "fused": sum(len(r.fused) for r in reports) if reports else None}
+            row |= {k: t(lambda c=call: c(*args)) for k, t in time_of.items()}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    key = "gpu_ms" if all("gpu_ms" in r for r in rows) else "ms"
+    out = [f"| work | dtype | eager {key} | inductor {key} | jit {key} | x eager | "
+           "x inductor | chains fused | jit first call s | jit rel. err |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["work"], r["provider"]): r for r in rows}
+    for (work, p), r in by.items():
+        if p != "jit":
+            continue
+        e, i = by[(work, "eager")], by[(work, "inductor")]
+        out.append(f"| {work} | {r['dtype']} | {e[key]:.4f} | {i[key]:.4f} | {r[key]:.4f} | "
+                   f"{e[key] / r[key]:.2f}x | {i[key] / r[key]:.2f}x | {r['fused']} | "
+                   f"{r['first_call_s']:.2f} | {r['rel_err']:.1e} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    cli(WORK, run, table, __doc__.splitlines()[0])
+
+
+if __name__ == "__main__":
+    main()
