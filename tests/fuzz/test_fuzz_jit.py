@@ -50,7 +50,10 @@ CHAINS = {
     - torch.var_mean(t, d)[1],
 }
 # after the chain
-POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y}
+POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y,
+         # a reshape, then maps of it (the views sink below the maps: dynamo/sink.py)
+         "flat-silu": lambda y: F.silu(y.reshape(y.shape[0], -1)) * 2.0,
+         "flat-pair": lambda y: torch.exp(-y.reshape(-1).abs()) + y.reshape(-1)}
 
 
 def _fn(pre: str, chain: str, post: str, d: int):

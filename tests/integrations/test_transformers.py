@@ -503,3 +503,33 @@ def test_plain_attention_of_each_model_is_fused_through_the_backend(name, impl):
     assert len(backend.reports) == 2   # the prefill, then a dynamic graph for the steps
     for report in backend.reports:
         assert sum("amax" in f.ops and "bmm" in f.ops for f in report.fused) == 2, str(report)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_bert_encoder_through_the_backend(impl):
+    """A BERT encoder (bidirectional, a padding mask as data) under ``torch.compile``
+    with the backend: each layer's attention and both LayerNorms (with their residual
+    adds) are fused, and the hidden states match eager. With eager attention the additive
+    mask is expanded from the padding mask by an index read from a tensor: the region is
+    fused without that prologue (partition.without_prologue)."""
+    from neptune_fusion.dynamo import Backend
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=g)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert _rel(got, want) <= 1e-5
+    fused = [f.ops for r in backend.reports for f in r.fused]
+    assert sum("bmm" in ops and "amax" in ops for ops in fused) == 2, fused
+    assert sum("rsqrt" in ops for ops in fused) >= 4, fused

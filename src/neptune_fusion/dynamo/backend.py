@@ -320,7 +320,6 @@ class Backend:
 def _inference(example_inputs) -> bool:
     """Whether AOTAutograd will trace an inference graph: no gradient wanted of any input
     (parameters are inputs of a Dynamo graph)."""
-    import torch
     return not (torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs))
 
