@@ -1,5 +1,5 @@
-"""PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention`` and
-``nn.GroupNorm`` (issue 19).
+"""PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention``,
+``nn.GroupNorm`` and ``nn.InstanceNorm2d`` (issue 19).
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
@@ -62,8 +62,18 @@ def _group_norm(silu: bool):
     return make
 
 
+def _instance_norm(big: bool, dtype, dev, gen):
+    n, c, hw = (16, 256, 64) if big else (2, 3, 5)
+    m = torch.nn.InstanceNorm2d(c, affine=True, device=dev)
+    with torch.no_grad():
+        m.weight.normal_(generator=gen)
+        m.bias.normal_(generator=gen)
+    x = torch.randn(n, c, hw, hw, device=dev, generator=gen) * 2.0 + 1.0
+    return m, (x,), lambda mod, x: mod(x)
+
+
 WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(False),
-        "group-norm-silu": _group_norm(True)}
+        "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm}
 
 
 def run(name: str, device: str) -> list[dict]:

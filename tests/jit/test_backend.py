@@ -917,3 +917,35 @@ def test_views_sink_below_value_maps_only():
         return torch.tril(x.view(2, 12)) + w, y.view(2, 12) * w
     gm = graph_of(kept, a, b, w)
     assert not sink_views(gm.graph)
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_instance_norm_is_one_chain_over_merged_spatial_dims(affine):
+    """``nn.InstanceNorm2d`` reaches the graph as a batch norm without statistics over
+    ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view; torch's decomposition gives ``var_mean``
+    over those dimensions, and a reduction over dimensions that are adjacent once those
+    of extent 1 are left out is one reduction over their merge (decomp._merged)."""
+    m = torch.nn.InstanceNorm2d(3, affine=affine).eval()
+    if affine:
+        with torch.no_grad():
+            m.weight.normal_(generator=torch.Generator().manual_seed(1))
+            m.bias.normal_(generator=torch.Generator().manual_seed(2))
+    m64 = copy.deepcopy(m).double()
+    x = torch.randn(2, 3, 5, 6, generator=torch.Generator().manual_seed(12)) * 3.0 + 1.0
+    ex = _check(lambda x: m(x), (x,), ref64=lambda x: m64(x))
+    assert "rsqrt" in ex.fused[0].ops, str(ex)
+
+
+def test_reductions_over_several_adjacent_dims():
+    """``mean``/``sum``/``amax``/``std`` over two adjacent dimensions, two different pairs
+    in one chain; a reduction over non-adjacent dimensions stays with the rest (no rule
+    reduces over two axes) and the softmax beside it is fused alone."""
+    def fn(x):
+        m = x.mean((2, 3), keepdim=True)
+        y = (x - m) * torch.rsqrt(((x - m) ** 2).sum((-1, -2), keepdim=True) / 30 + 1e-5)
+        return y * torch.std(x, (1, 2), keepdim=True) + torch.amax(x, (2, 3), keepdim=True)
+    x = torch.randn(2, 3, 5, 6, generator=torch.Generator().manual_seed(13))
+    ex = _check(fn, (x,))
+    assert {"amax", "sqrt", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
+    ex = _check(lambda x: torch.softmax(x, -1) * x.mean((1, 3), keepdim=True), (x,))
+    assert any("several axes" in x.reason for x in ex.left), str(ex)

@@ -19,6 +19,8 @@ import math
 import torch
 from torch._decomp import get_decompositions
 
+from .symbolic import static
+
 aten = torch.ops.aten
 
 
@@ -44,6 +46,52 @@ def _var(x, dim=None, *, correction=None, keepdim=False):
 
 def _std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _merged(x, dim):
+    """``(x with the reduced dimensions merged into one, that dimension, the result's
+    shape with keepdim, without)`` when ``dim`` names two or more dimensions that are
+    adjacent once those of extent 1 are left out (an instance norm's batch norm over
+    ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view), and not all of them; else None. The rule
+    table reduces over one axis: ``mean((2, 3))`` is one reduction over ``H * W``."""
+    if dim is None or isinstance(dim, int):
+        return None
+    dims = sorted(_dims(x, dim))
+    real = [d for d in dims if not (static(x.shape[d]) and x.shape[d] == 1)]
+    if len(dims) < 2 or len(dims) >= x.dim() or not real \
+            or real != list(range(real[0], real[-1] + 1)):
+        return None
+    a, b = real[0], real[-1]
+    ones = set(dims) - set(real)
+    merged = x.reshape(*(n for d, n in enumerate(x.shape[:a]) if d not in ones), -1,
+                       *(n for d, n in enumerate(x.shape) if d > b and d not in ones))
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
+    return merged, a - sum(d < a for d in ones), kept, tuple(
+        n for d, n in enumerate(x.shape) if d not in dims)
+
+
+def _over_merged(reduce):
+    """A reduction over adjacent dimensions as one over their merge (see :func:`_merged`),
+    reshaped to its own result; ``NotImplemented`` (torch's own) otherwise."""
+    def over(x, dim=None, keepdim=False, **kw):
+        got = _merged(x, dim)
+        if got is None:
+            return NotImplemented
+        merged, axis, kept, dropped = got
+        return reduce(merged, axis, **kw).reshape(kept if keepdim else dropped)
+    return over
+
+
+def _amax(x, dim=(), keepdim=False):
+    if x.dtype == torch.bool:   # as Inductor's own: the maximum of booleans is any
+        return torch.any(x, dim=dim, keepdim=keepdim)
+    return _over_merged(lambda t, a: t.amax(a, keepdim=True))(x, dim, keepdim)
+
+
+def _amin(x, dim=(), keepdim=False):
+    if x.dtype == torch.bool:
+        return torch.all(x, dim=dim, keepdim=keepdim)
+    return _over_merged(lambda t, a: t.amin(a, keepdim=True))(x, dim, keepdim)
 
 
 def _logsumexp(x, dim, keepdim=False):
@@ -249,7 +297,8 @@ def decompositions(inference: bool = True) -> dict:
     the table applies, so its own backward runs on the saved log-sum-exp, and the
     kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
-                                aten.linalg_vector_norm])
+                                aten.linalg_vector_norm,
+                                aten._native_batch_norm_legit.no_stats])
     table[aten.logsumexp.default] = _logsumexp
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
@@ -263,6 +312,12 @@ def decompositions(inference: bool = True) -> dict:
         table[aten._scaled_dot_product_flash_attention.default] = _flash_cuda
         table[aten._scaled_dot_product_efficient_attention.default] = _efficient_cuda
         table[aten._scaled_dot_product_cudnn_attention.default] = _cudnn_cuda
+    table[aten.mean.dim] = _over_merged(
+        lambda t, a, dtype=None: t.mean(a, keepdim=True, dtype=dtype))
+    table[aten.sum.dim_IntList] = _over_merged(
+        lambda t, a, dtype=None: t.sum(a, keepdim=True, dtype=dtype))
+    table[aten.amax.default] = _amax
+    table[aten.amin.default] = _amin
     table[aten.max.dim] = _max_dim
     table[aten.min.dim] = _min_dim
     return table

@@ -372,7 +372,8 @@ def _tri(lower: bool):
 def _one_dim(node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
-        return f"{node.name}: a reduction over several axes (or all of them)"
+        return (f"{node.name}: a reduction over several axes that are not adjacent (or over "
+                "all of them)")
     val = node.meta.get("val")
     if getattr(val, "ndim", None) == 0:
         # a loss's mean over rows of each row's chain: inside the chain's kernel it
