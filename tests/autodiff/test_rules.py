@@ -57,7 +57,7 @@ def _check(build, n_inputs: int, low: float = -2.0, high: float = 2.0, seed: int
         np.testing.assert_allclose(got.pop(0), want, rtol=1e-5, atol=1e-6)
 
 
-UNARY = {op: getattr(nf, op) for op in ("exp", "exp2", "tanh", "sigmoid", "abs")}
+UNARY = {op: getattr(nf, op) for op in ("exp", "exp2", "tanh", "sigmoid", "erf", "abs")}
 UNARY["neg"] = lambda x: -x
 
 

@@ -48,7 +48,15 @@ CHAINS = {
     "masked-softmax": lambda t, d: torch.softmax(t.masked_fill(t > 1.5, float("-inf")), d),
     "var_mean": lambda t, d: torch.var_mean(t, d, correction=0)[0]
     - torch.var_mean(t, d)[1],
+    # over d and the next dimension (adjacent, or not when d is the last, or all of them)
+    "pair-norm": lambda t, d: (t - t.mean(_pair(t, d), keepdim=True)) * torch.rsqrt(
+        t.var(_pair(t, d), keepdim=True, correction=0) + 1e-3),
+    "pair-max": lambda t, d: t.amax(_pair(t, d), keepdim=True) - t,
 }
+
+
+def _pair(t, d):
+    return sorted({d, (d + 1) % t.dim()})
 # after the chain
 POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y,
          # a reshape, then maps of it (the views sink below the maps: dynamo/sink.py)

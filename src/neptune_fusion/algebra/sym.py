@@ -106,7 +106,7 @@ class Abstraction:
                      "log": lambda: sp.log(x), "log2": lambda: sp.log(x) / sp.log(2),
                      "sqrt": lambda: sp.sqrt(x), "rsqrt": lambda: 1 / sp.sqrt(x),
                      "tanh": lambda: sp.tanh(x), "sigmoid": lambda: 1 / (1 + sp.exp(-x)),
-                     "abs": lambda: sp.Abs(x)}
+                     "erf": lambda: sp.erf(x), "abs": lambda: sp.Abs(x)}
             if e.op in table:
                 return table[e.op]()
         elif isinstance(e, Binary):
@@ -207,7 +207,8 @@ def to_ir(x: sp.Expr, env: dict[sp.Symbol, Expr]) -> Expr:
                 return build.unary("exp2", to_ir(e, env))
             return build.unary("exp", to_ir(e * sp.log(base), env))
         raise Unsupported(f"cannot lower the power {x}")
-    fn = {sp.exp: "exp", sp.log: "log", sp.tanh: "tanh", sp.Abs: "abs"}.get(x.func)
+    fn = {sp.exp: "exp", sp.log: "log", sp.tanh: "tanh", sp.Abs: "abs",
+          sp.erf: "erf"}.get(x.func)
     if fn is not None:
         return build.unary(fn, args[0])
     if x.func in (sp.Max, sp.Min):

@@ -22,6 +22,11 @@ from ..ir import build
 from ..ir.nodes import Expr
 
 LN2 = math.log(2.0)
+TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _exp(x) -> Expr:
+    return build.unary("exp", x)
 
 
 def _where(cond, a, b) -> Expr:
@@ -38,6 +43,7 @@ UNARY: dict[str, Callable | None] = {
     "rsqrt": lambda x, y, g: g * -0.5 * y / x,          # d x^-1/2 = -x^-3/2 / 2 dx
     "tanh": lambda x, y, g: g * (1.0 - y * y),          # d tanh(x) = (1 - tanh^2) dx
     "sigmoid": lambda x, y, g: g * y * (1.0 - y),       # d sig(x) = sig (1 - sig) dx
+    "erf": lambda x, y, g: g * TWO_OVER_SQRT_PI * _exp(-(x * x)),   # d erf = 2/sqrt(pi) e^-x^2
     "abs": lambda x, y, g: _where(x < 0, -g, g),        # d |x| = sign(x) dx (sign(0) = 1)
     "not": None,                                        # boolean: no gradient
 }

@@ -30,6 +30,7 @@ TL_UNARY: dict[str, tuple[str, int, int]] = {
     "rsqrt": ("tl.rsqrt({0})", ATOM, 0),
     "abs": ("tl.abs({0})", ATOM, 0),
     "sigmoid": ("tl.sigmoid({0})", ATOM, 0),
+    "erf": ("tl.math.erf({0})", ATOM, 0),
 }
 
 # op -> (template, result precedence, left operand min precedence, right operand min)

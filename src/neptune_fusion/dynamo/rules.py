@@ -55,7 +55,7 @@ def _at(tr, a, idx, out):
 _UNARY = {
     aten.exp.default: nf.exp, aten.exp2.default: nf.exp2, aten.log.default: nf.log,
     aten.log2.default: nf.log2, aten.sqrt.default: nf.sqrt, aten.rsqrt.default: nf.rsqrt,
-    aten.tanh.default: nf.tanh, aten.sigmoid.default: nf.sigmoid,
+    aten.tanh.default: nf.tanh, aten.sigmoid.default: nf.sigmoid, aten.erf.default: nf.erf,
     aten.abs.default: nf.abs, aten.neg.default: operator.neg,
     aten.reciprocal.default: lambda x: 1.0 / x,
     aten.relu.default: lambda x: nf.maximum(x, 0.0),
@@ -94,18 +94,16 @@ def _silu(x):
 
 
 def _gelu(tr, node, out):
-    """``gelu(x, approximate="tanh")``: ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    """``gelu(x)``: ``x/2 (1 + erf(x / sqrt(2)))``; with ``approximate="tanh"``
+    ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+    if node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") \
+            != "tanh":
+        r = 1.0 / math.sqrt(2.0)
+        return lambda idx: (lambda x: 0.5 * x * (1.0 + nf.erf(x * r)))(
+            _at(tr, node.args[0], idx, out))
     c = math.sqrt(2.0 / math.pi)
     return lambda idx: (lambda x: 0.5 * x * (1.0 + nf.tanh(c * (x + 0.044715 * x * x * x))))(
         _at(tr, node.args[0], idx, out))
-
-
-def _gelu_check(node):
-    if node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") \
-            != "tanh":
-        return (f"{node.name}: the exact gelu needs erf, which the IR has no op for "
-                "(approximate='tanh' is translated)")
-    return None
 
 
 def _softplus(tr, node, out):
@@ -453,7 +451,7 @@ def _table() -> dict:
             if hasattr(packet, ov):
                 t[getattr(packet, ov)] = Rule("elementwise", _binary(f))
     t[aten.silu.default] = Rule("elementwise", _unary(_silu))
-    t[aten.gelu.default] = Rule("elementwise", _gelu, _gelu_check)
+    t[aten.gelu.default] = Rule("elementwise", _gelu)
     t[aten.softplus.default] = Rule("elementwise", _softplus)
     for op in (aten.xlogy.Tensor, aten.xlogy.Scalar_Other):
         t[op] = Rule("elementwise", _xlogy)

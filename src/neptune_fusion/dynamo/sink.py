@@ -25,7 +25,7 @@ _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 _MAPS = frozenset(
     getattr(getattr(aten, name), overload)
     for name in ("add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log2", "sqrt",
-                 "rsqrt", "tanh", "sigmoid", "abs", "reciprocal", "relu", "silu", "softplus",
+                 "rsqrt", "tanh", "sigmoid", "erf", "abs", "reciprocal", "relu", "silu", "softplus",
                  "gelu", "pow", "maximum", "minimum", "clamp", "clamp_min", "clamp_max",
                  "where", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
                  "logical_not", "bitwise_and", "bitwise_or", "bitwise_not", "_to_copy")

@@ -189,6 +189,11 @@ def sigmoid(x) -> Expr:
     return build.unary("sigmoid", x)
 
 
+def erf(x) -> Expr:
+    """The error function (exact GELU: ``x / 2 * (1 + erf(x / sqrt(2)))``)."""
+    return build.unary("erf", x)
+
+
 def abs(x) -> Expr:  # noqa: A001
     """Absolute value."""
     return build.unary("abs", x)

@@ -29,7 +29,7 @@ from .nodes import (
     Where,
 )
 
-_FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid"}
+_FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid", "erf"}
 
 
 def const(value, dtype=None) -> Const:

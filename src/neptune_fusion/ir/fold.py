@@ -66,6 +66,7 @@ UNARY: dict[str, Callable] = {
     "log2": lambda x: math.log2(x) if x > 0 else (-INF if x == 0 else math.nan),
     "sqrt": math.sqrt, "rsqrt": lambda x: 1.0 / math.sqrt(x), "tanh": math.tanh,
     "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0,
+    "erf": math.erf,
     "not": lambda x: not x,
 }
 BINARY: dict[str, Callable] = {

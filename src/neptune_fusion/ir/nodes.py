@@ -231,7 +231,7 @@ class Load(Expr):
 
 
 UNARY_OPS = ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "tanh", "sigmoid",
-             "abs", "not")
+             "erf", "abs", "not")
 ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum")
 CMP_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 LOGIC_OPS = ("and", "or")

@@ -14,6 +14,8 @@ Semantics worth knowing:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import FeedError
@@ -40,6 +42,7 @@ UNARY = {
     "neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2,
     "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x), "tanh": np.tanh,
     "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "abs": np.abs, "not": np.logical_not,
+    "erf": np.vectorize(math.erf, otypes=[np.float64]),
 }
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,

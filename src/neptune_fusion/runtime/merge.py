@@ -28,7 +28,7 @@ from ..ir.reducers import combined_with, reducer, running_array, safe_array
 # The torch function of every elementwise op of the IR, by name (torch is imported only
 # when merging; tests/test_op_tables.py checks that each op has a row).
 TORCH_UNARY = {op: op for op in ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt",
-                                 "tanh", "sigmoid", "abs")} | {"not": "logical_not"}
+                                 "tanh", "sigmoid", "erf", "abs")} | {"not": "logical_not"}
 TORCH_BINARY = {op: op for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum",
                                   "lt", "le", "gt", "ge", "eq", "ne")} | {
     "floordiv": "floor_divide", "mod": "remainder", "and": "logical_and",
