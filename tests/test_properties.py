@@ -25,7 +25,7 @@ SETTINGS = settings(max_examples=50, deadline=None)
 
 # Unary and binary forms that stay finite on finite inputs (NaN only from out-of-range loads).
 UNARY = {
-    "neg": lambda a: -a, "abs": nf.abs, "tanh": nf.tanh, "sigmoid": nf.sigmoid,
+    "neg": lambda a: -a, "abs": nf.abs, "tanh": nf.tanh, "sigmoid": nf.sigmoid, "erf": nf.erf,
     "exp": lambda a: nf.exp(nf.tanh(a)), "exp2": lambda a: nf.exp2(nf.tanh(a)),
     "log": lambda a: nf.log(1.0 + nf.abs(a)), "log2": lambda a: nf.log2(1.0 + nf.abs(a)),
     "sqrt": lambda a: nf.sqrt(nf.abs(a)), "rsqrt": lambda a: nf.rsqrt(1.0 + nf.abs(a)),
@@ -197,7 +197,7 @@ def make(p: Program, env: Env) -> ir.Compute:
 _NP_UNARY = {"neg": np.negative, "exp": np.exp, "exp2": np.exp2, "log": np.log,
              "log2": np.log2, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
              "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "abs": np.abs,
-             "not": np.logical_not}
+             "not": np.logical_not, "erf": np.vectorize(math.erf, otypes=[np.float64])}
 _PY_BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
               "mul": lambda a, b: a * b, "div": lambda a, b: np.float64(a) / np.float64(b),
               "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
