@@ -895,7 +895,8 @@ def test_group_norm_then_silu_is_one_chain():
 
 def test_views_sink_below_value_maps_only():
     """``sink_views``: ``exp(view(a)) + view(b)`` becomes ``view(exp(a) + b)``; a map of
-    positions (``tril``) and a map that broadcasts another tensor stay after the view."""
+    positions (``tril``), a map that broadcasts another tensor and a cast that sets a
+    memory format stay after the view."""
     from neptune_fusion.dynamo.sink import sink_views
 
     def graph_of(fn, *args):
@@ -912,8 +913,9 @@ def test_views_sink_below_value_maps_only():
     gm.recompile()
     assert torch.allclose(gm(a, b), moved(a, b))
 
-    def kept(x, y, w):
-        return torch.tril(x.view(2, 12)) + w, y.view(2, 12) * w
+    def kept(x, y, w):   # a position map, a broadcast, a cast that sets a layout
+        return (torch.tril(x.view(2, 12)) + w, y.view(2, 12) * w,
+                x.view(2, 3, 2, 2).to(memory_format=torch.channels_last))
     gm = graph_of(kept, a, b, w)
     assert not sink_views(gm.graph)
 

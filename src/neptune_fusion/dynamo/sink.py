@@ -38,8 +38,10 @@ def sink_views(graph) -> bool:
     changed. The new nodes have no fake values: the caller propagates them."""
     changed, made = False, {}   # made: a moved map's result -> its shape (contiguous)
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _MAPS:
-            continue
+        if node.op != "call_function" or node.target not in _MAPS or any(
+                k not in ("dtype", "alpha", "approximate", "beta", "threshold")
+                and v is not None for k, v in node.kwargs.items()):
+            continue   # a cast that also moves, or sets a layout, stays after the view
         views = _common_view(node, made)
         if views is None:
             continue
