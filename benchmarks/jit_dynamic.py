@@ -103,6 +103,15 @@ def timers(device: str) -> dict:
     return {"ms": wall_timer()}
 
 
+def first_call(call, args, device: str):
+    """``(output, seconds)`` of a call, waited for on a GPU: a compile when one happens."""
+    t0 = time.perf_counter()
+    out = call(*args)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return out, time.perf_counter() - t0
+
+
 def graphs_of(provider) -> int:
     """Graphs compiled so far: the jit's backend reports one per graph; Inductor's count
     is Dynamo's."""
@@ -134,11 +143,7 @@ def run(name: str, device: str) -> list[dict]:
         args = make(n, dtype, device, gen, small)
         ref = fn(*float64(args))
         for pname, compiled in providers.items():
-            t0 = time.perf_counter()
-            out = compiled(*args)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            first = time.perf_counter() - t0
+            out, first = first_call(compiled, args, device)
             err = float((out.double() - ref).norm() / ref.norm())
             reports = getattr(getattr(compiled, "backend", None), "reports", None)
             row = {"work": name, "size": n, "provider": pname, "first_call_s": round(first, 3),

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 
 import torch
-from jit_dynamic import cli, timers
+from jit_dynamic import cli, first_call, timers
 
 from neptune_fusion.dynamo import jit
 
@@ -96,11 +95,7 @@ def run(name: str, device: str) -> list[dict]:
     rows = []
     with torch.no_grad():
         for pname, call in providers.items():
-            t0 = time.perf_counter()
-            out = call(*args)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            first = time.perf_counter() - t0
+            out, first = first_call(call, args, device)
             reports = getattr(getattr(call, "backend", None), "reports", None)
             row = {"work": name, "provider": pname, "shape": [list(a.shape) for a in args],
                    "dtype": str(dtype).removeprefix("torch."),
