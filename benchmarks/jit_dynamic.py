@@ -103,6 +103,23 @@ def timers(device: str) -> dict:
     return {"ms": wall_timer()}
 
 
+def kernels(call, device: str, top: int = 8) -> list:
+    """``[[kernel, microseconds per call], ...]``: the ``top`` GPU kernels of one call by
+    time (torch.profiler over five calls); on a CPU, ``[]``."""
+    if device != "cuda":
+        return []
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    return [[e.key[:80], round(e.device_time_total / 5, 1)] for e in rows[:top]]
+
+
 def first_call(call, args, device: str):
     """``(output, seconds)`` of a call, waited for on a GPU: a compile when one happens."""
     t0 = time.perf_counter()
@@ -122,7 +139,7 @@ def graphs_of(provider) -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def run(name: str, device: str) -> list[dict]:
+def run(name: str, device: str, profile: bool = False) -> list[dict]:
     fn, big, small_sizes, make = WORK[name]
     small = device != "cuda"
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -151,6 +168,8 @@ def run(name: str, device: str) -> list[dict]:
                    # chains fused in the newest graph (the one this size runs)
                    "fused": len(reports[-1].fused) if reports else None}
             row |= {k: t(lambda c=compiled, a=args: c(*a)) for k, t in time_of.items()}
+            if profile:
+                row["kernels"] = kernels(lambda c=compiled, a=args: c(*a), device)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -182,12 +201,15 @@ def cli(work: dict, run, table, description: str) -> None:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--work", default=",".join(work), help=f"of {', '.join(work)}")
     ap.add_argument("--out", help="rows as JSON lines (a .md table beside it)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add each provider's slowest GPU kernels to its row (``kernels``: "
+                         "name, microseconds per call; torch.profiler)")
     a = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     unknown = set(a.work.split(",")) - set(work)
     if unknown:
         sys.exit(f"unknown --work {', '.join(sorted(unknown))}: choose from {', '.join(work)}")
-    rows = [r for w in a.work.split(",") for r in run(w, device)]
+    rows = [r for w in a.work.split(",") for r in run(w, device, a.profile)]
     text = table(rows)
     print(text)
     if a.out:

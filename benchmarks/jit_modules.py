@@ -22,7 +22,7 @@ import copy
 import json
 
 import torch
-from jit_dynamic import cli, first_call, timers
+from jit_dynamic import cli, first_call, kernels, timers
 
 from neptune_fusion.dynamo import jit
 
@@ -75,7 +75,7 @@ WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(
         "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm}
 
 
-def run(name: str, device: str) -> list[dict]:
+def run(name: str, device: str, profile: bool = False) -> list[dict]:
     big = device == "cuda"
     dtype = torch.float16 if big else torch.float32
     gen = torch.Generator(device=device)
@@ -103,6 +103,8 @@ def run(name: str, device: str) -> list[dict]:
                    "rel_err": float((out.double() - ref).norm() / ref.norm()),
                    "fused": sum(len(r.fused) for r in reports) if reports else None}
             row |= {k: t(lambda c=call: c(*args)) for k, t in time_of.items()}
+            if profile:
+                row["kernels"] = kernels(lambda c=call: c(*args), device)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows

@@ -765,7 +765,8 @@ def _mha_cases():
     pad = torch.zeros(2, 10, dtype=torch.bool)
     pad[1, 7:] = True
     return {"self": {}, "float-mask": {"attn_mask": mask},
-            "padding": {"key_padding_mask": pad}, "cross": {"cross": True}}
+            "padding": {"key_padding_mask": pad}, "cross": {"cross": True},
+            "causal": {"attn_mask": mask, "is_causal": True}}
 
 
 @pytest.mark.parametrize("case", list(_mha_cases()))
@@ -789,10 +790,12 @@ def test_multihead_attention_module_fuses_its_attention(case):
 
     def ref(x, y):
         return m64(x, y, y, need_weights=False,
-                   **{k: v.double() if v.is_floating_point() else v
+                   **{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
                       for k, v in kw.items()})[0]
     ex = _check(fn, (x, y), ref64=ref)
     assert "bmm" in str(ex.fused[0]) and "amax" in str(ex.fused[0]), str(ex)
+    if case == "causal":   # the mask is built from positions inside the kernel, not read
+        assert "tril" in ex.fused[0].ops and len(ex.fused[0].inputs) == 3, str(ex)
 
 
 def test_transformer_encoder_layer_fast_path_stays_whole():
@@ -881,6 +884,20 @@ def test_group_norm_fuses_on_the_group_view(shape, affine):
     assert {"mean", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
 
 
+def test_half_precision_group_norm_fuses_with_its_views_outside():
+    """In half precision the statistics read the group view cast to float32. The view of
+    the input stays next to it (sink.py moves no view of an input below the cast), so the
+    region leaves it outside its kernel as in float32, and the kernel casts."""
+    m = torch.nn.GroupNorm(4, 16).eval().half()
+    with torch.no_grad():
+        m.weight.normal_(generator=torch.Generator().manual_seed(1))
+    m64 = copy.deepcopy(m).double()
+    x = (torch.randn(2, 16, 5, 5, generator=torch.Generator().manual_seed(11)) * 2.0
+         + 1.0).half()
+    ex = _check(lambda x: m(x), (x,), ref64=lambda x: m64(x))
+    assert {"_to_copy", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
+
+
 def test_group_norm_then_silu_is_one_chain():
     """A map after the group norm reads its result reshaped back to ``(N, C, H, W)``;
     the reshape moves below the map first (sink.py), so the SiLU joins the chain on the
@@ -904,8 +921,8 @@ def test_views_sink_below_value_maps_only():
         return make_fx(fn, tracing_mode="fake")(*args)
     a, b, w = torch.randn(4, 6), torch.randn(4, 6), torch.randn(2, 12)
 
-    def moved(x, y):
-        return torch.exp(x.view(2, 12)) + y.view(2, 12)
+    def moved(x, y):   # views of computed values (a view of an input stays: below)
+        return torch.exp((x + 1).view(2, 12)) + (y * 2).view(2, 12)
     gm = graph_of(moved, a, b)
     assert sink_views(gm.graph)
     ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
@@ -914,9 +931,15 @@ def test_views_sink_below_value_maps_only():
     assert torch.allclose(gm(a, b), moved(a, b))
 
     def kept(x, y, w):   # a position map, a broadcast, a cast that sets a layout
+        x, y = x + 1, y * 2
         return (torch.tril(x.view(2, 12)) + w, y.view(2, 12) * w,
                 x.view(2, 3, 2, 2).to(memory_format=torch.channels_last))
     gm = graph_of(kept, a, b, w)
+    assert not sink_views(gm.graph)
+
+    def of_input(x):     # a view of an input: the region takes it, outside its kernel
+        return x.view(2, 12).to(torch.float64)
+    gm = graph_of(of_input, a)
     assert not sink_views(gm.graph)
 
 

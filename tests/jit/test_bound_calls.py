@@ -112,3 +112,17 @@ def test_a_multi_pass_operator_runs_its_general_path():
         got, = entry.run([a, b])
         assert torch.equal(got, staged.run((a, b))[0])
     assert entry.hits == 0 and not entry._bound
+
+
+def test_the_fused_op_takes_inputs_whose_rows_are_strided():
+    # Inductor does not hold a Tensor[] element to its traced layout: the op copies
+    kern = nf.compile(_two_outputs(), cache=False)
+    h = torch_ops.handle(torch_ops.KernelEntry, torch_ops.constant_key(kern))
+    x = torch.randn(13, 6).t()   # strides (1, 6)
+    lse, y = torch.ops.neptune_fusion.fused([x], h)
+    want = torch.logsumexp(x.double(), 1)
+    assert _rel(lse, want) < 1e-6 and _rel(y, x.double() - want[:, None]) < 1e-6
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:   # the fake takes them too
+        got = torch.ops.neptune_fusion.fused([mode.from_tensor(x)], h)
+    assert [tuple(g.shape) for g in got] == [(6,), (6, 13)]

@@ -192,6 +192,9 @@ def shape_of(prog: TileProgram) -> AttentionShape:
         refuse("a gathered (paged) load has no TMA box")
     if prog.one_tile:
         refuse("a one-tile loop has no pipeline")
+    if prog.epi:
+        refuse(f"the epilogue loops over {', '.join(a.name for a in prog.epi)} in the "
+               "Triton dialect")
     cols = [s for s in prog.state if s.roles == ("row", "col")]
     if len(cols) != 1 or any(s.roles != ("row",) for s in prog.state if s not in cols):
         refuse("the state must be one (row, col) accumulator and row values")

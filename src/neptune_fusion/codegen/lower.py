@@ -239,6 +239,18 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
     return grid, row, col
 
 
+def _epilogue_axes(grid: tuple, bodies: list[Expr], col) -> tuple[tuple, tuple]:
+    """``(grid, epi)``: the grid axes no reduction reads (output axes of the epilogue
+    alone, beside its column ``col``) move to ``epi``, scalar loops around the epilogue;
+    a grid axis would run the reductions again in each of its programs. An axis of extent
+    1 (a batch of one, read as index 0) stays on the grid: it costs nothing there."""
+    if col is None:
+        return grid, ()
+    read = frozenset().union(*(b.free_vars for b in bodies))
+    epi = tuple(v for v in grid if v not in read and v.extent != 1)
+    return tuple(v for v in grid if v not in epi), epi
+
+
 def _right_operand_axis(bodies: list[Expr], loop: IndexVar, row: IndexVar, common):
     """A plain matmul's output-column axis: a shared axis that indexes some load together
     with the loop axis (``W[c, o]``) and never a load with the row axis (``x[i, c]``). As
@@ -419,6 +431,7 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     bodies = [substitute(m.node.body, {m.node.axes[0]: loop})
               for g in groups for m in g.members]
     grid, row, col = _roles(plan, bodies, loop)
+    grid, epi = _epilogue_axes(grid, bodies, col)
     taken = {"INTERPRET", "BLOCK_M", "BLOCK_N", "tl", "triton", "pid_row", "pid_grid"}
     taken |= {v.name for v in plan.context} | {loop.name}
     needed = placeholders(list(plan.outputs))
@@ -442,12 +455,14 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     col_axis = _col_axis(col, accs, outs, schedule, taken)
     ext = Const(loop.extent, row.dtype) if isinstance(loop.extent, int) else loop.extent
     grid_axes, row_axis, col_axis, loop_axis, inner = _named_apart(
-        tuple(Axis(v, "grid") for v in grid), Axis(row, "row", "BLOCK_M", schedule.block_m),
+        tuple(Axis(v, "grid") for v in grid + epi),
+        Axis(row, "row", "BLOCK_M", schedule.block_m),
         col_axis, Axis(loop, "loop", "BLOCK_N", schedule.block_n), inner)
+    grid_axes, epi_axes = grid_axes[:len(grid)], grid_axes[len(grid):]
     return check_tiles(TileProgram(
         name=name, inputs=ins, outputs=outs, sizes=kernel_sizes(inputs, outs, exprs),
         grid=grid_axes, row=row_axis, col=col_axis, loop=loop_axis,
-        inner=inner, accumulators=accs,
+        inner=inner, accumulators=accs, epi=epi_axes,
         bounds=(("lo", Const(0, row.dtype)), ("hi", ext)),
         segments=segments, schedule=schedule,
         rules=(f"phases: {len(groups)} loops over {loop.name}, one per pass of the plan",)

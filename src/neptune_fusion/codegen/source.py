@@ -15,6 +15,7 @@ interpreter is wrong (bfloat16 ``tl.dot``).
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 
 from ..errors import CodegenError
@@ -292,7 +293,8 @@ def _tile_body(prog: TileProgram, into: Block, hoist: Block | None, tile: _TileP
         _epilogue(prog, post, hoist, local, state_params, tile.outputs)
     else:
         post.comment("epilogue: outputs from the final state and the tile")
-        _store_outputs(prog, post, local, state_params, tile.outputs, guard)
+        with _epilogue_loops(prog, post, local) as (block, at):
+            _store_outputs(prog, block, at, state_params, tile.outputs, guard)
     into.extend(post)
 
 
@@ -631,6 +633,22 @@ def _combine_loops(prog: TileProgram, loops: Block, env, state_params) -> None:
 def _epilogue(prog: TileProgram, post: Block, pre: Block, env, state_params,
               outputs) -> None:
     post.comment("epilogue: outputs from the final state")
+    with _epilogue_loops(prog, post, env) as (post, env):
+        _epilogue_columns(prog, post, env, state_params, outputs)
+
+
+@contextmanager
+def _epilogue_loops(prog: TileProgram, post: Block, env):
+    """``(block, env)`` inside one scalar loop per epilogue axis (``prog.epi``)."""
+    with ExitStack() as stack:
+        for a in prog.epi:
+            ext = Lowerer(prog, env, post, None, frozenset()).value(extent_expr(a.extent))
+            post = stack.enter_context(post.nested(f"for {a.name} in range(0, {ext.code}):"))
+            env = {**env, a.var: Val(a.name, (), "i32")}
+        yield post, env
+
+
+def _epilogue_columns(prog: TileProgram, post: Block, env, state_params, outputs) -> None:
     col = prog.col
     if col is not None and col.chunk is not None:
         # the column carries no state: write the outputs a chunk of columns at a time

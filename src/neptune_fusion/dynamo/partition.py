@@ -204,7 +204,14 @@ def without_prologue(region: Region) -> Region | None:
         if RULES[n.target].kind in ("reduction", "contraction") or any(
                 a in late for a in n.all_input_nodes if a in inside):
             late.add(n)
-    kept = [n for n in region.nodes if n in late]
+    # values of positions alone (``tril(ones(n, n))``, a causal mask) stay: read no
+    # tensor, they are index comparisons in the kernel (whose loop skips masked tiles),
+    # where outside it they would be a mask tensor to load
+    positional: set = set()
+    for n in region.nodes:
+        if all(a in positional for a in n.all_input_nodes):
+            positional.add(n)
+    kept = [n for n in region.nodes if n in late or n in positional]
     if len(kept) == len(region.nodes) or not kept:
         return None
     return _region(kept, region.copies & frozenset(kept))

@@ -12,7 +12,11 @@ is rewritten that way first, and the region ends in the map, with the view after
 Only value-wise maps move (not ``tril``, ``gather`` or ``cat``, whose results depend on
 positions), only through ``view``/``_unsafe_view``/``reshape`` of contiguous values (the
 map's result is then contiguous and the same view applies), and only when every tensor
-the map reads is such a view or a 0-d tensor.
+the map reads is such a view or a 0-d tensor. A view of a graph input (or of a view of
+one) stays where it is: a region takes it as its input, a free reshape of a contiguous
+tensor outside its kernel (``partition.without_views``), where a map moved above it (a
+half-precision group norm's cast to float32) would keep it inside, as index arithmetic
+across tile axes.
 """
 
 from __future__ import annotations
@@ -85,10 +89,17 @@ def _common_view(node, made: dict) -> list | None:
     shape, source = views[0].args[1:], _shape_of(views[0].args[0], made)
     for v in views:
         src = v.args[0]
-        if v.args[1:] != shape or v.kwargs or source is None \
+        if _of_input(v) or v.args[1:] != shape or v.kwargs or source is None \
                 or _shape_of(src, made) != source or not _contiguous(src, made):
             return None
     return views
+
+
+def _of_input(view) -> bool:
+    """Whether ``view`` reshapes a graph input, directly or through other views."""
+    while view.op == "call_function" and view.target in _VIEWS:
+        view = view.args[0]
+    return view.op == "placeholder"
 
 
 def _rank(node) -> int | None:

@@ -266,6 +266,26 @@ def _dynamic_sizes(name: str, inputs, tensors) -> dict:
     return named
 
 
+def unit_rows(tensors: list) -> list:
+    """``tensors`` with unit stride in their last dimension, copying those without: the
+    ``fused`` op's inputs. The rewrite copies a strided input in the graph
+    (:mod:`neptune_fusion.dynamo.rewrite`), but Inductor constrains no element of a
+    ``Tensor[]`` argument to its traced layout: on the H200 it passed
+    ``nn.MultiheadAttention``'s head split as a view with strides (64, 1, 4096)
+    (2026-12-04). A copy here costs one pass over that input; a refusal failed the
+    compile."""
+    return [t.contiguous() if _strided_rows(t) else t for t in tensors]
+
+
+def _strided_rows(t) -> bool:
+    """Whether ``t``'s last dimension has a stride other than 1 (a symbolic extent or
+    stride, in a fake tensor of a dynamic graph, is not compared: that would guard)."""
+    if t.dim() == 0:
+        return False
+    n, stride = t.shape[-1], t.stride(-1)
+    return isinstance(n, int) and isinstance(stride, int) and n > 1 and stride != 1
+
+
 def call_kernel(kernel, tensors: tuple, single: bool, out=None):
     """``kernel(*tensors, out=out)`` as the ``neptune_fusion::kernel`` op (traced code)."""
     import torch
@@ -307,10 +327,11 @@ def define_ops() -> None:
         # the kernel as the transposed view again, in nn.MultiheadAttention)
         lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]",
                    tags=(torch.Tag.needs_fixed_stride_order,))
-        lib.impl("fused", lambda inputs, handle: entry(handle).run(inputs),
+        lib.impl("fused", lambda inputs, handle: entry(handle).run(unit_rows(inputs)),
                  "CompositeExplicitAutograd")
-        torch.library.register_fake("neptune_fusion::fused",
-                                    lambda inputs, handle: entry(handle).fake(inputs), lib=lib)
+        torch.library.register_fake(
+            "neptune_fusion::fused",
+            lambda inputs, handle: entry(handle).fake(unit_rows(inputs)), lib=lib)
 
         # attention where no gradient is wanted (inference, a decode step), defined as
         # ``fused`` is: the custom op's Python autograd wrapper cost about 13 of a 27 us
