@@ -63,11 +63,44 @@ class GraphArgs:
                     boxed_forward_device_index=self.device)
 
 
+def unit_rows(fx_node, *args, **kwargs):
+    """Inductor's layout constraint of the ``fused`` op: each input tensor has unit stride
+    in its last dimension (the kernels' rows), laid out so by the kernel that writes it
+    or else copied. A layout tag (``needs_fixed_stride_order``) reached no element of the
+    op's ``Tensor[]`` argument in torch 2.11, and a tag wins over this constraint: the op
+    has none. On the H200 Inductor passed
+    ``nn.MultiheadAttention``'s head split as a transposed view, which the op then copied
+    with an ATen kernel (120 us of a 1.14 ms call, 2026-12-04)."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+    known = V.graph.sizevars.statically_known_equals
+
+    def fix(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(fix(x) for x in a)
+        if not isinstance(a, ir.IRNode):
+            return a
+        try:
+            size, stride = a.get_size(), a.get_stride()
+        except (AttributeError, NotImplementedError):   # no layout yet: choose it
+            return ir.ExternKernel.require_contiguous(a)
+        if not size or known(size[-1], 1) or known(stride[-1], 1):
+            return a
+        return ir.ExternKernel.require_contiguous(a)
+    return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
+
+
 def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
     """``gm`` (fused regions already replaced by kernel calls) compiled by Inductor under
     ``patches``; CUDA graphs, when the patches turn them on, wrap the compiled call
     before the patches are lifted."""
+    import torch
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.lowering import add_layout_constraint, lowerings, make_fallback
+    op = torch.ops.neptune_fusion.fused.default
+    if op not in lowerings:   # a fallback kernel, as Inductor's implicit one, but ours
+        make_fallback(op, layout_constraint=unit_rows, warn=False)
+    add_layout_constraint(op, unit_rows)
     with inductor_config.patch(patches):
         return compile_fx_inner(gm, example_inputs, **kwargs)

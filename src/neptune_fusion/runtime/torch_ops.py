@@ -322,11 +322,9 @@ def define_ops() -> None:
         # nothing differentiates through it; a call with inputs that require grad in grad
         # mode is refused by the eager path's check, as any kernel call is.
         lib = torch.library.Library("neptune_fusion", "FRAGMENT")
-        # Inductor keeps each input's stride order as traced (an op without the tag gets
-        # any layout: a region's transposed input, copied for unit-stride rows, reached
-        # the kernel as the transposed view again, in nn.MultiheadAttention)
-        lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]",
-                   tags=(torch.Tag.needs_fixed_stride_order,))
+        # no layout tag: the backend gives Inductor the op's layout constraint
+        # (dynamo/inductor.unit_rows: unit-stride rows), which a tag would override
+        lib.define("fused(Tensor[] inputs, int handle) -> Tensor[]")
         lib.impl("fused", lambda inputs, handle: entry(handle).run(unit_rows(inputs)),
                  "CompositeExplicitAutograd")
         torch.library.register_fake(
