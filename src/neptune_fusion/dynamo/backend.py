@@ -94,6 +94,14 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                                           if n not in kept),
                                     f"{why}; with it: {_reason(err)}", rest))
             region = trimmed
+        else:
+            flat = _flattened(memo, region, hints, name, got)
+            if flat is not None:
+                got, trimmed = flat
+                kept = set(trimmed.nodes)
+                report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
+                                              if n not in kept), _FLAT, rest))
+                region = trimmed
         same_as, (args, casts, kernel, packed, plan) = got
         replace_region(gm.graph, region, args, casts, kernel, packed)
         report.fused.append(Fused(name, tuple(region.ops), tuple(n.name for n in args),
@@ -111,6 +119,35 @@ _TRIMS = ((without_trailing_matmuls, "a matmul after the chain, left out of its 
            "views of the chain's inputs and results, taken outside its kernel"),
           (without_prologue, "the maps and views before its first reduction or product "
                              "(and a matmul after it), computed outside its kernel"))
+
+
+_FLAT = ("views of the chain's inputs and results, taken outside its kernel: on its own "
+         "shapes the kernel writes whole rows, where on the views' it would loop over an "
+         "output axis in its epilogue")
+
+
+def _epilogue_loops(got) -> tuple:
+    """The epilogue's own loop axes (``TileProgram.epi``) of a compiled region's kernel."""
+    kernel = got[1][2]
+    return getattr(getattr(kernel, "program", None), "epi", ())
+
+
+def _flattened(memo: dict, region, hints: dict, name: str, got):
+    """``(compiled, smaller region)`` when ``region``'s kernel (``got``) loops over an
+    output axis in its epilogue (an instance norm's ``h``: the reductions read ``h * w``
+    as one axis, the result has both) and the region without its views
+    (:func:`without_views`, leading too) compiles to a kernel that does not; else None.
+    The views then run outside, on the kernel's contiguous result."""
+    if not _epilogue_loops(got):
+        return None
+    smaller = without_views(region, leading=True)
+    if smaller is None:
+        return None
+    try:
+        flat = _compile_once(memo, smaller, hints, name)
+    except Exception:   # noqa: BLE001 - the region as it is, then
+        return None
+    return None if _epilogue_loops(flat) else (flat, smaller)
 
 
 def _trimmed(memo: dict, region, hints: dict, name: str):

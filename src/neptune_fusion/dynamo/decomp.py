@@ -14,6 +14,8 @@ dimension become ``amax``/``amin`` (with ``argmax``/``argmin`` for the indices).
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 import torch
@@ -186,6 +188,30 @@ def _group_norm(x, weight, bias, n, c, hw, group, eps):
             rstd.reshape(n, group).to(x.dtype))
 
 
+def _batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, own):
+    """``_native_batch_norm_legit.no_stats`` of a batch of one (``F.instance_norm``'s
+    ``(1, N*C, H, W)`` view) on the ``(C, H*W)`` view: a row chain whose result is
+    reshaped back, so a region without the views writes rows of ``H*W`` (a 4-d result
+    runs ``H`` as a loop of the kernel's epilogue, 4x slower than Inductor on the H200,
+    2026-12-04). Statistics, dtypes and the extra outputs are torch's (``own``: its
+    decomposition, used for larger batches)."""
+    if x.dim() < 3 or not static(x.shape[0]) or x.shape[0] != 1:
+        return own(x, weight, bias, training, momentum, eps)
+    c = x.shape[1]
+    rows = x.reshape(c, -1)
+    var, mean = _var_mean(_wide(rows), [1], correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    y = (rows - mean) * rstd
+    if weight is not None:
+        y = y * weight.reshape(c, 1)
+    if bias is not None:
+        y = y + bias.reshape(c, 1)
+    mean, rstd = mean.reshape(c), rstd.reshape(c)
+    if x.device.type == "cpu":   # as torch's: the CPU kernel returns them in x's dtype
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return y.to(x.dtype).reshape(x.shape), mean, rstd
+
+
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     if dropout_p:
@@ -299,6 +325,8 @@ def decompositions(inference: bool = True) -> dict:
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm,
                                 aten._native_batch_norm_legit.no_stats])
+    no_stats = aten._native_batch_norm_legit.no_stats
+    table[no_stats] = functools.partial(_batch_norm_no_stats, own=table[no_stats])
     table[aten.logsumexp.default] = _logsumexp
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
