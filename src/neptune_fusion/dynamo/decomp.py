@@ -15,7 +15,6 @@ dimension become ``amax``/``amin`` (with ``argmax``/``argmin`` for the indices).
 from __future__ import annotations
 
 import functools
-
 import math
 
 import torch
