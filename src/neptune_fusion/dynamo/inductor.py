@@ -98,6 +98,9 @@ def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.lowering import add_layout_constraint, lowerings, make_fallback
+
+    from ..runtime.torch_ops import define_ops
+    define_ops()   # a graph with nothing fused has not defined them yet
     op = torch.ops.neptune_fusion.fused.default
     if op not in lowerings:   # a fallback kernel, as Inductor's implicit one, but ours
         make_fallback(op, layout_constraint=unit_rows, warn=False)
