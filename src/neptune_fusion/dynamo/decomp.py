@@ -176,12 +176,13 @@ def _group_norm(x, weight, bias, n, c, hw, group, eps):
     var, mean = _var_mean(_wide(xg), [2], correction=0, keepdim=True)
     rstd = torch.rsqrt(var + eps)
     y = (xg - mean) * rstd
-    if weight is not None or bias is not None:   # per channel: on (N, G, C/G, HxW)
-        y = y.reshape(n, group, per, hw)
-        if weight is not None:
-            y = y * weight.reshape(group, per, 1)
-        if bias is not None:
-            y = y + bias.reshape(group, per, 1)
+
+    def spread(t):
+        return t.reshape(group, per, 1).expand(group, per, hw).reshape(group, per * hw)
+    if weight is not None:
+        y = y * spread(weight)
+    if bias is not None:
+        y = y + spread(bias)
     return (y.to(x.dtype).reshape(x.shape), mean.reshape(n, group).to(x.dtype),
             rstd.reshape(n, group).to(x.dtype))
 
