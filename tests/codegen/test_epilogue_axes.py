@@ -48,11 +48,14 @@ def _plane_softmax(h: int, w: int, broadcast: bool = False):
 ROLLING = Schedule(block_m=4, block_n=16, num_warps=4)        # masked tail
 ONE_TILE = Schedule(block_m=2, block_n=64, num_warps=4)
 SPLIT = Schedule(block_m=2, block_n=16, num_warps=4, strategy="split", splits=3)
+WALK = Schedule(block_m=2, block_n=64, num_warps=2, num_stages=1, row_programs=1)
 
 
 @pytest.mark.parametrize("chain,schedule", [
-    ("norm", ROLLING), ("norm", ONE_TILE), ("softmax", ROLLING), ("lse", SPLIT),
-], ids=["norm-rolling", "norm-one-tile", "softmax-rolling", "lse-split-k"])
+    ("norm", ROLLING), ("norm", ONE_TILE), ("norm", WALK), ("softmax", ROLLING),
+    ("lse", SPLIT),
+], ids=["norm-rolling", "norm-one-tile", "norm-walking-rows", "softmax-rolling",
+        "lse-split-k"])
 def test_a_plane_reduction_loops_over_its_plane_in_the_epilogue(chain, schedule):
     y = _instance_norm(5, 7) if chain == "norm" else _plane_softmax(5, 7, chain == "lse")
     kern = nf.compile(y, placeholders([y]), schedule=schedule, cache=False)
@@ -60,6 +63,7 @@ def test_a_plane_reduction_loops_over_its_plane_in_the_epilogue(chain, schedule)
         assert [a.name for a in prog.epi] == ["i"]           # h: a scalar loop
         assert all(a.name != "i" for a in prog.grid)          # not a grid axis
     assert "for i in range(0, 5):" in kern.source
+    assert "a persistent grid" not in kern.source   # walking rows: not with epilogue loops
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((3, 6, 5, 7)) * 2.0 + 1.0).astype(np.float32)
     got = kern(torch.from_numpy(x)).double().numpy()
