@@ -961,10 +961,13 @@ def test_instance_norm_is_one_chain_over_merged_spatial_dims(affine):
     x = torch.randn(2, 3, 5, 6, generator=torch.Generator().manual_seed(12)) * 3.0 + 1.0
     ex = _check(lambda x: m(x), (x,), ref64=lambda x: m64(x))
     assert "rsqrt" in ex.fused[0].ops, str(ex)
-    # on the (N*C, H*W) view (decomp._batch_norm_no_stats), its views outside: the kernel
-    # writes whole rows, with no loop over H in its epilogue (backend._flattened)
-    assert ex.fused[0].kernel.program.epi == (), str(ex)
-    assert any("writes whole rows" in x.reason for x in ex.left), str(ex)
+    # on the (N*C, H*W) view (decomp._batch_norm_no_stats), its result's views outside:
+    # the kernel writes whole rows, with no loop over H in its epilogue
+    # (backend._flattened, or the refused 4-d form's trim when the weight's repeat --
+    # read at its index modulo C -- mixes the batch and channel axes)
+    kernel = ex.fused[0].kernel
+    assert kernel.program.epi == () and len(kernel.outputs[0].shape) == 2, str(ex)
+    assert ("repeat" in ex.fused[0].ops) == affine, str(ex)
 
 
 def test_reductions_over_several_adjacent_dims():
@@ -980,3 +983,14 @@ def test_reductions_over_several_adjacent_dims():
     assert {"amax", "sqrt", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
     ex = _check(lambda x: torch.softmax(x, -1) * x.mean((1, 3), keepdim=True), (x,))
     assert any("several axes" in x.reason for x in ex.left), str(ex)
+
+
+def test_repeat_reads_its_input_modulo_the_extent():
+    """``w.repeat(2, 3)`` (tiled dims) and ``b.repeat(4, 1)`` (a new leading dim) inside a
+    softmax chain: translated as reads at the index modulo the input's extent."""
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(4, 9, generator=g)
+    w, b = torch.randn(2, 3, generator=g), torch.randn(9, generator=g)
+    ex = _check(lambda x, w, b: torch.softmax(x * w.repeat(2, 3) + b.repeat(4, 1), -1),
+                (x, w, b))
+    assert ex.fused[0].ops.count("repeat") == 2, str(ex)

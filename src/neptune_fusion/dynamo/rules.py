@@ -224,6 +224,24 @@ def _expand(tr, node, out):
     return lambda idx: x.load(broadcast(idx, x.shape, out))
 
 
+def _repeat(tr, node, out):
+    """``x.repeat(*reps)``: output dimension ``d`` reads ``x`` at its index modulo ``x``'s
+    extent there (an instance norm's weight repeated over the batch). Static extents
+    only: a modulo by a dynamic size is not written."""
+    x = tr.arg(node.args[0])
+    reps = list(node.args[1])
+    lead = len(reps) - len(x.shape)
+    if lead < 0 or not all(isinstance(r, int) for r in reps) \
+            or not all(static(n) for n in x.shape):
+        raise Refused("repeat with dynamic counts or extents")
+
+    def load(idx):
+        return x.load(tuple(
+            idx[lead + d] if reps[lead + d] == 1 else 0 if n == 1 else idx[lead + d] % n
+            for d, n in enumerate(x.shape)))
+    return load
+
+
 def _permute(tr, node, out):
     x = tr.arg(node.args[0])
     perm = [d % len(out) for d in node.args[1]]
@@ -473,6 +491,8 @@ def _table() -> dict:
                aten.squeeze.default):
         t[op] = Rule("view", _view)
     t[aten.expand.default] = Rule("view", _expand)
+    # a copy, not a view: the region keeps it (a leading view would run outside)
+    t[aten.repeat.default] = Rule("elementwise", _repeat)
     t[aten.permute.default] = Rule("view", _permute)
     t[aten.transpose.int] = Rule("view", _transpose)
     t[aten.t.default] = Rule("view", _t)
