@@ -2,7 +2,7 @@
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_dynamic.py [--work decode,prefill,ce,rmsnorm] \
-        [--out FILE.jsonl]
+        [--out FILE.jsonl] [--profile]
 
 Each workload is a plain PyTorch function whose sizes come from its inputs (a mask built
 from ``q.shape``, no size baked in), called at several sizes in turn -- a growing KV

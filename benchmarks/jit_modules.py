@@ -3,7 +3,7 @@
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
-        [--out FILE.jsonl]
+        [--out FILE.jsonl] [--profile]
 
 Each workload is a module in inference (``eval()``, no gradient), called through three
 providers in one process: ``eager`` (the module itself), ``inductor``
