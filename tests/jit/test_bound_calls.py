@@ -131,9 +131,10 @@ def test_the_fused_op_takes_inputs_whose_rows_are_strided():
 def test_inductor_lays_out_the_fused_ops_inputs_with_unit_rows(monkeypatch):
     """A graph that hands the ``fused`` op a transposed view of a value Inductor computes:
     the backend's layout constraint (inductor.unit_rows) makes Inductor write unit-stride
-    rows, so the op's own copy (torch_ops.unit_rows) finds nothing to copy. (Inductor
-    held no element of the op's ``Tensor[]`` to its traced layout in torch 2.11 and
-    passed ``nn.MultiheadAttention``'s head split transposed on the H200.)"""
+    rows, so the kernel is called once, with them (no retry through the op's own copy,
+    torch_ops.unit_rows). (Inductor held no element of the op's ``Tensor[]`` to its
+    traced layout in torch 2.11 and passed ``nn.MultiheadAttention``'s head split
+    transposed on the H200.)"""
     from torch._subclasses.fake_tensor import is_fake
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -146,13 +147,13 @@ def test_inductor_lays_out_the_fused_ops_inputs_with_unit_rows(monkeypatch):
         return torch.ops.neptune_fusion.fused([(x * 2.0).permute(1, 0)], h)
     x = torch.randn(13, 6, generator=torch.Generator().manual_seed(4))
     gm = make_fx(fn, tracing_mode="fake")(x)
-    seen, real = [], torch_ops.unit_rows
+    seen, real = [], torch_ops.KernelEntry.run
 
-    def spy(tensors):   # the calls that run (Inductor's lowering also runs the fake)
+    def spy(self, tensors):   # the calls that run (Inductor's lowering runs the fake)
         if not any(is_fake(t) for t in tensors):
             seen.append([t.stride(-1) for t in tensors])
-        return real(tensors)
-    monkeypatch.setattr(torch_ops, "unit_rows", spy)
+        return real(self, tensors)
+    monkeypatch.setattr(torch_ops.KernelEntry, "run", spy)
     with torch.no_grad():
         lse, y = compile_rest(gm, [x], {}, {})([x])
     want = torch.logsumexp(2.0 * x.double().t(), 1)
