@@ -296,3 +296,51 @@ def test_tensors_in_dependency_order():
     order = tensors_in_order([o])
     assert [t.name for t in order] == ["q", "k", "s", "m", "v", "l", "o"]
     assert placeholders([o]) == [q, k, v]
+
+
+def _int_value(e, env):
+    """An integer index expression's value (floored division, as Python's)."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, IndexVar):
+        return env[e.name]
+    assert isinstance(e, Binary), e
+    a, b = _int_value(e.a, env), _int_value(e.b, env)
+    ops = {"add": int.__add__, "sub": int.__sub__, "mul": int.__mul__,
+           "floordiv": int.__floordiv__, "mod": int.__mod__}
+    return ops[e.op](a, b)
+
+
+def test_index_arithmetic_folds_to_the_same_values():
+    """fold's index identities (``(x*m + y) // c``, ``(x*m + y) % c``, ``y % c`` below c,
+    ``(x // c) * c + x % c``) give the same value at every index, and simpler trees;
+    an index that may be negative is left alone."""
+    import itertools
+
+    from neptune_fusion.ir.dtypes import int64
+    from neptune_fusion.ir.fold import fold
+    from neptune_fusion.ir.nodes import Binary, Const, IndexVar, Size
+    i, j = IndexVar("i", Size("N"), "spatial", 901), IndexVar("j", 3, "spatial", 902)
+    k = IndexVar("k", 20, "spatial", 903)
+
+    def c(v):
+        return Const(v, int64)
+
+    def b(op, x, y):
+        return Binary(op, x, y)
+    cases = [
+        (b("mod", b("add", b("mul", i, c(3)), j), c(3)), "j"),
+        (b("floordiv", b("add", b("mul", i, c(3)), j), c(3)), "i"),
+        (b("floordiv", b("add", b("mul", i, c(6)), k), c(3)), "i * 2 + k // 3"),
+        (b("mod", b("add", j, b("mul", c(12), i)), c(4)), "j"),
+        (b("add", b("mul", b("floordiv", k, c(4)), c(4)), b("mod", k, c(4))), "k"),
+        (b("mod", k, c(20)), "k"),
+        (b("floordiv", j, c(5)), "0"),
+        (b("mod", b("sub", i, c(1)), c(3)), "(i - 1) % 3"),   # may be negative: kept
+    ]
+    for e, want in cases:
+        got = fold(e)
+        assert str(got) == want, (str(e), str(got))
+        for iv, jv, kv in itertools.product(range(1, 7), range(3), range(20)):
+            env = {"i": iv, "j": jv, "k": kv}
+            assert _int_value(got, env) == _int_value(e, env), (str(e), env)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 
 from .dtypes import DType, bool_, float32, int64
-from .nodes import Binary, Cast, Const, Expr, Reduce, Unary, Where
+from .nodes import Binary, Cast, Const, Expr, IndexVar, Reduce, Unary, Where
 from .reducers import REDUCERS
 from .traverse import rewrite
 
@@ -223,6 +223,92 @@ def _constants(e: Expr) -> Expr | None:
     return None
 
 
+def _range(e: Expr) -> tuple[int, int] | None:
+    """``(lowest, highest)`` of an integer index expression, or None where unknown: index
+    variables of a static extent, integer constants, and sums, products, ``//`` and ``%``
+    of those (``//`` and ``%`` by positive constants of nonnegative values only, where
+    floored and truncated division agree)."""
+    if isinstance(e, Const):
+        v = e.value
+        return (v, v) if isinstance(v, int) and not isinstance(v, bool) else None
+    if isinstance(e, IndexVar):
+        return (0, e.extent - 1) if isinstance(e.extent, int) and e.extent > 0 else None
+    if not (isinstance(e, Binary) and e.dtype.is_int):
+        return None
+    a, b = _range(e.a), _range(e.b)
+    if a is None or b is None:
+        return None
+    if e.op == "add":
+        return a[0] + b[0], a[1] + b[1]
+    if e.op == "mul" and a[0] >= 0 and b[0] >= 0:
+        return a[0] * b[0], a[1] * b[1]
+    if e.op in ("floordiv", "mod") and a[0] >= 0 and b[0] == b[1] and b[0] > 0:
+        c = b[0]
+        return (a[0] // c, a[1] // c) if e.op == "floordiv" else (0, min(c - 1, a[1]))
+    return None
+
+
+def _nonneg(e: Expr) -> bool:
+    """Whether an integer index expression is never negative: index variables (of any
+    extent), nonnegative constants, and sums, products, ``//`` and ``%`` (by positive
+    constants) of those."""
+    if isinstance(e, IndexVar):
+        return True
+    if isinstance(e, Const):
+        return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
+    if isinstance(e, Binary) and e.dtype.is_int:
+        if e.op in ("add", "mul"):
+            return _nonneg(e.a) and _nonneg(e.b)
+        if e.op in ("floordiv", "mod"):
+            return _nonneg(e.a) and isinstance(e.b, Const) and _nonneg(e.b) and \
+                e.b.value > 0
+    return False
+
+
+def _multiple(e: Expr, c: int) -> Expr | None:
+    """``e / c`` when ``e`` is ``x * m`` (or ``m * x``) with ``c`` dividing ``m``."""
+    if isinstance(e, Binary) and e.op == "mul":
+        for k, x in ((e.b, e.a), (e.a, e.b)):
+            if isinstance(k, Const) and isinstance(k.value, int) and k.value % c == 0:
+                return x if k.value == c else Binary("mul", x, Const(k.value // c, k.dtype))
+    return None
+
+
+def _index_arith(e: Expr) -> Expr | None:
+    # nonnegative integer indices, divisor c > 0 (ranges from _range):
+    # y // c = 0 and y % c = y  (0 <= y < c);  (x*m + y) // c = x*(m/c) + y // c and
+    # (x*m + y) % c = y % c  (c divides m; x*m, y >= 0);  (x // c) * c + x % c = x
+    if not (isinstance(e, Binary) and e.dtype.is_int):
+        return None
+    if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and \
+            isinstance(e.b.value, int) and e.b.value > 0:
+        c, a = e.b.value, e.a
+        if not _nonneg(a):
+            return None
+        got = _range(a)
+        if got is not None and got[1] < c:
+            return iconst(0) if e.op == "floordiv" else a
+        if isinstance(a, Binary) and a.op == "add":
+            for x, y in ((a.a, a.b), (a.b, a.a)):
+                q = _multiple(x, c)
+                if q is not None and _nonneg(x) and _nonneg(y):
+                    if e.op == "mod":
+                        return Binary("mod", y, e.b)
+                    return Binary("add", q, Binary("floordiv", y, e.b))
+        return None
+    if e.op == "add":
+        for x, y in ((e.a, e.b), (e.b, e.a)):
+            if not (isinstance(y, Binary) and y.op == "mod" and isinstance(y.b, Const)
+                    and isinstance(x, Binary) and x.op == "mul"):
+                continue
+            for q, k in ((x.a, x.b), (x.b, x.a)):
+                if is_const(k, y.b.value) and isinstance(q, Binary) and \
+                        q.op == "floordiv" and q.a is y.a and is_const(q.b, y.b.value) \
+                        and y.b.value > 0 and _nonneg(y.a):
+                    return y.a
+    return None
+
+
 def _reduce_identity(e: Expr) -> Expr | None:
     # op(identity, j) = identity
     if isinstance(e, Reduce) and isinstance(e.body, Const):
@@ -234,7 +320,7 @@ def _reduce_identity(e: Expr) -> Expr | None:
 
 RULES: tuple[Callable[[Expr], Expr | None], ...] = (
     _fold_unary, _fold_binary, _fold_cast, _fold_where, _logic, _neutral, _absorb, _signs,
-    _constants, _reduce_identity)
+    _constants, _index_arith, _reduce_identity)
 
 
 def fold(root: Expr, rules: tuple = RULES, limit: int = 64) -> Expr:
