@@ -64,7 +64,8 @@ def problem_of(prog: TileProgram, inputs, tensors, sizes: dict, splittable: bool
                      for bm, bn in tile_shapes(rows)) if visits and contraction else (),
         reread_bytes=0 if contraction else rereads * along,
         lengths=data_lengths(prog, sizes), gathers=gathers(prog),
-        col_states=max(1, sum("col" in s.roles for s in prog.state)))
+        col_states=max(1, sum("col" in s.roles for s in prog.state)),
+        col_chunk=(prog.col.chunk or 0) if prog.col is not None else 0)
 
 
 def data_lengths(prog: TileProgram, sizes: dict) -> int:

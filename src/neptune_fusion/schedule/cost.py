@@ -331,7 +331,7 @@ def row_resources(problem: Problem, s: Schedule, device: Device) -> Resources:
     Triton stages a load that feeds no ``tl.dot`` through shared memory is its choice, and
     an estimate must not refuse a schedule it would run."""
     threads = 32 * s.num_warps
-    col = next_pow2(problem.col) if problem.col > 1 else 0
+    col = problem.col_tile
     live = s.block_m * max(s.block_n, col)
     if s.row_programs and persistent(problem, s):   # the next block's raw tile as well
         live += -(-s.block_m * s.block_n * problem.itemsize // 4)
@@ -371,8 +371,8 @@ def row_estimate(problem: Problem, s: Schedule, device: Device) -> Estimate:
     stream = min(1.0, flight / _IN_FLIGHT) or 1.0   # an empty loop streams nothing
     nbytes = problem.tensor_bytes or \
         problem.programs * rows * (problem.loop + problem.col) * it
-    if not persistent(problem, s):   # a later phase, softmax's epilogue: read x again
-        nbytes += problem.reread_bytes
+    if not persistent(problem, s) or splits > 1:   # a later phase, softmax's epilogue:
+        nbytes += problem.reread_bytes               # x read again (by split-k's combine)
     mem = nbytes / (device.bandwidth * sms_busy * stream)
     # padded work: rows past the end, the last tile's tail, threads without an element
     elems = max(bm * min(bn, next_pow2(chunk)), 32 * s.num_warps) * iters * progs

@@ -145,6 +145,9 @@ class Problem:
     ``col_states``: how many state tiles span the output columns, each its own
     ``block_m x col`` accumulator and, in a GEMM-tiled kernel, its own right operand
     (RMSNorm followed by the gate and up projections: 2); priced by the GEMM path only.
+    ``col_chunk``: the epilogue writes the output columns this many at a time (a column
+    no state holds: softmax's or a norm's output row, ``codegen.lower.EPILOGUE_CHUNK``);
+    0 when it holds the whole column tile.
     """
 
     rows: int
@@ -170,6 +173,15 @@ class Problem:
     # a tile loop loads through a table (a paged KV cache: k[block_table[b, j // p], ...])
     gathers: bool = False
     col_states: int = 1
+    col_chunk: int = 0
+
+    @property
+    def col_tile(self) -> int:
+        """The output columns one program holds in registers at once (0: no column)."""
+        if self.col <= 1:
+            return 0
+        whole = next_pow2(self.col)
+        return min(whole, self.col_chunk) if self.col_chunk else whole
 
     def visited(self, block_m: int, block_n: int) -> float:
         """The share of loop tiles a schedule's programs visit (masks skip the rest);
@@ -380,7 +392,7 @@ def row_candidates(problem: Problem, device: Device, base: Schedule) -> list[Sch
     a row shorter than a warp, one tile at 1 warp.
     """
     full = next_pow2(problem.loop)
-    col = next_pow2(problem.col) if problem.col > 1 else 0
+    col = problem.col_tile
     out: set[Schedule] = set()
 
     def add(bm: int, bn: int, w: int, k: int, budget: int | None = None) -> None:
