@@ -29,10 +29,10 @@ def _instance_norm(h: int, w: int):
 
 
 def _plane_softmax(h: int, w: int, broadcast: bool = False):
-    """A softmax over each (n, c) plane: max, then the sum of exponentials (split-k
-    merges those; the variance's running sum it does not). ``broadcast``: the plane's
-    log-sum-exp written at each of its points instead (split-k's combine reads no input
-    after the loop)."""
+    """A softmax over each (n, c) plane: max, then the sum of exponentials. ``broadcast``:
+    the plane's log-sum-exp written at each of its points instead (split-k's combine then
+    reads no input after the loop; with the softmax it reads ``x`` again, each combine
+    program a piece of the columns)."""
     N, C = nf.size("N"), nf.size("C")
     x = nf.placeholder((N, C, h, w), name="x")
     r = nf.reduce_axis(h * w, "r")
@@ -53,9 +53,9 @@ WALK = Schedule(block_m=2, block_n=64, num_warps=2, num_stages=1, row_programs=1
 
 @pytest.mark.parametrize("chain,schedule", [
     ("norm", ROLLING), ("norm", ONE_TILE), ("norm", WALK), ("softmax", ROLLING),
-    ("lse", SPLIT),
+    ("lse", SPLIT), ("norm", SPLIT), ("softmax", SPLIT),
 ], ids=["norm-rolling", "norm-one-tile", "norm-walking-rows", "softmax-rolling",
-        "lse-split-k"])
+        "lse-split-k", "norm-split-k", "softmax-split-k"])
 def test_a_plane_reduction_loops_over_its_plane_in_the_epilogue(chain, schedule):
     y = _instance_norm(5, 7) if chain == "norm" else _plane_softmax(5, 7, chain == "lse")
     kern = nf.compile(y, placeholders([y]), schedule=schedule, cache=False)

@@ -82,5 +82,8 @@ def test_a_split_whose_workspace_is_not_the_state():
                        "exactly the accumulators' state"):
         replace(part, split=short).check()
     with pytest.raises(VerificationError, match="split-k: the combine kernel must read "
-                       "exactly the workspace"):
+                       "the workspace first"):
         replace(comb, inputs=comb.inputs[:-1]).check()
+    with pytest.raises(VerificationError, match="split-k: a combine kernel that reads "
+                       "inputs cuts a chunked column"):
+        replace(comb, inputs=comb.inputs + part.inputs[:1]).check()

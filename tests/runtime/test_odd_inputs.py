@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import neptune_fusion as nf
 from neptune_fusion import cli
-from neptune_fusion.errors import FeedError, NeptuneError, UnschedulableError
+from neptune_fusion.errors import FeedError, NeptuneError
 from neptune_fusion.frontend.attention import AttentionCache, attention
 from neptune_fusion.frontend.examples import plain_attention
 from neptune_fusion.runtime.merge import Partial, merge_partials
@@ -139,12 +139,17 @@ def test_softmax_full_row_output_any_size(rows, cols):
           if cols else torch.zeros(rows, dtype=torch.float64))
 
 
-def test_softmax_full_row_output_refuses_split_k_by_name():
+@pytest.mark.parametrize("rows, cols", [(3, 300), (2, 129), (1, 0)])
+def test_softmax_full_row_output_splits(rows, cols):
     """It used to be split by the auto-scheduler and fail generating the combine kernel
-    (a raw KeyError); an explicit split-k schedule is refused, naming why."""
+    (a raw KeyError), then was refused by name. Since 2026-12-04 the combine reads ``x``
+    and writes a piece of the row per program (codegen/split.py): an explicit split-k
+    schedule runs, empty splits and an empty row included."""
     _, sm = _softmax()
-    with pytest.raises(UnschedulableError, match="output sm reads x after the loop"):
-        nf.compile(sm, schedule=Schedule(block_m=1, block_n=64, strategy="split", splits=4))
+    kern = nf.compile(sm, schedule=Schedule(block_m=1, block_n=64, strategy="split",
+                                            splits=4))
+    x = randn(rows, cols) * 3
+    close(kern(x), torch.softmax(x.double(), -1), 1e-5)
 
 
 def test_two_independent_reductions_combined():

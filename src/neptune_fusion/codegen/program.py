@@ -47,6 +47,7 @@ TILE_START = Param("j_start", int64)  # first loop index of the current tile
 LOOP_LO = Param("j_lo", int64)        # first loop index the program visits
 TILE_END = Param("j_end", int64)      # one past its last index inside the axis
 SPLIT_ID = Param("split_id", int64)   # split-k: the chunk of the loop axis (program_id(2))
+COL_START = Param("col_start", int64)  # first column of the epilogue's current chunk
 
 
 def extent_expr(ext) -> Expr:
@@ -422,9 +423,11 @@ def _check_split(prog: TileProgram) -> None:
         _fail(prog, "split-k", f"stage {sp.stage!r} with {sp.splits} splits")
     if not _same([s for s, _ in sp.workspace], prog.state):
         _fail(prog, "split-k", "the workspace does not hold exactly the accumulators' state")
+    from .split import SPLIT_PRODUCERS
     for a in prog.accumulators:
-        if any(prog.accumulators[p].op not in ("max", "min") for p in a.producers):
-            _fail(prog, "split-k", f"{a.name} reads a producer that is not a max or min")
+        if any(prog.accumulators[p].op not in SPLIT_PRODUCERS for p in a.producers):
+            _fail(prog, "split-k", f"{a.name} reads a producer that is not a "
+                  f"{' or '.join(SPLIT_PRODUCERS)}")
     ws = tuple(arg for _, arg in sp.workspace)
     if sp.stage == "partial":
         if tuple(o.arg for o in prog.outputs) != ws or sp.col_blocks != 1 or \
@@ -432,12 +435,15 @@ def _check_split(prog: TileProgram) -> None:
             _fail(prog, "split-k", "the partial kernel must store its state to the "
                   "workspace, one output per state variable")
         return
-    if tuple(t.tensor for t in prog.inputs) != tuple(t.tensor for t in ws):
-        _fail(prog, "split-k", "the combine kernel must read exactly the workspace")
+    if tuple(t.tensor for t in prog.inputs[:len(ws)]) != tuple(t.tensor for t in ws):
+        _fail(prog, "split-k", "the combine kernel must read the workspace first")
     if prog.segments or prog.bounds or prog.inner:
         _fail(prog, "split-k", "the combine kernel has no loop over the fused axis")
     c = prog.col
-    if sp.col_blocks > 1 and (c is None or c.block_size * sp.col_blocks != c.extent):
+    if len(prog.inputs) > len(ws) and (c is None or c.chunk is None):
+        _fail(prog, "split-k", "a combine kernel that reads inputs cuts a chunked column")
+    if sp.col_blocks > 1 and (c is None or (c.chunk is None and
+                                            c.block_size * sp.col_blocks != c.extent)):
         _fail(prog, "split-k", f"{sp.col_blocks} column programs do not cover the column "
               "axis")
 

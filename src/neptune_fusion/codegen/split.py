@@ -26,10 +26,27 @@ from ..algebra.synth import moved, running, state
 from ..errors import CodegenError, UnschedulableError
 from ..ir.dtypes import float32, int64
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Binary, Const, Expr, Load, Param, Placeholder, Where, fresh_uid
-from ..ir.reducers import reducer, safe_expr
+from ..ir.nodes import Binary, Const, Expr, IndexVar, Load, Param, Placeholder, Where, fresh_uid
+from ..ir.reducers import EXTRAPOLATED, reducer, running_expr, safe_expr
 from ..ir.traverse import substitute, walk
-from .program import BLOCK_N, SPLIT_ID, Output, Split, TensorArg, TileProgram, extent_expr
+from .program import (
+    BLOCK_N,
+    LOOP_LO,
+    SPLIT_ID,
+    TILE_END,
+    TILE_START,
+    Output,
+    Split,
+    TensorArg,
+    TileProgram,
+    extent_expr,
+)
+
+# producers whose split values a consumer's repair moves to the merged one. A sum's
+# split value is its chunk's partial sum: the derived update M(r, r') is an identity in
+# r and r' (proved for every pair), so it moves a chunk's state from its own partial sum
+# to the total as it moves a rolling state from one prefix sum to the next (variance).
+SPLIT_PRODUCERS = ("max", "min", "sum")
 
 
 def chunk_of(prog: TileProgram, splits: int) -> Expr:
@@ -66,18 +83,48 @@ def _check(prog: TileProgram, splits: int) -> None:
             "final values); split-k cuts one loop, so a phased program stays rolling")
     for a in prog.accumulators:
         for p in a.producers:
-            if prog.accumulators[p].op == "sum":
+            if prog.accumulators[p].op not in SPLIT_PRODUCERS:
                 raise UnschedulableError(
-                    f"schedule strategy 'split': {a.name} reads the running sum "
-                    f"{prog.accumulators[p].name}; split-k supports max and min "
-                    "producers (a sum's running value needs the count)")
-    for o in prog.outputs:
-        read = sorted({x.tensor.name for x in walk(o.body) if isinstance(x, Load)})
-        if read:
-            raise UnschedulableError(
-                f"schedule strategy 'split': output {o.arg.name} reads "
-                f"{', '.join(read)} after the loop (softmax's x); the split-k combine "
-                "kernel reads only the partial states")
+                    f"schedule strategy 'split': {a.name} reads the running "
+                    f"{prog.accumulators[p].op} {prog.accumulators[p].name}; split-k "
+                    f"supports {', '.join(SPLIT_PRODUCERS)} producers")
+    if _extrapolated(prog) and any(isinstance(x, (IndexVar, Load)) or (
+            isinstance(x, Param) and x != BLOCK_N) for _, e in prog.bounds for x in walk(e)):
+        raise UnschedulableError(
+            f"schedule strategy 'split': {prog.name} reads a running sum in a loop whose "
+            "bounds depend on the row or on data (a mask partition); the combine could "
+            "not tell the elements each split has seen")
+    if _epilogue_reads(prog) and (prog.col is None or prog.col.chunk is None):
+        read = ", ".join(a.name for a in _epilogue_reads(prog))
+        raise UnschedulableError(
+            f"schedule strategy 'split': the outputs read {read} after the loop, and "
+            "no output column is written in chunks to cut among the combine programs")
+
+
+def _epilogue_reads(prog: TileProgram) -> tuple:
+    """The inputs of ``prog`` its outputs load after the loop (softmax's or a norm's
+    ``x``), in input order."""
+    read = {x.tensor for o in prog.outputs for x in walk(o.body) if isinstance(x, Load)}
+    return tuple(a for a in prog.inputs if a.tensor in read)
+
+
+def _extrapolated(prog: TileProgram) -> bool:
+    """Whether a consumer reads a producer whose running value is extrapolated from the
+    elements seen (a sum: ``state * n / seen``, reducers.running_expr)."""
+    return any(reducer(prog.accumulators[p].op).running == EXTRAPOLATED
+               for a in prog.accumulators for p in a.producers)
+
+
+def _split_local(prog: TileProgram, lo: Expr) -> tuple:
+    """``prog``'s segments counting positions from ``lo``, the split's first element: an
+    extrapolated running value then scales a chunk's partial sum by the elements the
+    chunk has seen (``seen = j_end - lo``), as the reference's partial states do
+    (fusion/reference.py), and the combine knows each split's final count. The first-tile
+    test ``j_start == loop_lo`` is shifted on both sides, so it is unchanged."""
+    shift = {v: Binary("sub", v, lo) for v in (TILE_START, TILE_END, LOOP_LO)}
+    return tuple(replace(seg, body=tuple((sv, substitute(e, shift)) for sv, e in seg.body),
+                         hints=tuple((substitute(e, shift), n) for e, n in seg.hints))
+                 for seg in prog.segments)
 
 
 def partial_program(prog: TileProgram, splits: int) -> TileProgram:
@@ -88,6 +135,8 @@ def partial_program(prog: TileProgram, splits: int) -> TileProgram:
     hi = Binary("add", lo, chunk)
     bounds = tuple((n, Binary("minimum", Binary("maximum", e, lo), hi))
                    for n, e in prog.bounds)
+    if _extrapolated(prog):
+        prog = replace(prog, segments=_split_local(prog, lo))
     ws = _workspace(prog, splits)
     outs = tuple(Output(replace(arg, kind="output"), axes, s.param) for s, arg, axes in ws)
     info = Split(splits, "partial", tuple((s, arg) for s, arg, _ in ws), chunk)
@@ -129,8 +178,13 @@ def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
     def load(s):
         return Load(ws[s].tensor, ws_axes(prog, s))
 
-    nonempty = Binary("lt", Binary("mul", SPLIT_ID, prog.split.chunk),
-                      extent_expr(prog.loop.extent))
+    ext = extent_expr(prog.loop.extent)
+    first = Binary("mul", SPLIT_ID, prog.split.chunk)
+    nonempty = Binary("lt", first, ext)
+    # the elements split ``split_id`` saw (its chunk, cut at the end of the axis; <= 0:
+    # none) -- a running sum's extrapolation in its partial kernel (_split_local)
+    seen = Binary("sub", Binary("minimum", Binary("add", first, prog.split.chunk), ext),
+                  first)
     level: dict[int, int] = {}   # accumulator index -> its loop
     groups: list[list] = []
     for k, a in enumerate(prog.accumulators):
@@ -145,7 +199,8 @@ def combine_steps(prog: TileProgram) -> tuple[tuple, ...]:
             env = {state(i): load(s) for i, s in enumerate(a.state)}
             for n, p in enumerate(a.producers):
                 op, prod = prog.accumulators[p].op, prog.accumulators[p].state[0]
-                env[running(n)] = safe_expr(op, load(prod))     # the split's producer value
+                # the split's producer value, as its last tile saw it (_split_local)
+                env[running(n)] = safe_expr(op, running_expr(op, load(prod), seen, ext))
                 env[moved(n)] = safe_expr(op, prod.param)       # the merged (final) one
             news, exact = [], True
             for i, s in enumerate(a.state):
@@ -189,11 +244,19 @@ def _col_blocks(prog: TileProgram) -> int:
 
 
 def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
-    """Kernel 2: reads the workspace, writes ``prog``'s outputs (see module docstring)."""
-    inputs = tuple(replace(arg, kind="input") for _, arg in part.split.workspace)
-    blocks = _col_blocks(prog)
+    """Kernel 2: reads the workspace, writes ``prog``'s outputs (see module docstring).
+
+    Outputs that load inputs after the loop (a norm's ``y = (x - mean) * rstd``, over a
+    column written in chunks) read them here too, and the column is cut into one piece
+    per split: ``splits`` combine programs per row block, each merging the same states
+    and writing its piece, so the second pass over ``x`` is spread like the first (a
+    group norm at batch 1 has 32 rows of 65536 elements)."""
+    reads = _epilogue_reads(prog)
+    inputs = tuple(replace(arg, kind="input") for _, arg in part.split.workspace) + reads
+    blocks = part.split.splits if reads else _col_blocks(prog)
     info = replace(part.split, stage="combine", col_blocks=blocks)
-    col = prog.col if blocks == 1 else replace(prog.col, block_size=COMBINE_COL_BLOCK)
+    col = prog.col if blocks == 1 or reads else \
+        replace(prog.col, block_size=COMBINE_COL_BLOCK)
     rule = f"split-k: {info.splits} splits, combine" + \
         (f" ({blocks} programs per row block over {prog.col.name})" if blocks > 1 else "")
     return replace(prog, name=f"{prog.name}_combine", inputs=inputs, inner=(), bounds=(),

@@ -134,7 +134,7 @@ class TileOps:
         cover = ax.block_size
         if ax.programs:     # column tiles across programs: the last one may be partial
             return not (isinstance(ext, int) and ext % cover == 0)
-        if cover and ax.role == "col" and self.prog.split is not None:
+        if cover and ax.role == "col" and self.prog.split is not None and ax.chunk is None:
             cover *= self.prog.split.col_blocks     # a combine cut over columns: all of them
         return not (isinstance(ext, int) and ext == cover)
 
