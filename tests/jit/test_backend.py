@@ -797,6 +797,10 @@ def test_multihead_attention_module_fuses_its_attention(case):
                       for k, v in kw.items()})[0]
     ex = _check(fn, (x, y), ref64=ref)
     assert "bmm" in str(ex.fused[0]) and "amax" in str(ex.fused[0]), str(ex)
+    # the keys' transpose stays in the kernel (partition.prologue_with_unit_rows): it
+    # reads k's (B, H, S, D) view in place, (loop, inner) tiles the Gluon dialect boxes
+    assert {"permute", "transpose"} & set(ex.fused[0].ops), str(ex)
+    assert any(len(p.shape) == 4 for p in ex.fused[0].kernel.inputs), str(ex)
     if case == "causal":   # the mask is built from positions inside the kernel, not read
         assert "tril" in ex.fused[0].ops and len(ex.fused[0].inputs) == 3, str(ex)
 
@@ -875,7 +879,8 @@ def test_device_attention_kernels_open_to_the_math_with_their_outputs_shaped():
 def test_group_norm_fuses_on_the_group_view(shape, affine):
     """``F.group_norm`` (``native_group_norm``) decomposes on the ``(N, G, C/G * HxW)``
     view with its weight and bias spread over it: one chain (mean, variance, normalise,
-    affine), the views and the spread weight left outside the kernel."""
+    affine), the views left outside the kernel, the spread inside it (a broadcast read
+    as ``w[g, k // HxW, 0]``, not a copy made per call)."""
     g = torch.Generator().manual_seed(9)
     x = torch.randn(*shape, generator=g) * 2.0 + 1.0
     w, b = torch.randn(shape[1], generator=g), torch.randn(shape[1], generator=g)
@@ -885,6 +890,7 @@ def test_group_norm_fuses_on_the_group_view(shape, affine):
         return F.group_norm(x, groups, w if affine else None, b if affine else None)
     ex = _check(fn, (x, w, b))
     assert {"mean", "rsqrt"} <= set(ex.fused[0].ops), str(ex)
+    assert ("expand" in ex.fused[0].ops) == affine, str(ex)
 
 
 @pytest.mark.parametrize("rest", ["eager", "inductor"])
@@ -903,6 +909,7 @@ def test_half_precision_group_norm_fuses_with_its_views_outside(rest):
     ex = _check(lambda x: m(x), (x,), ref64=lambda x: m64(x), rest=rest)
     ops = set(ex.fused[0].ops)
     assert "rsqrt" in ops and ops & {"_to_copy", "convert_element_type"}, str(ex)
+    assert "expand" in ops, str(ex)   # the weight's spread: an index, not a copy
 
 
 def test_group_norm_then_silu_is_one_chain():

@@ -37,6 +37,7 @@ from .partition import (
     boundaries,
     depends_on_itself,
     has_chain,
+    prologue_with_unit_rows,
     regions,
     without_prologue,
     without_trailing_matmuls,
@@ -115,8 +116,14 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
 # a refused region's smaller forms, tried in turn, with what the report says of the rest
 _TRIMS = ((without_trailing_matmuls, "a matmul after the chain, left out of its kernel"),
           (without_views, "views of the chain's results, taken on them outside its kernel"),
+          (functools.partial(without_views, leading=True, broadcasts=True),
+           "views of the chain's inputs (but broadcasts) and results, taken outside its "
+           "kernel"),
           (functools.partial(without_views, leading=True),
            "views of the chain's inputs and results, taken outside its kernel"),
+          (prologue_with_unit_rows, "the maps and views before its first reduction or "
+           "product (and a matmul after it), computed outside its kernel, but the views "
+           "it reads rows through"),
           (without_prologue, "the maps and views before its first reduction or product "
                              "(and a matmul after it), computed outside its kernel"))
 

@@ -217,14 +217,60 @@ def without_prologue(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept))
 
 
-def without_views(region: Region, leading: bool = False) -> Region | None:
+def prologue_with_unit_rows(region: Region) -> Region | None:
+    """:func:`without_prologue`, then the views between it and the values it was cut at
+    pulled back in while those values lack unit-stride rows (their last stride is not 1):
+    the kernel then reads the tensor they view in place, where outside a strided value
+    is copied for the kernel (``inductor.unit_rows``). In ``nn.MultiheadAttention`` the
+    keys reach the product as ``view(expand(k.transpose(-2, -1)))``: cut there, the
+    kernel read a transposed copy, whose ``(inner, loop)`` tile the Gluon dialect has no
+    box for (Triton ran it at 0.75x cuDNN on the H200, 2026-12-04); pulled back to
+    ``k``'s ``(B, H, S, D)`` view, it reads ``(loop, inner)`` tiles in place. None when
+    nothing is pulled back."""
+    cut = without_prologue(region)
+    if cut is None:
+        return None
+    inside, grown = set(cut.nodes), True
+    while grown:
+        grown = False
+        for a in list(_region(list(inside)).inputs):
+            if a.op == "call_function" and a.target in RULES and \
+                    RULES[a.target].kind == "view" and not _unit_rows(a) and \
+                    all(u in inside for u in a.users):
+                inside.add(a)
+                grown = True
+    if len(inside) == len(cut.nodes):
+        return None
+    order = {n: k for k, n in enumerate(next(iter(inside)).graph.nodes)}
+    return _region(sorted(inside, key=order.__getitem__), cut.copies)
+
+
+def _unit_rows(node) -> bool:
+    """Whether ``node``'s value has unit stride in its last dimension (or is no tensor,
+    or that dimension has one element)."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return True
+    try:
+        return val.stride()[-1] == 1 or val.shape[-1] == 1
+    except (RuntimeError, TypeError):   # a symbolic stride that cannot be decided
+        return True
+
+
+def without_views(region: Region, leading: bool = False,
+                  broadcasts: bool = False) -> Region | None:
     """``region`` without the views (and layout copies) between its values and its
     outputs -- with ``leading``, also those between its inputs and its values -- or None
     if it has none: the kernel then computes (and reads) those values in their own
     shapes, and the views run with the rest. The backend tries this when the whole
     region is refused: a group norm written ``x.reshape(N, G, -1)`` and reshaped back
     reads ``x`` at ``g * c + r`` and writes at ``j // c``, tile indices the code generator
-    refuses, where the ``(N, G, c)`` view in and result out are plain."""
+    refuses, where the ``(N, G, c)`` view in and result out are plain.
+
+    With ``broadcasts`` a leading ``expand`` (and any copy) stays in the kernel, with
+    what follows it: outside, the broadcast is a copy (the group norm's weight spread over
+    its group's elements, ``(G, C/G, 1) -> (G, C/G * HxW)``: a kernel of 4.6 us per call
+    on the H200, 2026-12-04); inside, an index (``w[g, k // HxW, 0]``)."""
     inside = set(region.nodes)
 
     def view(n):
@@ -238,14 +284,18 @@ def without_views(region: Region, leading: bool = False) -> Region | None:
             if n not in drop and view(n) and n.users and all(u in drop for u in n.users):
                 drop.add(n)
                 grown = True
+    kept_broadcast = False
     if leading:   # views of inputs, and views of those: the kernel takes them as inputs
         for n in region.nodes:
             if view(n) and n.all_input_nodes and all(
                     a not in inside or a in drop for a in n.all_input_nodes):
+                if broadcasts and (n.target is aten.expand.default or n.target in _COPIES):
+                    kept_broadcast = True
+                    continue
                 drop.add(n)
     kept = [n for n in region.nodes if n not in drop]
-    if not drop or not kept:
-        return None
+    if not drop or not kept or (broadcasts and not kept_broadcast):
+        return None     # (with broadcasts: none kept, the form without them is the same)
     return _region(kept, region.copies & frozenset(kept))
 
 
