@@ -1,5 +1,5 @@
 """PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention``,
-``nn.GroupNorm`` and ``nn.InstanceNorm2d`` (issue 19).
+``nn.GroupNorm`` (also at batch 1: ``group-norm-b1``) and ``nn.InstanceNorm2d`` (issue 19).
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
@@ -45,9 +45,9 @@ def _mha(causal: bool):
     return make
 
 
-def _group_norm(silu: bool):
+def _group_norm(silu: bool, batch: int = 16):
     def make(big: bool, dtype, dev, gen):
-        n, c, hw, g = (16, 512, 64, 32) if big else (2, 16, 5, 4)
+        n, c, hw, g = (batch, 512, 64, 32) if big else (2, 16, 5, 4)
         m = torch.nn.GroupNorm(g, c, device=dev)
         with torch.no_grad():
             m.weight.normal_(generator=gen)
@@ -72,7 +72,9 @@ def _instance_norm(big: bool, dtype, dev, gen):
 
 
 WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(False),
-        "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm}
+        "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm,
+        # a diffusion model's decoder at batch 1: 32 groups, fewer rows than multiprocessors
+        "group-norm-b1": _group_norm(False, batch=1)}
 
 
 def run(name: str, device: str, profile: bool = False) -> list[dict]:
