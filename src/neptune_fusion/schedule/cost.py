@@ -206,9 +206,29 @@ def rank(problem: Problem, schedules, device: Device) -> list[Estimate]:
         return ranked
     best = ranked[0].seconds
     pers = next((e for e in ranked if persistent(problem, e.schedule)), None)
-    if pers is None or pers is ranked[0] or pers.seconds > best * (1 + PERSISTENT_SLACK):
+    if pers is not None and pers is not ranked[0] and \
+            pers.seconds <= best * (1 + PERSISTENT_SLACK):
+        ranked = [pers] + [e for e in ranked if e is not pers]
+    return _kinds_first(problem, ranked)
+
+
+def _kinds_first(problem: Problem, ranked: list[Estimate]) -> list[Estimate]:
+    """A row reduction's estimates with the fastest of each kind of schedule -- split-k,
+    one tile walking the rows, one tile a program per row block, a loop -- next after the
+    fastest, then the rest: the model prices a walking one tile without exposed latency,
+    and before this the few measured on the H200 were all walking ones (the instance
+    norm, 2026-12-04), so a GPU never compared it with a program per row block."""
+    def kind(e: Estimate) -> tuple:
+        s = e.schedule
+        return (s.strategy, persistent(problem, s), bool(s.row_programs))
+    if not ranked:
         return ranked
-    return [pers] + [e for e in ranked if e is not pers]
+    first, seen = [ranked[0]], {kind(ranked[0])}
+    for e in ranked[1:]:
+        if kind(e) not in seen:
+            first.append(e)
+            seen.add(kind(e))
+    return first + [e for e in ranked if not any(e is f for f in first)]
 
 
 
