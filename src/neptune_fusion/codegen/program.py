@@ -49,6 +49,12 @@ TILE_END = Param("j_end", int64)      # one past its last index inside the axis
 SPLIT_ID = Param("split_id", int64)   # split-k: the chunk of the loop axis (program_id(2))
 COL_START = Param("col_start", int64)  # first column of the epilogue's current chunk
 
+# producers whose split values a consumer's repair moves to the merged one (split.py). A
+# sum's split value is its chunk's partial sum: the derived update M(r, r') holds for
+# every pair r, r', so it moves a chunk's state from its own partial sum to the total as
+# it moves a rolling state from one prefix sum to the next (variance).
+SPLIT_PRODUCERS = ("max", "min", "sum")
+
 
 def extent_expr(ext) -> Expr:
     """An axis extent (a symbolic :class:`Size` or an int) as integer IR."""
@@ -423,7 +429,6 @@ def _check_split(prog: TileProgram) -> None:
         _fail(prog, "split-k", f"stage {sp.stage!r} with {sp.splits} splits")
     if not _same([s for s, _ in sp.workspace], prog.state):
         _fail(prog, "split-k", "the workspace does not hold exactly the accumulators' state")
-    from .split import SPLIT_PRODUCERS
     for a in prog.accumulators:
         if any(prog.accumulators[p].op not in SPLIT_PRODUCERS for p in a.producers):
             _fail(prog, "split-k", f"{a.name} reads a producer that is not a "

@@ -33,6 +33,7 @@ from .program import (
     BLOCK_N,
     LOOP_LO,
     SPLIT_ID,
+    SPLIT_PRODUCERS,
     TILE_END,
     TILE_START,
     Output,
@@ -41,12 +42,6 @@ from .program import (
     TileProgram,
     extent_expr,
 )
-
-# producers whose split values a consumer's repair moves to the merged one. A sum's
-# split value is its chunk's partial sum: the derived update M(r, r') is an identity in
-# r and r' (proved for every pair), so it moves a chunk's state from its own partial sum
-# to the total as it moves a rolling state from one prefix sum to the next (variance).
-SPLIT_PRODUCERS = ("max", "min", "sum")
 
 
 def chunk_of(prog: TileProgram, splits: int) -> Expr:
