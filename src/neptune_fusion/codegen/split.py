@@ -89,10 +89,11 @@ def _check(prog: TileProgram, splits: int) -> None:
             f"schedule strategy 'split': {prog.name} reads a running sum in a loop whose "
             "bounds depend on the row or on data (a mask partition); the combine could "
             "not tell the elements each split has seen")
-    if _epilogue_reads(prog) and (prog.col is None or prog.col.chunk is None):
-        read = ", ".join(a.name for a in _epilogue_reads(prog))
+    reads = _epilogue_reads(prog)
+    if reads and (prog.col is None or prog.col.chunk is None):
         raise UnschedulableError(
-            f"schedule strategy 'split': the outputs read {read} after the loop, and "
+            f"schedule strategy 'split': the outputs read "
+            f"{', '.join(a.name for a in reads)} after the loop, and "
             "no output column is written in chunks to cut among the combine programs")
 
 
