@@ -4,6 +4,8 @@ float64; what cannot be taken falls back with the reason; nothing guards on a si
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import sympy
 import torch
@@ -27,7 +29,7 @@ def _run(fn, shapes, dynamic=True, make=torch.randn):
         args = [make(*s) for s in shape]
         with torch.no_grad():
             got = compiled(*args)
-        want = fn(*[a.double() for a in args])
+            want = fn(*[a.double() for a in args])
         assert got.shape == want.shape
         scale = max(1.0, float(want.abs().max()))
         assert float((got.double() - want).abs().max()) <= 2e-5 * scale, shape
@@ -106,14 +108,54 @@ def test_batch_heads_and_length_all_dynamic():
     assert "dyn_" in fused.plan and not _left(backend)
 
 
-def test_a_dynamic_expression_as_an_extent_falls_back_with_the_reason():
-    """A softmax over a flattened batch: the output's first extent is ``s0*s1``, which no
-    input binds. The region runs eagerly (correct), and the reason says why."""
+def test_an_expression_of_sizes_an_input_binds_is_an_extent():
+    """A softmax over a flattened batch: the merged extent ``s0*s1`` is no input's
+    dimension inside the region, so the reshape goes outside its kernel; there it is the
+    kernel input's first dimension, bound at call time as a size of its own. The reason
+    the whole region was refused is reported with the view left out."""
     def fn(x):
         return torch.softmax(x.reshape(-1, x.shape[-1]), -1)
-    backend = _run(fn, [[(2, 3, 20)], [(3, 5, 33)]])
-    assert not _fused(backend)
-    assert any("expression of dynamic sizes" in x.reason for x in _left(backend))
+    backend = _run(fn, [[(2, 3, 20)], [(3, 5, 33)], [(4, 2, 7)]])
+    assert len(backend.reports) == 1
+    (fused,) = _fused(backend)
+    assert fused.inputs == ("view",) and "dyn_" in fused.plan, fused.plan
+    (left,) = _left(backend)
+    assert left.ops == ("view",)
+    assert "expression of dynamic sizes that is no input's dimension" in left.reason
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_with_every_size_dynamic_fuses_on_its_group_view(affine):
+    """``nn.GroupNorm`` under ``dynamic=True``: the group view ``(N, G, C/G*H*W)`` taken
+    outside the kernel, whose last dimension (``4*s0*s1``) binds the reduction's extent.
+    One graph serves every batch and image size after the first, each against float64."""
+    m = torch.nn.GroupNorm(4, 16, affine=affine).eval()
+    if affine:
+        with torch.no_grad():
+            m.weight.normal_(generator=torch.Generator().manual_seed(2))
+            m.bias.normal_(generator=torch.Generator().manual_seed(3))
+
+    m64 = copy.deepcopy(m).double()
+
+    def fn(x):   # the float64 reference of _run calls it with a float64 input
+        return m64(x) if x.dtype == torch.float64 else m(x)
+    shapes = [[(2, 16, 5, 5)], [(3, 16, 7, 4)], [(2, 16, 3, 9)]]
+    backend = _run(fn, shapes, make=lambda *s: torch.randn(*s) * 2.0 + 1.0)
+    fused = _fused(backend)
+    assert fused and all({"mean", "rsqrt"} <= set(f.ops) for f in fused)
+    assert "_x_" in fused[-1].plan, fused[-1].plan   # the product of sizes as an extent
+
+
+def test_a_dynamic_extent_no_input_binds_falls_back_with_the_reason():
+    """``x.repeat(1, 2)`` with a dynamic width cannot be in the kernel (its extent ``2*s0``
+    is no input's dimension). It runs outside, where its result is the kernel's input,
+    and the report gives the reason it was left out."""
+    def fn(x):
+        return torch.softmax(x.repeat(1, 2), -1)
+    backend = _run(fn, [[(3, 20)], [(5, 33)]])
+    assert len(_fused(backend)) == 1
+    (left,) = _left(backend)
+    assert left.ops == ("repeat",) and "dynamic counts or extents" in left.reason
 
 
 def test_a_compiled_kernel_in_a_dynamic_graph_does_not_specialise():

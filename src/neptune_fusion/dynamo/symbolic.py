@@ -7,8 +7,12 @@ reads each as its sympy expression (``x.node.expr``): comparing or converting th
 which is what dynamic shapes exist to avoid. A plain symbol ``s69`` becomes the IR size
 ``dyn_s69``, bound from an input's shape at call time like any size of ``nf.compile``;
 an expression of symbols (``4*s25`` for a batch merged with the heads, ``s69 - 1`` for
-a mask's offset) may appear inside the program -- in a merged view, as a scalar -- but
-not as the extent of an axis, which must be bound by an input dimension.
+a mask's offset) may appear inside the program -- in a merged view, as a scalar. An
+axis's extent must be bound by an input dimension: a symbol, or an expression that is
+itself an input's dimension (a group norm's ``(N, G, C/G*H*W)`` view taken outside the
+kernel has ``4*s0*s1`` as its last dimension). Such an expression gets a size of its own
+(``dyn_4_x_s0_x_s1``), bound from that input like a symbol; the values at a call agree
+with its symbols' because both come from the same tensors' shapes.
 
 Where an order is needed (pairing a view's dimensions), the example's values (the shape
 environment's *hints*) choose, and the symbolic products are then checked equal.
@@ -16,6 +20,7 @@ environment's *hints*) choose, and the symbolic products are then checked equal.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import sympy
@@ -48,10 +53,17 @@ def is_scalar_value(val) -> bool:
     return isinstance(val, int) or type(val).__name__ == "SymInt"
 
 
+_SPELL = (("**", "_pow_"), ("*", "_x_"), ("+", "_p_"), ("-", "_m_"), ("/", "_d_"))
+
+
 def size_name(sym) -> str:
     """The IR size of Dynamo's symbol ``sym``: ``dyn_s69`` (apart from the static sizes
-    ``s<value>`` of translate.py)."""
-    return f"dyn_{sym}"
+    ``s<value>`` of translate.py); of an expression an input's dimension is, its
+    operators spelled out: ``4*s0*s1`` -> ``dyn_4_x_s0_x_s1``."""
+    name = str(sym).replace(" ", "")
+    for op, word in _SPELL:
+        name = name.replace(op, word)
+    return "dyn_" + re.sub(r"\W", "_", name)
 
 
 def unbound_scalars(inputs) -> list:
@@ -99,12 +111,15 @@ def hint(d, hints: Mapping) -> int:
 
 def to_ir(expr, sizes: Mapping):
     """A sympy expression of symbols as an IR expression of their sizes (``sizes``:
-    symbol -> IR size): sums, products, maxima and minima of bound symbols and integers
-    (a sliding window's first key ``Max(0, s - w + 1)``)."""
+    symbol, or expression an input's dimension is -> IR size): sums, products, maxima
+    and minima of bound symbols and integers (a sliding window's first key
+    ``Max(0, s - w + 1)``)."""
     if static(expr):
         return expr
     if expr.is_Integer:
         return int(expr)
+    if expr in sizes:   # a symbol, or an expression an input's dimension binds
+        return sizes[expr]
     if expr.is_Symbol:
         if expr not in sizes:
             raise Refused(f"dynamic size {expr} is no input's dimension, so no call "

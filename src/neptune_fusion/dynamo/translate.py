@@ -84,11 +84,11 @@ class Translator:
         extent ``n``, the IR size of a dynamic symbol, else the int ``n``."""
         if static(n):
             return self.sizes.get(n, n)
-        if n.is_Symbol and n in self.sizes:
+        if n in self.sizes:   # a symbol or an expression an input's dimension is
             return self.sizes[n]
         raise Refused(f"an axis of dynamic length {n} is no input's dimension"
                       if n.is_Symbol else f"an axis of length {n}: an expression of "
-                      "dynamic sizes is not an extent (a plain symbol is)")
+                      "dynamic sizes that is no input's dimension")
 
     def size_expr(self, n):
         """A length as a value of the program (a mean's divisor, a mask's offset): a
@@ -120,10 +120,7 @@ class Translator:
         kernel_shape = pk.input_shape(shape) if pk is not None else shape
         for d, n in enumerate(kernel_shape):
             # a size symbol is bound by a placeholder dimension; the packed rows are none
-            if not static(n):
-                if not n.is_Symbol:
-                    raise Refused(f"input {node.name}: dimension {d} is {n}, an "
-                                  "expression of dynamic sizes (a plain symbol is taken)")
+            if not static(n):   # a symbol, or an expression of them (symbolic.py)
                 self.sizes.setdefault(n, nf.size(size_name(n)))
             elif n > STATIC_EXTENT_MAX and n not in self.sizes \
                     and not (pk is not None and d == 2):
