@@ -272,7 +272,10 @@ def test_a_staged_region_with_a_matmul_is_refused_before_tuning():
 def test_a_projection_after_attention_stays_with_the_rest():
     """Attention, then its output projection (``(B, N, H * D) @ W``): one rolling kernel
     cannot hold both, so the region is tried again without the product; the attention
-    is fused, the product and its reshapes run with the rest, and explain says so."""
+    is fused, the product and the views after the heads' merged copy run with the rest,
+    and explain says so. The copy itself (``transpose`` then ``clone``) stays in the
+    kernel, which writes its output in the copy's ``(B, N, H, D)`` layout, so no copy
+    kernel runs between the attention and the projection (``partition``)."""
     def fn(q, k, v, w):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return o.transpose(1, 2).reshape(1, 7, 32) @ w
@@ -280,7 +283,8 @@ def test_a_projection_after_attention_stays_with_the_rest():
     ex = _check(fn, (q, k, v, torch.randn(32, 24)))
     assert "bmm" in ex.fused[0].ops and "mm" not in ex.fused[0].ops
     (left,) = [x for x in ex.left if "a matmul after the chain" in x.reason]
-    assert "mm" in left.ops and "transpose" in left.ops
+    assert "mm" in left.ops and "transpose" not in left.ops
+    assert {"transpose", "clone"} <= set(ex.fused[0].ops)
 
 
 def _sdpa_math(q, k, v, m):
@@ -803,6 +807,54 @@ def test_multihead_attention_module_fuses_its_attention(case):
     assert any(len(p.shape) == 4 for p in ex.fused[0].kernel.inputs), str(ex)
     if case == "causal":   # the mask is built from positions inside the kernel, not read
         assert "tril" in ex.fused[0].ops and len(ex.fused[0].inputs) == 3, str(ex)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_attention_under_inductor_keeps_the_projections_layout(monkeypatch,
+                                                                       causal):
+    """Under Inductor the fused op's inputs take the strides they were traced with where
+    Inductor has not fixed a layout (``dynamo.inductor.unit_rows``): the queries and
+    values are the in-projection's columns viewed per head, ``(B*H, S, D)`` with strides
+    ``(D, B*E, 1)``, written by one pass in the projection's order (made contiguous, the
+    copies transposed: twice as slow on the H200). The kernel writes its output in the
+    merged heads' layout the output projection reads (the ``permute`` and ``clone`` are
+    in the chain): no copy between them."""
+    from neptune_fusion.runtime.torch_ops import KernelEntry
+    seen = []
+    run = KernelEntry.run
+
+    def spy(self, tensors):
+        seen.append([(tuple(t.shape), t.stride()) for t in tensors])
+        return run(self, tensors)
+    monkeypatch.setattr(KernelEntry, "run", spy)
+    m = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    m64 = copy.deepcopy(m).double()
+    x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(12))
+    kw = {"attn_mask": torch.nn.Transformer.generate_square_subsequent_mask(10),
+          "is_causal": True} if causal else {}
+
+    def fn(x):
+        return m(x, x, x, need_weights=False, **kw)[0]
+
+    def ref(x):
+        return m64(x, x, x, need_weights=False,
+                   **{k: v.double() if torch.is_tensor(v) else v for k, v in kw.items()})[0]
+    ex = _check(fn, (x,), ref64=ref, rest="inductor")
+    assert {"permute", "clone"} <= set(ex.fused[0].ops[-3:]), str(ex)
+    queries = [t for t in seen[-1] if t[0] == (8, 10, 8)]
+    assert queries and all(stride == (8, 64, 1) for _, stride in queries), seen[-1]
+
+
+def test_traced_strides_are_taken_only_when_dense_with_unit_rows():
+    from neptune_fusion.dynamo.inductor import _traced_unit_rows
+    # one of three packed projections per head: gaps where the other two lie
+    q = torch.empty(10 * 2 * 3 * 32).as_strided((8, 10, 8), (8, 192, 1))
+    assert _traced_unit_rows(q) is None
+    q = torch.empty(10, 2, 32).reshape(10, 8, 8).transpose(0, 1)
+    assert _traced_unit_rows(q) == [8, 64, 1]
+    assert _traced_unit_rows(torch.empty(4, 6).t()) is None   # strided rows
+    assert _traced_unit_rows(torch.empty(3, 1, 5).expand(3, 4, 5)) is None   # broadcast
+    assert _traced_unit_rows(torch.empty(3, 5)) == [5, 1]
 
 
 def test_transformer_encoder_layer_fast_path_stays_whole():

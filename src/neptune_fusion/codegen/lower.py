@@ -208,7 +208,9 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
 
 
 def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
-    """Row: the innermost axis every member depends on (states are per row). Column: the
+    """Row: the innermost axis every member depends on (states are per row); with a
+    column only some members depend on, the innermost such axis no load along the loop
+    reads (:func:`_streamed_axes`). Column: the
     one axis only some members depend on (attention's ``e``: ``o_sum`` but not ``m``), or
     else an output axis no member reads (softmax's ``j``), or else -- a plain matmul --
     the right operand's axis (:func:`_right_operand_axis`), preferring the pair whose
@@ -228,6 +230,9 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
             f"({', '.join(f'{v.name} < {v.extent}' for v in partial)}: outputs over "
             "columns of their own, such as projections to q and to k); the rolling "
             "kernel holds one column axis")
+    if partial:   # attention's value column: the row is the query axis (_streamed_axes)
+        streamed = _streamed_axes(bodies, loop, plan.context)
+        row = next((v for v in plan.context if v in common and v not in streamed), row)
     col = partial[0] if partial else next(
         (v for v in plan.context if v in out_vars and v not in union), None)
     if col is None:     # a plain matmul: rows and columns of the output, both shared
@@ -237,6 +242,26 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
         row, col = next((p for p in pairs if p[1] in last), pairs[0] if pairs else (row, None))
     grid = tuple(v for v in plan.context if v is not row and v is not col)
     return grid, row, col
+
+
+def _streamed_axes(bodies: list[Expr], loop: IndexVar, context) -> frozenset:
+    """The context axes the loop's contraction operand reads: a load along the loop axis
+    that also reads an axis of its own (attention's keys ``k[b, h, j, c]``: ``b`` and
+    ``h``; a mask ``m[i, j]`` reads no axis of its own and does not count). The row is
+    preferably none of them -- the query axis ``s``, which no key depends on -- whatever
+    the order of the output's axes: an output laid out ``(s, b, h, d)`` (attention
+    written into its heads' merged layout for the output projection) still has ``s`` as
+    its row."""
+    context = frozenset(context)
+    found: set = set()
+    for b in bodies:
+        for node in walk(b):
+            if isinstance(node, Load):
+                used = frozenset().union(*(e.free_vars for e in node.indices)) - {loop}
+                if len(used) < len(frozenset().union(
+                        *(e.free_vars for e in node.indices))) and used - context:
+                    found |= used & context
+    return frozenset(found)
 
 
 def _epilogue_axes(grid: tuple, bodies: list[Expr], col) -> tuple[tuple, tuple]:

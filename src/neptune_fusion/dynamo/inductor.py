@@ -70,24 +70,70 @@ def unit_rows(fx_node, *args, **kwargs):
     op's ``Tensor[]`` argument in torch 2.11, and a tag wins over this constraint: the op
     has none. On the H200 Inductor passed
     ``nn.MultiheadAttention``'s head split as a transposed view, which the op then copied
-    with an ATen kernel (120 us of a 1.14 ms call, 2026-12-04)."""
+    with an ATen kernel (120 us of a 1.14 ms call, 2026-12-04).
+
+    An input whose layout Inductor has not fixed yet (a pointwise result, a ``clone``)
+    gets the strides it had when traced, where those have unit rows: the layout eager
+    PyTorch gives it, which the kernel that writes it was written for. Made contiguous
+    instead, ``nn.MultiheadAttention``'s queries, keys and values were written head by
+    head, a transposing copy: 37.8, 22.1 and 21.1 us against 18.4, 17.1 and 16.2 for the
+    same copies into the projection's own order, which cuDNN reads in Inductor's graph
+    (H200, 2026-12-04). The kernels read any strides (a Gluon kernel through its host
+    descriptors)."""
     from torch._inductor import ir
     from torch._inductor.virtualized import V
     known = V.graph.sizevars.statically_known_equals
+    traced = [getattr(n, "meta", {}).get("val") for n in fx_node.args[0]] \
+        if fx_node.args and isinstance(fx_node.args[0], (list, tuple)) else []
 
-    def fix(a):
+    def fix(a, val=None):
         if isinstance(a, (list, tuple)):
-            return type(a)(fix(x) for x in a)
+            vals = traced if len(traced) == len(a) else [None] * len(a)
+            return type(a)(fix(x, v) for x, v in zip(a, vals))
         if not isinstance(a, ir.IRNode):
             return a
         try:
             size, stride = a.get_size(), a.get_stride()
+            flexible = isinstance(a.get_layout(), ir.FlexibleLayout)
         except (AttributeError, NotImplementedError):   # no layout yet: choose it
-            return ir.ExternKernel.require_contiguous(a)
-        if not size or known(size[-1], 1) or known(stride[-1], 1):
+            size, stride, flexible = None, None, True
+        if not flexible and (not size or known(size[-1], 1) or known(stride[-1], 1)):
+            return a
+        want = _traced_unit_rows(val)
+        if want is not None and flexible:
+            return ir.ExternKernel.require_exact_strides(a, want)
+        if size is not None and (not size or known(size[-1], 1) or known(stride[-1], 1)):
             return a
         return ir.ExternKernel.require_contiguous(a)
     return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}
+
+
+def _traced_unit_rows(val) -> list | None:
+    """A traced input's strides when they are ints with unit stride in the last dimension
+    (or that dimension has one element) and no two dimensions overlap; else None."""
+    import torch
+    if not isinstance(val, torch.Tensor) or val.dim() == 0:
+        return None
+    shape, stride = val.shape, val.stride()
+    if not all(isinstance(x, int) for x in (*shape, *stride)):
+        return None   # symbolic: comparing would guard
+    if shape[-1] != 1 and stride[-1] != 1:
+        return None
+    if 0 in stride or val.numel() == 0 or not _dense(shape, stride):
+        return None
+    return list(stride)
+
+
+def _dense(shape, stride) -> bool:
+    """Whether ``shape`` at ``stride`` covers ``prod(shape)`` elements with no gaps or
+    overlaps (a permutation of a contiguous layout)."""
+    want = 1
+    for n, s in sorted(((n, s) for n, s in zip(shape, stride) if n != 1),
+                       key=lambda t: t[1]):
+        if s != want:
+            return False
+        want *= n
+    return True
 
 
 def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):

@@ -165,11 +165,16 @@ def _region(members, copies: frozenset = frozenset()) -> Region:
 def without_trailing_matmuls(region: Region) -> Region | None:
     """``region`` without the 2-d matmuls whose results leave it (a Linear layer after
     the chain: attention's output projection) and what only feeds them from outside the
-    chain (a transposed weight) or only reshapes, transposes or copies the chain's result
-    for them; None if it has no such matmul or nothing else would remain. The backend
-    tries this region when the whole one is refused: the chain is fused, the product runs
-    with the rest (one rolling kernel cannot hold a chain and a product over all of its
-    heads)."""
+    chain (a transposed weight) or only reshapes the chain's result for them; None if it
+    has no such matmul or nothing else would remain. The backend tries this region when
+    the whole one is refused: the chain is fused, the product runs with the rest (one
+    rolling kernel cannot hold a chain and a product over all of its heads).
+
+    A layout copy of the chain's result for the product (``nn.MultiheadAttention``'s
+    heads merged back: ``view``, ``permute``, ``clone``) stays, with the views before
+    it: the kernel writes the copy's layout, ``(S, B, H, D)``, its row still the query
+    axis (``codegen.lower._roles``). Left out, the copy was a kernel of its own, 16 us
+    of a 0.73 ms causal MHA call on the H200 (2026-12-04)."""
     inside = set(region.nodes)
     drop = {n for n in region.nodes
             if n.target in LINEAR_PRODUCTS and all(u not in inside for u in n.users)}
@@ -185,8 +190,25 @@ def without_trailing_matmuls(region: Region) -> Region | None:
             if not reads_chain or RULES[n.target].kind == "view" or n.target in _COPIES:
                 drop.add(n)
                 grown = True
+    # a layout copy of the chain's result (``permute`` then ``clone``) and the views
+    # before it stay: the kernel writes the copy's layout (the views after it are free)
+    keep = {n for n in drop if n.target in _COPIES and _reads_inside(n, inside, drop)}
+    grown = True
+    while grown:
+        grown = False
+        for n in region.nodes:
+            if n in drop and n not in keep and RULES[n.target].kind == "view" and \
+                    any(u in keep for u in n.users) and _reads_inside(n, inside, drop):
+                keep.add(n)
+                grown = True
+    drop -= keep
     kept = [n for n in region.nodes if n not in drop]
     return _region(kept, region.copies & frozenset(kept)) if kept else None
+
+
+def _reads_inside(n, inside, drop) -> bool:
+    """Whether ``n`` reads a region node (kept, or a view dropped with it)."""
+    return any(a in inside for a in n.all_input_nodes)
 
 
 def without_prologue(region: Region) -> Region | None:
