@@ -1,9 +1,9 @@
-"""The lean eager call (frontend/bound.py BoundCalls): a decode call seen twice with
-one signature launches bound kernels. On CPU the bound arguments run through the
-interpreter, so these check the binding -- every result against float64 on fresh data and
-bit-identical to the general path's --, that a changed stride, shape, dtype or alignment
-takes the general path (never a wrong answer), that results never alias, and that
-changing lengths compiles nothing new."""
+"""The lean eager call (frontend/bound.py BoundCalls): a call seen twice with one
+signature (a decode step, a prefill) launches bound kernels. On CPU the bound arguments
+run through the interpreter, so these check the binding -- every result against float64
+on fresh data and bit-identical to the general path's --, that a changed stride, shape,
+dtype or alignment takes the general path (never a wrong answer), that results never
+alias, and that changing lengths compiles nothing new."""
 
 from __future__ import annotations
 
@@ -98,14 +98,37 @@ def test_changing_lengths_compiles_nothing_new():
     assert cache.bound.hits == 4
 
 
+def test_a_prefill_is_bound_unless_it_writes_an_out_tensor():
+    """A prefill (more than 16 queries) repeated with one signature binds at its second
+    call and launches bound from then on, like a decode step, each result against
+    float64 on its own fresh data; with ``out=`` (a model's transposed buffer) it stays
+    general, the kernel writing ``out`` itself rather than a bound result being copied
+    into it."""
+    cache = AttentionCache()
+    kw = dict(mask_mod=ops.Causal(), cache=cache)
+    outs = []
+    for call in range(3):
+        q, k, v = (randn(1, 2, 40, 16, seed=10 * call + s, dtype=torch.float32)
+                   for s in range(3))
+        out = nf.attention(q, k, v, **kw)
+        assert rel(out, reference(q, k, v, keep=_keep)) < 1e-5
+        outs.append(out)
+    assert cache.bound.hits == 2
+    assert len({o.data_ptr() for o in outs}) == 3   # fresh outputs, never aliased
+    into = torch.empty(1, 40, 2, 16).transpose(1, 2)
+    for _ in range(3):
+        got = nf.attention(q, k, v, out=into, **kw)
+        assert got.data_ptr() == into.data_ptr()
+        assert rel(into, reference(q, k, v, keep=_keep)) < 1e-5
+    assert cache.bound.hits == 2
+
+
 def test_what_is_not_bound():
-    """A prefill (more than 16 queries), inputs that require grad, a mod without a guard
-    (traced every call), a strided last dimension: general every time."""
+    """Inputs that require grad, a mod without a guard (traced every call), a strided
+    last dimension: general every time."""
     cache = AttentionCache()
     q, k, v = randn(1, 2, 17, 16, seed=1), randn(1, 2, 30, 16, seed=2), randn(1, 2, 30, 16,
                                                                              seed=3)
-    for _ in range(3):
-        nf.attention(q, k, v, q_offset="end", cache=cache)
     q1 = q[:, :, :1]
     with torch.no_grad():
         kg = k.clone().requires_grad_()

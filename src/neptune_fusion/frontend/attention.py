@@ -34,7 +34,7 @@ from ..runtime.prepared import PreparedLaunch, signed
 from ..schedule.schedule import Schedule
 from . import kv
 from . import lang as nf
-from .bound import BoundCalls
+from .bound import BOUND_MAX_QUERIES, BoundCalls
 from .mods import ModTrace, Probes, apply, guard, probes, trace
 
 INF = float("inf")
@@ -587,11 +587,11 @@ def _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, b
 
 def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
            schedule, kv_lens=None, block_table=None, lse: bool = False, out=None):
-    """:func:`attention` run now (eagerly; also the op's real implementation). A decode
-    call seen before with this signature launches its bound kernels (frontend/bound.py).
+    """:func:`attention` run now (eagerly; also the op's real implementation). A call
+    seen before with this signature launches its bound kernels (frontend/bound.py).
     ``out`` (checked, no ``lse``): written by the kernel itself unless the call is a
-    bound or packed decode, whose result is copied into it."""
-    if not lse:
+    bound (at most 16 queries) or packed decode, whose result is copied into it."""
+    if not lse and (out is None or q.shape[2] <= BOUND_MAX_QUERIES):
         c = cache if cache is not None else DEFAULT_CACHE
         got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                            buffers, c, schedule, kv_lens, block_table, _resolve)
