@@ -133,6 +133,11 @@ def entry(h: int):
     return _ENTRIES[h]
 
 
+def _grad_enabled() -> bool:
+    import torch
+    return torch.is_grad_enabled()
+
+
 ENTRY_PREPARED_SIGNATURES = 64   # bound launches kept per compiled operator (then oldest out)
 
 
@@ -186,7 +191,7 @@ class KernelEntry:
             return None
         cuda = tensors[0].is_cuda
         sig, vals = signed(tensors, cuda)
-        key = tuple(sig)
+        key = (_grad_enabled(), *sig)   # a binding made under no_grad serves no grad call
         got = self._bound.get(key)
         if got is None:
             if key not in self._seen:
@@ -209,8 +214,10 @@ class KernelEntry:
         import torch
 
         from ..errors import NeptuneError
-        if any(type(t) is not torch.Tensor or t.requires_grad for t in tensors):
-            return False
+        from .prepared import plain_types
+        if any(type(t) not in plain_types() for t in tensors) or (
+                torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+            return False   # (a module's parameters require grad, also in inference)
         if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
             return False
         k = self.kernel
