@@ -257,9 +257,8 @@ def _streamed_axes(bodies: list[Expr], loop: IndexVar, context) -> frozenset:
     for b in bodies:
         for node in walk(b):
             if isinstance(node, Load):
-                used = frozenset().union(*(e.free_vars for e in node.indices)) - {loop}
-                if len(used) < len(frozenset().union(
-                        *(e.free_vars for e in node.indices))) and used - context:
+                used = frozenset().union(*(e.free_vars for e in node.indices))
+                if loop in used and used - context - {loop}:
                     found |= used & context
     return frozenset(found)
 

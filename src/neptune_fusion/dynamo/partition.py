@@ -192,13 +192,13 @@ def without_trailing_matmuls(region: Region) -> Region | None:
                 grown = True
     # a layout copy of the chain's result (``permute`` then ``clone``) and the views
     # before it stay: the kernel writes the copy's layout (the views after it are free)
-    keep = {n for n in drop if n.target in _COPIES and _reads_inside(n, inside, drop)}
+    keep = {n for n in drop if n.target in _COPIES and _reads_inside(n, inside)}
     grown = True
     while grown:
         grown = False
         for n in region.nodes:
             if n in drop and n not in keep and RULES[n.target].kind == "view" and \
-                    any(u in keep for u in n.users) and _reads_inside(n, inside, drop):
+                    any(u in keep for u in n.users) and _reads_inside(n, inside):
                 keep.add(n)
                 grown = True
     drop -= keep
@@ -206,8 +206,8 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
-def _reads_inside(n, inside, drop) -> bool:
-    """Whether ``n`` reads a region node (kept, or a view dropped with it)."""
+def _reads_inside(n, inside) -> bool:
+    """Whether ``n`` reads a node of the region (``inside``: all of its nodes)."""
     return any(a in inside for a in n.all_input_nodes)
 
 
