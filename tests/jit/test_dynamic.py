@@ -19,11 +19,11 @@ from neptune_fusion.dynamo.symbolic import to_ir
 from neptune_fusion.dynamo.views import Merges, view_groups
 
 
-def _run(fn, shapes, dynamic=True, make=torch.randn):
+def _run(fn, shapes, dynamic=True, make=torch.randn, rest="eager"):
     """``fn`` compiled with ``dynamic`` and called on inputs of each shape list; every
     result within float32 rounding of float64. Returns the backend (its reports)."""
     torch._dynamo.reset()
-    backend = Backend(rest="eager")
+    backend = Backend(rest=rest)
     compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
     for shape in shapes:
         args = [make(*s) for s in shape]
@@ -124,11 +124,13 @@ def test_an_expression_of_sizes_an_input_binds_is_an_extent():
     assert "expression of dynamic sizes that is no input's dimension" in left.reason
 
 
-@pytest.mark.parametrize("affine", [True, False])
-def test_group_norm_with_every_size_dynamic_fuses_on_its_group_view(affine):
+@pytest.mark.parametrize("affine,rest", [(True, "eager"), (False, "eager"),
+                                         (True, "inductor")])
+def test_group_norm_with_every_size_dynamic_fuses_on_its_group_view(affine, rest):
     """``nn.GroupNorm`` under ``dynamic=True``: the group view ``(N, G, C/G*H*W)`` taken
     outside the kernel, whose last dimension (``4*s0*s1``) binds the reduction's extent.
-    One graph serves every batch and image size after the first, each against float64."""
+    Each result against float64; under Inductor too (the op's fake output takes the
+    view's symbolic size)."""
     m = torch.nn.GroupNorm(4, 16, affine=affine).eval()
     if affine:
         with torch.no_grad():
@@ -140,7 +142,7 @@ def test_group_norm_with_every_size_dynamic_fuses_on_its_group_view(affine):
     def fn(x):   # the float64 reference of _run calls it with a float64 input
         return m64(x) if x.dtype == torch.float64 else m(x)
     shapes = [[(2, 16, 5, 5)], [(3, 16, 7, 4)], [(2, 16, 3, 9)]]
-    backend = _run(fn, shapes, make=lambda *s: torch.randn(*s) * 2.0 + 1.0)
+    backend = _run(fn, shapes, make=lambda *s: torch.randn(*s) * 2.0 + 1.0, rest=rest)
     fused = _fused(backend)
     assert fused and all({"mean", "rsqrt"} <= set(f.ops) for f in fused)
     assert "_x_" in fused[-1].plan, fused[-1].plan   # the product of sizes as an extent
