@@ -845,6 +845,23 @@ def test_multihead_attention_under_inductor_keeps_the_projections_layout(monkeyp
     assert queries and all(stride == (8, 64, 1) for _, stride in queries), seen[-1]
 
 
+def test_a_copy_that_moves_the_rows_last_axis_is_left_to_the_rest():
+    """``partition._moves_last_dim``: a kernel keeps a heads-merging copy (``(B, H, S, D)``
+    permuted to ``(S, B, H, D)``: each row still stored whole) but not one that moves the
+    last axis (each row would be stored across the output's rows)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from neptune_fusion.dynamo.partition import _moves_last_dim
+
+    def fn(x):
+        return (x.permute(2, 0, 1, 3), x.permute(0, 1, 3, 2), x.transpose(1, 2),
+                x.transpose(-1, 0), x[0, 0].t(), x.view(2, 3, 20))
+    gm = make_fx(fn)(torch.randn(2, 3, 4, 5))
+    moved = [_moves_last_dim(n) for n in gm.graph.nodes if n.op == "call_function"
+             and n.target is not torch.ops.aten.select.int]
+    assert moved == [False, True, False, True, True, False], moved
+
+
 def test_traced_strides_are_taken_only_when_dense_with_unit_rows():
     from neptune_fusion.dynamo.inductor import _traced_unit_rows
     # one of three packed projections per head: gaps where the other two lie

@@ -174,7 +174,9 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     heads merged back: ``view``, ``permute``, ``clone``) stays, with the views before
     it: the kernel writes the copy's layout, ``(S, B, H, D)``, its row still the query
     axis (``codegen.lower._roles``). Left out, the copy was a kernel of its own, 16 us
-    of a 0.73 ms causal MHA call on the H200 (2026-12-04)."""
+    of a 0.73 ms causal MHA call on the H200 (2026-12-04). Not where a ``permute`` or
+    ``transpose`` before the copy moves the last axis (:func:`_moves_last_dim`): the
+    kernel would store each row across the output's rows."""
     inside = set(region.nodes)
     drop = {n for n in region.nodes
             if n.target in LINEAR_PRODUCTS and all(u not in inside for u in n.users)}
@@ -201,9 +203,25 @@ def without_trailing_matmuls(region: Region) -> Region | None:
                     any(u in keep for u in n.users) and _reads_inside(n, inside):
                 keep.add(n)
                 grown = True
+    if any(_moves_last_dim(n) for n in keep):
+        keep = set()   # rows written across the output's rows: a copy kernel does better
     drop -= keep
     kept = [n for n in region.nodes if n not in drop]
     return _region(kept, region.copies & frozenset(kept)) if kept else None
+
+
+def _moves_last_dim(node) -> bool:
+    """Whether a ``permute``/``transpose``/``t`` node moves its input's last dimension
+    (a kernel writing its result would store each row across the output's rows)."""
+    if node.target not in (aten.permute.default, aten.transpose.int, aten.t.default):
+        return False
+    val = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+    nd = val.dim() if isinstance(val, torch.Tensor) else None
+    if nd is None or node.target is aten.t.default:
+        return nd is None or nd > 1
+    if node.target is aten.permute.default:
+        return node.args[1][-1] % nd != nd - 1
+    return nd - 1 in (node.args[1] % nd, node.args[2] % nd)
 
 
 def _reads_inside(n, inside) -> bool:
