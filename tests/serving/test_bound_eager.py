@@ -7,10 +7,12 @@ alias, and that changing lengths compiles nothing new."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import neptune_fusion as nf
 from neptune_fusion import ops
+from neptune_fusion.errors import FeedError
 from neptune_fusion.frontend.attention import AttentionCache
 from neptune_fusion.schedule.schedule import Schedule
 from runtime.test_attention_api import randn, reference, rel
@@ -124,16 +126,12 @@ def test_a_prefill_is_bound_unless_it_writes_an_out_tensor():
 
 
 def test_what_is_not_bound():
-    """Inputs that require grad, a mod without a guard (traced every call), a strided
-    last dimension: general every time."""
+    """A mod without a guard (traced every call), a strided last dimension: general
+    every time (inputs that require grad: the test above)."""
     cache = AttentionCache()
     q, k, v = randn(1, 2, 17, 16, seed=1), randn(1, 2, 30, 16, seed=2), randn(1, 2, 30, 16,
                                                                              seed=3)
     q1 = q[:, :, :1]
-    with torch.no_grad():
-        kg = k.clone().requires_grad_()
-        for _ in range(3):
-            nf.attention(q1, kg, v, q_offset="end", cache=cache)
     opaque = [0.0]
 
     def bias(s, b, h, i, j):
@@ -147,12 +145,32 @@ def test_what_is_not_bound():
     assert cache.bound.hits == 0
 
 
+def test_a_parameter_buffer_is_keyed_and_bound_like_a_tensor():
+    """A buffer that is a module's parameter (gpt-oss's sinks, learned ALiBi slopes)
+    requires grad: under ``no_grad`` the call is keyed (one call setup) and bound like
+    one with a plain tensor, each result against float64. With grad mode on the bound
+    launch (keyed by grad mode) is not taken: the general path refuses the buffer."""
+    cache = AttentionCache()
+    slopes = torch.nn.Parameter(torch.tensor([0.5, 0.25, 0.125, 0.0625]))
+    kw = dict(score_mod=ops.AlibiSlopes(), enable_gqa=True, cache=cache)
+
+    def alibi(s, h, i, j):
+        return s + slopes.detach().double()[h] * (j - i).double()
+    with torch.no_grad():
+        for call in range(3):
+            q, k, v = _inputs(4, 40, seed=5 * call)
+            out = nf.attention(q, k, v, buffers={"slopes": slopes}, q_offset="end", **kw)
+            want = reference(q, k, v, score_mod=alibi, offset=39)
+            assert rel(out, want) < 1e-5
+    assert cache.bound.hits == 2 and (len(cache), cache.misses) == (1, 1)
+    with pytest.raises(FeedError, match="slopes"):   # grad mode on: not the no_grad binding
+        nf.attention(q, k, v, buffers={"slopes": slopes}, q_offset="end", **kw)
+    assert cache.bound.hits == 2
+
+
 def test_bad_input_after_binding_is_still_reported():
     """A bound signature does not swallow errors: a buffer that is not a tensor, lengths
     of another dtype -- the general path names them."""
-    import pytest
-
-    from neptune_fusion.errors import FeedError
     cache = AttentionCache()
     slopes = torch.tensor([0.5, 0.25], dtype=torch.float32)
     lens = torch.tensor([20], dtype=torch.int32)

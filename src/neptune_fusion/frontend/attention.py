@@ -29,7 +29,7 @@ from ..errors import FeedError
 from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
 from ..runtime import torch_ops
-from ..runtime.inputs import check_no_grad, remember
+from ..runtime.inputs import check_no_grad, plain_types, remember
 from ..runtime.prepared import PreparedLaunch, signed
 from ..schedule.schedule import Schedule
 from . import kv
@@ -341,22 +341,23 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
     The mods enter as their traces (what they compute now, see :mod:`.mods`), never as
     objects: a mod whose captured values changed gets a new key.
 
-    Plain tensors only (a subclass's attributes may not be plain data). The key length M
+    Plain tensors and parameters only (another subclass's attributes may not be plain
+    data). The key length M
     is not part of it, only the query-offset mode it gives (``"end"`` for ``M - N``), so a
     decode loop whose K/V grow by one per step keeps one call setup; K and V must agree in
     M (the full path reports otherwise). Anything odd (not 4-d, a bool or float offset)
     gets None: the full path checks it and says what is wrong.
     """
-    import torch
-    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
-            and all(type(t) is torch.Tensor for t in bufs.values())):
+    plain = plain_types()   # tensors and parameters (gpt-oss's sinks are one)
+    if not (type(q) in plain and type(k) in plain and type(v) in plain
+            and all(type(t) in plain for t in bufs.values())):
         return None
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[2] != v.shape[2]:
         return None
     # a ragged or paged cache: the tensors' signature (never their values) joins the key
     cache_sig: tuple = ()
     for t in (kv_lens, block_table):
-        if t is not None and type(t) is not torch.Tensor:
+        if t is not None and type(t) not in plain:
             return None
         cache_sig += (None,) if t is None else (t.shape, t.dtype, t.device)
     if block_table is not None:
@@ -591,10 +592,11 @@ def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, c
     seen before with this signature launches its bound kernels (frontend/bound.py).
     ``out`` (checked, no ``lse``): written by the kernel itself unless the call is a
     bound (at most 16 queries) or packed decode, whose result is copied into it."""
-    if not lse and (out is None or q.shape[2] <= BOUND_MAX_QUERIES):
+    if not lse:
         c = cache if cache is not None else DEFAULT_CACHE
         got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                           buffers, c, schedule, kv_lens, block_table, _resolve)
+                           buffers, c, schedule, kv_lens, block_table, _resolve,
+                           None if out is None else BOUND_MAX_QUERIES)
         if got is not None:
             return got if out is None else out.copy_(got)
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,

@@ -9,7 +9,7 @@ docs/serving.md, "The lean eager call".
 from __future__ import annotations
 
 from ..errors import NeptuneError
-from ..runtime.inputs import remember
+from ..runtime.inputs import plain_types, remember
 from ..runtime.prepared import PreparedLaunch
 from . import kv
 from .mods import guard
@@ -37,8 +37,10 @@ class BoundCalls:
     aliasing an earlier result) and the shared split-k workspace, on the stream it was
     bound on (another stream: the general path). Everything else -- a tensor subclass,
     an ``out`` tensor with more than 16 queries (the general path writes it in place),
-    inputs that require grad, a layout the kernel cannot read in place -- takes the
-    general path, which checks and says what is wrong.
+    inputs that require grad while grad mode is on (the key holds the grad mode: a
+    binding made under ``no_grad``, where a module's parameters still require grad, serves
+    only ``no_grad`` calls), a layout the kernel cannot read in place -- takes the
+    general path, which checks and says what is wrong. Parameters are taken as tensors.
 
     A prefill is bound like a decode step: its general path spent 150-180 us of host
     time per call on the H200 host (2026-12-04: resolving the call, three host TMA
@@ -62,16 +64,18 @@ class BoundCalls:
             self.hits = 0
 
     def call(self, q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
-             cache, schedule, kv_lens, block_table, resolve):
+             cache, schedule, kv_lens, block_table, resolve, max_queries=None):
         """The output of a bound call of these arguments, or None (take the general
         path: not bindable, seen for the first time, or just bound). ``resolve``:
-        :func:`~.attention._resolve` (passed in: attention.py imports this module)."""
+        :func:`~.attention._resolve` (passed in: attention.py imports this module);
+        ``max_queries``: more queries than this take the general path (a call with
+        ``out``: :data:`BOUND_MAX_QUERIES`)."""
         import torch
 
         from ..runtime.prepared import signed
-        tensor = torch.Tensor
-        if type(q) is not tensor or type(k) is not tensor or type(v) is not tensor \
-                or q.dim() != 4:
+        plain = plain_types()   # tensors and parameters
+        if type(q) not in plain or type(k) not in plain or type(v) not in plain \
+                or q.dim() != 4 or (max_queries is not None and q.shape[2] > max_queries):
             return None
         if buffers is None:
             names, tensors = (), [q, k, v]
@@ -83,7 +87,7 @@ class BoundCalls:
             tensors.append(kv_lens)
         if block_table is not None:
             tensors.append(block_table)
-        if len(tensors) > 3 and any(type(t) is not tensor for t in tensors):
+        if len(tensors) > 3 and any(type(t) not in plain for t in tensors):
             return None
         mods = (None if score_mod is None else guard(score_mod),
                 None if mask_mod is None else guard(mask_mod))
@@ -93,7 +97,8 @@ class BoundCalls:
         cuda = q.is_cuda
         sig, vals = signed(tensors, cuda)
         key = (mods, type(scale), scale, bool(enable_gqa), type(q_offset), q_offset, names,
-               schedule, kv_lens is None, block_table is None, *sig)
+               schedule, kv_lens is None, block_table is None, torch.is_grad_enabled(),
+               *sig)   # a binding made under no_grad serves only no_grad calls
         try:
             got = self._table.get(key)
         except TypeError:   # an unhashable argument: the general path reports it
@@ -127,7 +132,8 @@ def _bind(resolve, tensors, q, k, v, score_mod, mask_mod, scale, enable_gqa, q_o
           buffers, cache, schedule, kv_lens, block_table):
     """``(fresh-output PreparedLaunch, packed, page size)`` for these arguments, or None
     where a bound call does not apply."""
-    if any(t.requires_grad for t in tensors):
+    import torch
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return None   # the general path decides (differentiable, or refused)
     try:
         setup, ktens = resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,

@@ -32,21 +32,10 @@ takes the general path.
 
 from __future__ import annotations
 
-import functools
-
 from ..errors import FeedError
 from .descriptors import address_maker, bind_context
+from .inputs import plain_types
 from .launcher import ARG_SIZE, ARG_TENSOR, VISITS, aligned, stream_getter
-
-
-@functools.cache
-def plain_types() -> tuple:
-    """The tensor types a prepared call takes: plain tensors, and a module's weights,
-    which are parameters (a subclass with no behaviour of its own: an instance norm's
-    weight and bias, read by the region itself, kept its kernel off the bound launch,
-    147 against Inductor's 48 us of host time per eager call on the H200, 2026-12-04)."""
-    import torch
-    return (torch.Tensor, torch.nn.Parameter)
 
 
 def signed(tensors, cuda: bool) -> tuple[list, list]:

@@ -214,7 +214,7 @@ class KernelEntry:
         import torch
 
         from ..errors import NeptuneError
-        from .prepared import plain_types
+        from .inputs import plain_types
         if any(type(t) not in plain_types() for t in tensors) or (
                 torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return False   # (a module's parameters require grad, also in inference)
