@@ -59,6 +59,11 @@ def scale(e: Expr, k: float, markers: frozenset = frozenset()) -> Expr:
         return Unary("neg", scale(e.x, k, markers))
     if isinstance(e, Where):
         return Where(e.cond, scale(e.a, k, markers), scale(e.b, k, markers))
+    if isinstance(e, Cast) and e.dtype.is_float and e.x.dtype.is_float:
+        # a float widening or narrowing, as a traced fp16 graph has around its scores
+        # (``float(half(s * c)) - float(m)``): the kernels compute every float in
+        # float32, so the factor goes inside and still meets the scale and the maximum
+        return Cast(scale(e.x, k, markers), e.dtype)
     if isinstance(e, Binary) and e.op == "div" and isinstance(e.b, Const):
         return Binary("mul", e.a, fconst(k / e.b.value))
     if isinstance(e, Binary) and e.op == "mul":
