@@ -16,6 +16,7 @@ block sizes and BLOCK_M a multiple of BLOCK_N; decode (one query row) is not sup
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -142,21 +143,26 @@ def fa2_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
     if q.device.type == "cpu" and type(_fa2_forward).__name__ != "InterpretedFunction":
         raise RuntimeError("fa2_forward: CPU tensors need TRITON_INTERPRET=1 set before "
                            "neptune_fusion.bench.providers.baseline_fa2 is imported")
+    launch = contextlib.nullcontext()
     if q.device.type == "cpu":   # Triton 3.6's interpreter under NumPy 2.4 (runtime/loader)
-        from ...runtime.loader import mend_interpreter_index
+        from ...runtime.loader import interpreted_launch, mend_interpreter_index
         mend_interpreter_index()
+        # the interpreter's nested calls (tl.max, tl.sum) leave triton.language patched,
+        # and a GPU kernel compiled later in the process fails: restored after the launch
+        launch = interpreted_launch()
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     batch, q_heads, seq, head_dim = q.shape
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
     grid = (seq // cfg.block_m, batch * q_heads)
-    _fa2_forward[grid](
-        q, k, v, out, scale * LOG2E, seq,
-        q.stride(0), q.stride(1), q.stride(2),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        q_heads, GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    with launch:
+        _fa2_forward[grid](
+            q, k, v, out, scale * LOG2E, seq,
+            q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            q_heads, GROUP=q_heads // k.shape[1], HEAD_DIM=head_dim,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
