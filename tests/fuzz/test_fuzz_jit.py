@@ -103,6 +103,42 @@ def test_fuzz_plain_chains_through_the_backend(pre, chain, post, first, grow, di
         assert err <= 1e-4 * scale, f"{what}: {err}"
 
 
+HALF = {"float16": (torch.float16, 2e-2), "bfloat16": (torch.bfloat16, 6e-2)}
+
+
+@settings(max_examples=_examples(6, 200), **FUZZ)
+@given(pre=st.sampled_from(sorted(MAPS)), chain=st.sampled_from(sorted(CHAINS)),
+       post=st.sampled_from(sorted(POSTS)), shape=shapes, dim=st.integers(-3, 2),
+       dtype=st.sampled_from(sorted(HALF)), seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_half_precision_chains_through_the_backend(pre, chain, post, shape, dim, dtype,
+                                                        seed):
+    """The same chains in float16 and bfloat16: the traced graph casts around every
+    reduction (torch upcasts softmax, norms and sums), and the kernels compute in float32
+    -- the rewrites that look through those casts (exp2's factor, widened scales) must
+    keep the answer. Against float64 of the same rounded inputs, within the dtype's
+    tolerance; the output keeps the input's dtype."""
+    d = dim % len(shape)
+    fn = _fn(pre, chain, post, d)
+    dt, tol = HALF[dtype]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"))
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 2.0).to(dt)
+    with torch.no_grad():
+        got = compiled(x)
+    want = fn(x.double())
+    what = f"{fn.__name__} {dtype} {shape}"
+    assert got.shape == want.shape and got.dtype == dt, what
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan), what
+    # values past the dtype's range are inf in eager PyTorch too (a square after the
+    # chain); the rest is compared
+    keep = ~nan & (want.abs() < 0.9 * torch.finfo(dt).max)
+    got, want = got.double()[keep], want[keep]
+    if want.numel():
+        err = float((got - want).abs().max())
+        assert err <= tol * max(1.0, float(want.abs().max())), f"{what}: {err}"
+
+
 @settings(max_examples=_examples(6, 200), **FUZZ)
 @given(a=st.tuples(st.sampled_from(sorted(MAPS)), st.sampled_from(sorted(CHAINS)),
                    st.sampled_from(sorted(POSTS))),
