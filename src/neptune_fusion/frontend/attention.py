@@ -592,11 +592,10 @@ def _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, c
     seen before with this signature launches its bound kernels (frontend/bound.py).
     ``out`` (checked, no ``lse``): written by the kernel itself unless the call is a
     bound (at most 16 queries) or packed decode, whose result is copied into it."""
-    if not lse:
+    if not lse and (out is None or q.shape[2] <= BOUND_MAX_QUERIES):
         c = cache if cache is not None else DEFAULT_CACHE
         got = c.bound.call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                           buffers, c, schedule, kv_lens, block_table, _resolve,
-                           None if out is None else BOUND_MAX_QUERIES)
+                           buffers, c, schedule, kv_lens, block_table, _resolve)
         if got is not None:
             return got if out is None else out.copy_(got)
     setup, tensors = _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,

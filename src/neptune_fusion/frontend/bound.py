@@ -64,18 +64,16 @@ class BoundCalls:
             self.hits = 0
 
     def call(self, q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
-             cache, schedule, kv_lens, block_table, resolve, max_queries=None):
+             cache, schedule, kv_lens, block_table, resolve):
         """The output of a bound call of these arguments, or None (take the general
         path: not bindable, seen for the first time, or just bound). ``resolve``:
-        :func:`~.attention._resolve` (passed in: attention.py imports this module);
-        ``max_queries``: more queries than this take the general path (a call with
-        ``out``: :data:`BOUND_MAX_QUERIES`)."""
+        :func:`~.attention._resolve` (passed in: attention.py imports this module)."""
         import torch
 
         from ..runtime.prepared import signed
         plain = plain_types()   # tensors and parameters
         if type(q) not in plain or type(k) not in plain or type(v) not in plain \
-                or q.dim() != 4 or (max_queries is not None and q.shape[2] > max_queries):
+                or q.dim() != 4:
             return None
         if buffers is None:
             names, tensors = (), [q, k, v]
