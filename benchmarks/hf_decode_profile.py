@@ -21,7 +21,9 @@ Usage (GPU): ``PYTHONPATH=src:benchmarks python benchmarks/hf_decode_profile.py
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,11 @@ def main(argv=None) -> None:
     ap.add_argument("--python", action="store_true",
                     help="also profile the decode steps' Python (cProfile): the functions "
                          "with the most own time, to --out/decode-<impl>-<mode>-python.txt")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="then time the decode of every --runs entry this many times, the "
+                         "entries taking turns in one process, and report each one's wall "
+                         "ms per step and their median (one host's speed drifts within a "
+                         "minute: H200, 2026-12-04; default 0, off)")
     args = ap.parse_args(argv)
     import transformers
 
@@ -56,11 +63,15 @@ def main(argv=None) -> None:
     prompt = torch.randint(0, cfg.vocab_size, (1, n), device=dev)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs = {}
+    if args.rounds:   # every entry's compiled graphs stay alive for the rounds
+        torch._dynamo.config.cache_size_limit = 64
     for spec in args.runs.split(","):
         impl, mode = spec.split(":")
-        torch._dynamo.reset()
+        if not args.rounds:
+            torch._dynamo.reset()
         model.set_attn_implementation(impl)
-        run = Run(model, cfg, prompt, 2 * steps, mode)
+        run = runs[spec] = Run(model, cfg, prompt, 2 * steps, mode)
         with torch.no_grad():
             first = run.prefill().argmax(-1, keepdim=True)
             run.decode(steps, first)                   # warm-up: both decode graphs
@@ -74,6 +85,29 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
         with open(out / "decode_profile.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
+    if args.rounds:
+        taking_turns(runs, args.rounds, steps, dev, out)
+
+
+def taking_turns(runs: dict, rounds: int, steps: int, dev, out: Path) -> None:
+    """Each run's wall ms per decode step, ``rounds`` times, the runs taking turns."""
+    import statistics
+    walls: dict = {spec: [] for spec in runs}
+    with torch.no_grad():
+        firsts = {spec: r.prefill().argmax(-1, keepdim=True) for spec, r in runs.items()}
+        for _ in range(rounds):
+            for spec, r in runs.items():
+                r.prefill()
+                sync(dev)
+                t0 = time.perf_counter()
+                r.decode(steps, firsts[spec])
+                sync(dev)
+                walls[spec].append((time.perf_counter() - t0) * 1e3 / steps)
+    row = {"rounds": {s: [round(w, 3) for w in ws] for s, ws in walls.items()},
+           "median_ms_per_step": {s: statistics.median(ws) for s, ws in walls.items()}}
+    print(json.dumps(row), flush=True)
+    with open(out / "decode_profile.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def profile_steps(run, first, steps: int, dev, table: Path) -> dict:
@@ -86,18 +120,32 @@ def profile_steps(run, first, steps: int, dev, table: Path) -> dict:
     sync(dev)
     run.prefill()
     sync(dev)
+    gcs = [g["collections"] for g in gc.get_stats()]
     t0 = time.perf_counter()
     run.decode(steps, first)
     sync(dev)
     wall = (time.perf_counter() - t0) * 1e3 / steps
+    gcs = [g["collections"] - n for g, n in zip(gc.get_stats(), gcs)]
+    run.prefill()   # the same with the collector off: does collection bound the step?
+    sync(dev)
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        run.decode(steps, first)
+        sync(dev)
+        wall_gc_off = (time.perf_counter() - t0) * 1e3 / steps
+    finally:
+        gc.enable()
     run.prefill()
     sync(dev)
+    hits = bound_calls()
     acts = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=acts) as prof:
         run.decode(steps, first)
         sync(dev)
+    hits = bound_calls() - hits
     events = prof.key_averages()
     busy = sum(e.self_device_time_total for e in events) / 1e3 / steps
     launches = sum(e.count for e in events if e.device_type.name == "CUDA") / steps
@@ -106,9 +154,18 @@ def profile_steps(run, first, steps: int, dev, table: Path) -> dict:
     table.write_text(events.table(sort_by=key, row_limit=30, max_name_column_width=90)
                      + "\n" + events.table(sort_by="cpu_time_total", row_limit=30,
                                            max_name_column_width=90))
-    return {"wall_ms_per_step": wall, "enqueue_ms_first_step": enqueue,
+    return {"wall_ms_per_step": wall, "wall_ms_per_step_gc_off": wall_gc_off,
+            "gc_collections_per_generation": gcs, "gc_objects": len(gc.get_objects()),
+            "threads": [t.name for t in threading.enumerate()], "enqueue_ms_first_step": enqueue,
             "gpu_busy_ms_per_step": busy, "gpu_events_per_step": launches,
-            "neptune_ops_per_step": ours}
+            "neptune_ops_per_step": ours, "bound_calls_per_step": hits / steps}
+
+
+def bound_calls() -> int:
+    """The calls of the backend's fused ops so far that took a bound launch
+    (``runtime/torch_ops.KernelEntry.hits``); the rest took the general path."""
+    from neptune_fusion.runtime import torch_ops
+    return sum(getattr(e, "hits", 0) for e in torch_ops._ENTRIES)
 
 
 def python_profile(run, first, steps: int, dev, table: Path) -> None:
