@@ -9,7 +9,7 @@ docs/serving.md, "The lean eager call".
 from __future__ import annotations
 
 from ..errors import NeptuneError
-from ..runtime.inputs import plain_types, remember
+from ..runtime.inputs import plain_types, remember, wants_grad
 from ..runtime.prepared import PreparedLaunch
 from . import kv
 from .mods import guard
@@ -130,8 +130,7 @@ def _bind(resolve, tensors, q, k, v, score_mod, mask_mod, scale, enable_gqa, q_o
           buffers, cache, schedule, kv_lens, block_table):
     """``(fresh-output PreparedLaunch, packed, page size)`` for these arguments, or None
     where a bound call does not apply."""
-    import torch
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if wants_grad(tensors):
         return None   # the general path decides (differentiable, or refused)
     try:
         setup, ktens = resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,

@@ -40,6 +40,13 @@ def plain_types() -> tuple:
     return (torch.Tensor, torch.nn.Parameter)
 
 
+def wants_grad(tensors) -> bool:
+    """Whether grad mode is on and an input requires grad: a call that a bound launch
+    (which records no autograd graph) must leave to the general path."""
+    import torch
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def check_no_grad(tensors, names=None) -> None:
     """Refuse inputs that require grad while grad mode is on: the kernels have no backward
     yet, and an output without ``grad_fn`` would silently cut the autograd graph."""

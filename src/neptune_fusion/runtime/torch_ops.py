@@ -214,9 +214,8 @@ class KernelEntry:
         import torch
 
         from ..errors import NeptuneError
-        from .inputs import plain_types
-        if any(type(t) not in plain_types() for t in tensors) or (
-                torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        from .inputs import plain_types, wants_grad
+        if any(type(t) not in plain_types() for t in tensors) or wants_grad(tensors):
             return False   # (a module's parameters require grad, also in inference)
         if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
             return False
