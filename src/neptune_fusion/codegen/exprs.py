@@ -19,12 +19,12 @@ from collections.abc import Iterable
 
 from ..errors import CodegenError
 from ..ir.dtypes import int64
-from ..ir.fold import fconst
+from ..ir.fold import fconst, nonneg
 from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce, Size, Unary, Where
 from ..ir.traverse import walk
 from .emitter import Block
 from .patterns import canonical, match_contraction
-from .program import TileProgram
+from .program import INDEX_PARAMS, TileProgram
 from .tiles import TileOps, Val, masked_load
 from .triton_ops import (
     ADD,
@@ -284,12 +284,38 @@ class Lowerer(TileOps):
         if e.dtype.is_float or (a.kind in ("f32", "f64")) != (b.kind in ("f32", "f64")):
             if e.op not in ("and", "or"):
                 a, b = self.f32(a), self.f32(b)
+        if e.op in ("floordiv", "mod") and not (nonneg(e.a, INDEX_PARAMS)
+                                                 and nonneg(e.b, INDEX_PARAMS)):
+            return self.floored(e, a, b, axes)
         tpl, prec, la, lb = TL_BINARY[e.op]
         if e.op == "mul" and not e.dtype.is_float and isinstance(e.b, Binary) \
                 and e.b.op in ("mul", "floordiv", "mod"):
             lb = prec + 1  # a * (b // c * d) is not a * b // c * d on integers
         code = tpl.format(self.operand(a, axes, la), self.operand(b, axes, lb))
         return Val(code, axes if (a.axes or b.axes) else (), self._kind(e, [a, b]), prec)
+
+    def floored(self, e: Binary, a: Val, b: Val, axes) -> Val:
+        """``a // b`` or ``a % b`` rounded toward minus infinity (the IR's rule, Python's)
+        from Triton's, which truncate toward zero: where the truncated remainder is not 0
+        and its sign differs from the divisor's, the quotient is one less and the
+        remainder one divisor more (``(j - i) // 4`` of a mask: -1 // 4 is -1, not 0)."""
+        x, y = (self.named_operand(v, axes, hint) for v, hint in ((a, "num"), (b, "den")))
+        rem = self.cur.bind("rem", f"{x} % {y}")
+        if isinstance(e.b, Const) and e.b.value > 0:
+            off = f"{rem} < 0"
+        else:
+            off = f"({rem} != 0) & (({rem} < 0) != ({y} < 0))"
+        code = (f"tl.where({off}, {x} // {y} - 1, {x} // {y})" if e.op == "floordiv"
+                else f"tl.where({off}, {rem} + {y}, {rem})")
+        return Val(code, axes if (a.axes or b.axes) else (), self._kind(e, [a, b]), ATOM)
+
+    def named_operand(self, v: Val, axes, hint: str) -> str:
+        """``v`` broadcast to ``axes``, bound to a name unless a name or a literal."""
+        code = self.operand(v, axes, ATOM)
+        if code.isidentifier() or code.lstrip("-").isdigit() or code.endswith("]") and \
+                code.split("[", 1)[0].isidentifier():
+            return code
+        return self.cur.bind(hint, code)
 
     def power(self, e: Binary, axes) -> Val:
         if not isinstance(e.b, Const):

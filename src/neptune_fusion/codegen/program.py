@@ -27,6 +27,7 @@ is on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from ..errors import VerificationError
 from ..ir.dtypes import int64
@@ -48,6 +49,10 @@ LOOP_LO = Param("j_lo", int64)        # first loop index the program visits
 TILE_END = Param("j_end", int64)      # one past its last index inside the axis
 SPLIT_ID = Param("split_id", int64)   # split-k: the chunk of the loop axis (program_id(2))
 COL_START = Param("col_start", int64)  # first column of the epilogue's current chunk
+# lower bounds of the kernel's index parameters: where an integer // or % is of values
+# never negative (ir.fold.lower_bound), Triton's truncating operators are the IR's floor
+INDEX_PARAMS = MappingProxyType({I_FIRST: 0, I_LAST: 0, BLOCK_N: 1, TILE_START: 0, LOOP_LO: 0,
+                                 TILE_END: 0, SPLIT_ID: 0, COL_START: 0})
 
 # producers whose split values a consumer's repair moves to the merged one (split.py). A
 # sum's split value is its chunk's partial sum: the derived update M(r, r') holds for

@@ -39,8 +39,9 @@ TL_BINARY: dict[str, tuple[str, int, int, int]] = {
     "sub": ("{0} - {1}", ADD, ADD, ADD + 1),
     "mul": ("{0} * {1}", MUL, MUL, MUL),
     "div": ("{0} / {1}", MUL, MUL, MUL + 1),
-    # integer index arithmetic: Triton's // and % truncate toward zero, which is the
-    # floor for the non-negative indices the kernels compute (h // group)
+    # integer index arithmetic: Triton's // and % truncate toward zero, the IR's floor
+    # (Python's rule); the two agree for a nonnegative value over a positive constant
+    # (h // group), else the lowerer corrects the truncated result (Lowerer.floored)
     "floordiv": ("{0} // {1}", MUL, MUL, MUL + 1),
     "mod": ("{0} % {1}", MUL, MUL, MUL + 1),
     "maximum": ("tl.maximum({0}, {1})", ATOM, 0, 0),

@@ -12,10 +12,11 @@ non-constant operand assume that operand is *finite*, as kernel data is: ``0 * x
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from .dtypes import DType, bool_, float32, int64
-from .nodes import Binary, Cast, Const, Expr, IndexVar, Reduce, Unary, Where
+from .nodes import Binary, Cast, Const, Expr, IndexVar, Reduce, Size, Unary, Where
 from .reducers import REDUCERS
 from .traverse import rewrite
 
@@ -248,21 +249,47 @@ def _range(e: Expr) -> tuple[int, int] | None:
     return None
 
 
-def _nonneg(e: Expr) -> bool:
-    """Whether an integer index expression is never negative: index variables (of any
-    extent), nonnegative constants, and sums, products, ``//`` and ``%`` (by positive
-    constants) of those."""
-    if isinstance(e, IndexVar):
-        return True
+_NO_LEAVES: Mapping = MappingProxyType({})
+
+
+def nonneg(e: Expr, leaves: Mapping = _NO_LEAVES) -> bool:
+    """Whether an integer index expression is never negative (:func:`lower_bound`)."""
+    low = lower_bound(e, leaves)
+    return low is not None and low >= 0
+
+
+def lower_bound(e: Expr, leaves: Mapping = _NO_LEAVES) -> int | None:
+    """A lower bound of an integer index expression, or None where unknown: index
+    variables and sizes are at least 0, ``leaves`` maps other leaves (a kernel's tile
+    starts, at least 0, and block sizes, at least 1) to theirs; sums, differences by a
+    constant, products of nonnegative values, minima, maxima, and ``//`` and ``%`` of a
+    nonnegative value by a positive one (at least 0) combine them."""
+    if isinstance(e, (IndexVar, Size)):
+        return 0
     if isinstance(e, Const):
-        return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
-    if isinstance(e, Binary) and e.dtype.is_int:
-        if e.op in ("add", "mul"):
-            return _nonneg(e.a) and _nonneg(e.b)
-        if e.op in ("floordiv", "mod"):
-            return _nonneg(e.a) and isinstance(e.b, Const) and _nonneg(e.b) and \
-                e.b.value > 0
-    return False
+        v = e.value
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    if e in leaves:
+        return leaves[e]
+    if not (isinstance(e, Binary) and e.dtype.is_int):
+        return None
+    a, b = lower_bound(e.a, leaves), lower_bound(e.b, leaves)
+    if e.op == "maximum":
+        return max((x for x in (a, b) if x is not None), default=None)
+    if a is None or (b is None and e.op != "sub"):
+        return None
+    if e.op == "add":
+        return a + b
+    if e.op == "sub":   # by a constant only: an upper bound of anything else is unknown
+        c = e.b.value if isinstance(e.b, Const) else None
+        return a - c if isinstance(c, int) and not isinstance(c, bool) else None
+    if e.op == "minimum":
+        return min(a, b)
+    if e.op == "mul" and a >= 0 and b >= 0:
+        return a * b
+    if e.op in ("floordiv", "mod") and a >= 0 and b >= 1:
+        return 0
+    return None
 
 
 def _multiple(e: Expr, c: int) -> Expr | None:
@@ -283,7 +310,7 @@ def _index_arith(e: Expr) -> Expr | None:
     if e.op in ("floordiv", "mod") and isinstance(e.b, Const) and \
             isinstance(e.b.value, int) and e.b.value > 0:
         c, a = e.b.value, e.a
-        if not _nonneg(a):
+        if not nonneg(a):
             return None
         got = _range(a)
         # not y // c = 0: the derivative reads a grouped query's key head as h // group
@@ -293,7 +320,7 @@ def _index_arith(e: Expr) -> Expr | None:
         if isinstance(a, Binary) and a.op == "add":
             for x, y in ((a.a, a.b), (a.b, a.a)):
                 q = _multiple(x, c)
-                if q is not None and _nonneg(x) and _nonneg(y):
+                if q is not None and nonneg(x) and nonneg(y):
                     if e.op == "mod":
                         return Binary("mod", y, e.b)
                     return Binary("add", q, Binary("floordiv", y, e.b))
@@ -306,7 +333,7 @@ def _index_arith(e: Expr) -> Expr | None:
             for q, k in ((x.a, x.b), (x.b, x.a)):
                 if is_const(k, y.b.value) and isinstance(q, Binary) and \
                         q.op == "floordiv" and q.a is y.a and is_const(q.b, y.b.value) \
-                        and y.b.value > 0 and _nonneg(y.a):
+                        and y.b.value > 0 and nonneg(y.a):
                     return y.a
     return None
 
