@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import neptune_fusion as nf
 from algebra.chains import FUSABLE
 from algebra.test_random_chains import D, N, X, Y, build, trees, uses
-from neptune_fusion.errors import CodegenError, UnschedulableError
+from neptune_fusion.errors import UnschedulableError
 from neptune_fusion.fusion.stages import split_passes
 from neptune_fusion.runtime.auto import AutoKernel
 from neptune_fusion.runtime.kernel import Kernel
@@ -330,9 +330,18 @@ def test_out_tensors_are_checked():
     [t] = two_lengths()
     kernel = nf.compile(t, schedule=SMALL, cache=False)
     z = torch.randn(3, 5)
-    with pytest.raises(CodegenError, match=r"out tensor \(4,\) torch.float32 .* the output "
-                                           r"is a \(3,\)"):
+    with pytest.raises(nf.FeedError, match=r"out\[0\] \(output 't'\) is a \(4,\) "
+                                           r"torch.float32 .* pass a \(3,\)"):
         kernel.passes[1](z, torch.randn(3), torch.randn(3), out=[torch.empty(4)])
+    # the whole staged call likewise, before anything is written
+    x, kept = torch.randn(3, 6), torch.full((4,), 7.0)
+    for bad in ([kept], [kept[:1].expand(3)], [3], kept, [None, None]):
+        with pytest.raises(nf.FeedError, match=r"kernel .*out"):
+            kernel(z, x, out=bad)
+    assert bool((kept == 7.0).all())
+    got = torch.empty(3)
+    assert kernel(z, x, out=[got]) is got
+    torch.testing.assert_close(got, kernel(z, x))
 
 
 @hsettings(max_examples=8, deadline=None,

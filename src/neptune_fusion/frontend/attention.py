@@ -30,6 +30,7 @@ from ..ir.fold import fold
 from ..ir.nodes import Compute, Placeholder
 from ..runtime import torch_ops
 from ..runtime.inputs import check_no_grad, plain_types, remember
+from ..runtime.kernel import overlaps_itself
 from ..runtime.prepared import PreparedLaunch, signed
 from ..schedule.schedule import Schedule
 from . import kv
@@ -423,11 +424,12 @@ def _check(q, k, v, enable_gqa: bool, paged: bool = False) -> None:
 
 def _check_out(out, q, k, v) -> None:
     """``out`` of :func:`attention`: a tensor of the result's shape, dtype and device,
-    not in the memory of ``k`` or ``v`` (every program reads them while others write)."""
+    not in the memory of ``q``, ``k`` or ``v`` (every program reads them while others
+    write), no two of its elements in one place."""
     import torch
     if not isinstance(out, torch.Tensor):
         raise FeedError(f"attention: out must be a torch tensor, got {type(out).__name__}")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, torch.Tensor) and t.device == out.device and \
                 t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr():
             raise FeedError(f"attention: out shares memory with {name}; the kernel reads "
@@ -439,6 +441,19 @@ def _check_out(out, q, k, v) -> None:
     if out.dtype != q.dtype or out.device != q.device:
         raise FeedError(f"attention: out is {out.dtype} on {out.device}; the result is "
                         f"{q.dtype} on {q.device} (q's)")
+    if overlaps_itself(out):
+        raise FeedError(f"attention: out has strides {tuple(out.stride())}: some of its "
+                        "elements share memory (an expand()ed view?); pass a tensor whose "
+                        "every element has its own memory")
+
+
+def _flag(name: str, value) -> bool:
+    """A bool parameter of :func:`attention` (a Python or NumPy bool), as a bool."""
+    if value is not True and value is not False:
+        import numpy as np
+        if not isinstance(value, np.bool_):
+            raise FeedError(f"attention: {name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _scale(scale, head_dim: int) -> float:
@@ -519,6 +534,10 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     kernel writes it directly where it can (eager, one kernel output); elsewhere the
     result is copied into it. Not with inputs that require grad.
     """
+    enable_gqa, return_lse = _flag("enable_gqa", enable_gqa), _flag("return_lse", return_lse)
+    if cache is not None and not isinstance(cache, AttentionCache):
+        raise FeedError(f"attention: cache must be an AttentionCache (or None for the "
+                        f"default one), got {type(cache).__name__}")
     if out is not None:
         _check_out(out, q, k, v)
         if _wants_grad(q, k, v):

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import CodegenError
+from ..errors import CodegenError, FeedError
 from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
@@ -213,18 +213,20 @@ class Kernel:
     def call_signed(self, tensors: tuple, sig: tuple | None, checked=None, out=None):
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
+        if out is not None:
+            self._check_out_list(out)
         if self.fallback is not None and not self.takes(tensors, out):
             return self.fallback.call_signed(tensors, sig, checked, out)
-        if out is not None and not all(o is None or _unit_last(o) for o in out):
-            # the kernels index an output's last dimension with stride 1: such an out
-            # gets a contiguous result, copied into it
-            got = self.call_signed(tensors, sig, checked,
-                                   [o if o is None or _unit_last(o) else None for o in out])
-            got = [got] if self._single else got
-            got = [g if o is None else o if o is g else o.copy_(g) for o, g in zip(out, got)]
+        if out is None:
+            got = self._run(self._setup(tensors, sig, checked), tensors).outputs
             return got[0] if self._single else got
-        got = self._run(self._setup(tensors, sig, checked, _out_strides(out)), tensors,
-                        out).outputs
+        # the kernels index an output's last dimension with stride 1: any other out gets
+        # a contiguous result, copied into it
+        direct = [o if o is None or _unit_last(o) else None for o in out]
+        setup = self._setup(tensors, sig, checked, _out_strides(direct))
+        self._check_out(out, setup)   # before anything is launched or copied
+        got = self._run(setup, tensors, direct).outputs
+        got = [g if o is None or o is g else o.copy_(g) for o, g in zip(out, got)]
         return got[0] if self._single else got
 
     def launch(self, *tensors) -> LaunchResult:
@@ -266,12 +268,8 @@ class Kernel:
                                            device=device))
                 base = buffers[-1].data_ptr()
                 outs = [Address(base + off) for off in step.scratch]
-            elif out is not None and k == len(setup.steps) - 1:
-                if len(out) != len(step.outputs):
-                    raise CodegenError(f"out lists {len(out)} tensor(s) for "
-                                       f"{len(step.outputs)} output(s)")
-                outs = [_given(o, shape, dt, device) if o is not None else
-                        torch.empty(shape, dtype=dt, device=device)
+            elif out is not None and k == len(setup.steps) - 1:   # checked: _check_out
+                outs = [o if o is not None else torch.empty(shape, dtype=dt, device=device)
                         for o, (shape, dt) in zip(out, step.outputs)]
             else:
                 outs = [torch.empty(shape, dtype=dt, device=device)
@@ -479,13 +477,57 @@ class Kernel:
     def _check(self, tensors):
         return check_inputs(self.specs[0].name, self.inputs, tensors)
 
+    def _check_out_list(self, out) -> None:
+        check_out_list(self.specs[0].name, self.outputs, out)
 
-def _given(t, shape: tuple, dtype, device):
-    """An ``out`` tensor, checked (any strides: the launch step was keyed by them)."""
-    if tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
-        raise CodegenError(f"out tensor {tuple(t.shape)} {t.dtype} on {t.device}: the "
-                           f"output is a {shape} {dtype} on {device}")
-    return t
+    def _check_out(self, out, setup: _CallSetup) -> None:
+        """Every ``out`` tensor against its output in ``setup``."""
+        for k, (o, (shape, dtype)) in enumerate(zip(out, setup.steps[-1].outputs)):
+            if o is not None:
+                check_out_tensor(f"kernel {self.specs[0].name}: out[{k}] (output "
+                                 f"{self.outputs[k].name!r})", o, shape, dtype, setup.device)
+
+
+def check_out_list(name: str, outputs, out) -> None:
+    """``out`` of a compiled operator's call: a list with one torch tensor (or None) per
+    output."""
+    import torch
+    names = ", ".join(o.name for o in outputs)
+    if not isinstance(out, (list, tuple)) or len(out) != len(outputs):
+        got = f"{len(out)} entries" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise FeedError(f"kernel {name}: out must be a list with one tensor (or None) per "
+                        f"output ({names}), got {got}")
+    for k, o in enumerate(out):
+        if o is not None and not isinstance(o, torch.Tensor):
+            raise FeedError(f"kernel {name}: out[{k}] (output {outputs[k].name!r}) must be a "
+                            f"torch tensor or None, got {type(o).__name__}")
+
+
+def check_out_tensor(what: str, o, shape: tuple, dtype, device) -> None:
+    """One ``out`` tensor against its output: shape, dtype, device; any strides, but no two
+    elements in one place (every element is written once)."""
+    if tuple(o.shape) != tuple(shape) or o.dtype != dtype or o.device != device:
+        raise FeedError(f"{what} is a {tuple(o.shape)} {o.dtype} tensor on {o.device}; pass "
+                        f"a {tuple(shape)} {dtype} tensor on {device} (or None for a new one)")
+    if overlaps_itself(o):
+        raise FeedError(f"{what} has strides {tuple(o.stride())}: some of its elements share "
+                        "memory (an expand()ed view?); pass a tensor whose every element has "
+                        "its own memory")
+
+
+def overlaps_itself(t) -> bool:
+    """Whether two elements of tensor ``t`` may share memory: taken by increasing stride,
+    every dimension (of more than one element) must step past all that the smaller ones
+    span (a stride 0 never does). Cheap; conservative for exotic interleaved layouts."""
+    if t.numel() == 0:
+        return False
+    span = 0
+    for n, s in sorted(((n, s) for n, s in zip(t.shape, t.stride()) if n > 1),
+                       key=lambda d: d[1]):
+        if s <= span:
+            return True
+        span += (n - 1) * s
+    return False
 
 
 def _unit_last(t) -> bool:

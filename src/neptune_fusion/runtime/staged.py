@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from ..fusion.stages import Staging
 from .inputs import CacheInfo, check_inputs, remember, signature
+from .kernel import check_out_list, check_out_tensor
 from .torch_ops import call_kernel, compiling, referable
 
 _MAX_SIGS = 256
@@ -91,8 +92,15 @@ class StagedKernel:
         of another staged kernel writes there: copied, after the passes)."""
         if compiling():  # traced by torch.compile / torch.export: one op (torch_ops.py)
             return call_kernel(self, tensors, self._single, out)
-        outs = self.run(tensors)
         if out is not None:
+            check_out_list(self.name, self.outputs, out)
+        outs = self.run(tensors)
+        if out is not None:   # every out checked before any is written
+            for k, (o, g) in enumerate(zip(out, outs)):
+                if o is not None:
+                    check_out_tensor(f"kernel {self.name}: out[{k}] (output "
+                                     f"{self.outputs[k].name!r})", o, g.shape, g.dtype,
+                                     g.device)
             outs = [g if o is None else o.copy_(g) for o, g in zip(out, outs)]
         return outs[0] if self._single else outs
 
