@@ -42,7 +42,11 @@ class BackwardKernels:
     programs of one with the other's: 4 % less backward time for PF-Causal at S = 4096
     on the H200, as FlexAttention's single backward kernel does), except at the first
     call of an input signature, which tunes the kernels -- each measured alone -- and
-    inside CUDA graph capture."""
+    inside CUDA graph capture.
+
+    An input the output does not depend on (``q`` and ``k`` under ``scale=0`` or a
+    score_mod that drops the score) has no kernel: ``dq`` None, a None in ``dkv``'s
+    results, and the call returns None in its place (a zero gradient)."""
 
     def __init__(self, dq, dkv, delta=None) -> None:
         self.dq, self.dkv, self.delta = dq, dkv, delta
@@ -50,9 +54,12 @@ class BackwardKernels:
         self._side: dict = {}     # device -> the stream d_q runs on
 
     def __call__(self, q, k, v, o, d_o, lse, *bufs, d_lse=None):
-        """``d_lse``: the cotangent of the row log-sum-exp, or None (module docstring)."""
+        """``d_lse``: the cotangent of the row log-sum-exp, or None (module docstring).
+        ``(dq, dk, dv)``, None for an input without a gradient kernel."""
         if self.delta is None:
-            if d_lse is not None:
+            # the log-sum-exp's cotangent reaches q and k through the scores only (which
+            # read k only in q . k): without d_q there is no d_k either, and d_v reads p
+            if d_lse is not None and self.dq is not None:
                 raise DerivativeError("attention: the gradient of the log-sum-exp needs "
                                       "delta = rowsum(d_o * o) as its own operator, and "
                                       "this definition's backward computes it inside")
@@ -62,6 +69,8 @@ class BackwardKernels:
             if d_lse is not None:
                 delta = delta - d_lse.reshape(delta.shape).to(delta.dtype)
             tensors = (q, k, v, d_o, lse, delta, *bufs)
+        if self.dq is None:
+            return (None, *self.dkv(*tensors))
         if self._concurrent(tensors):
             return self._two_streams(tensors)
         [dq] = self.dq(*tensors)
@@ -111,13 +120,17 @@ def build_backward(kernel, store):
                            name="attention_backward_delta", cache=store)
     # d_k, d_v is compiled for its lengths' class (static_sizes): 12 % faster on the
     # H200 at S = 4096; d_q was 2 % slower so (docs/autodiff.md)
-    dq = nf_compile(outs[:1], ins, name="attention_backward_dq", cache=store)
+    # an input the output does not depend on (None) gets no kernel: a zero gradient
+    dq = None if outs[0] is None else nf_compile(outs[:1], ins, name="attention_backward_dq",
+                                                 cache=store)
     q, v = kernel.inputs[0], kernel.inputs[2]
-    if q.shape[-1] == v.shape[-1]:
+    if q.shape[-1] == v.shape[-1] and None not in outs[1:]:
         dkv = nf_compile(outs[1:], ins, name="attention_backward_dkdv", cache=store,
                          static_sizes=True)
-    else:   # one rolling kernel holds one column axis: d_k's and d_v's widths differ
-        dkv = _Apart([nf_compile([o], ins, name=f"attention_backward_{n}", cache=store,
+    else:   # one rolling kernel holds one column axis (d_k's and d_v's widths differ),
+        # or one of them has no kernel
+        dkv = _Apart([None if o is None else
+                      nf_compile([o], ins, name=f"attention_backward_{n}", cache=store,
                                  static_sizes=True)
                       for o, n in zip(outs[1:], ("dk", "dv"))])
     return BackwardKernels(dq, dkv, delta), group
@@ -125,7 +138,8 @@ def build_backward(kernel, store):
 
 class _Apart:
     """``d_k`` and ``d_v`` as two operators, called as one: where the value head dim
-    differs from the query/key one (each recomputes the probabilities)."""
+    differs from the query/key one (each recomputes the probabilities), or where one of
+    them has no kernel (None: it gives None, a zero gradient)."""
 
     def __init__(self, kernels) -> None:
         self.kernels = kernels
@@ -133,6 +147,9 @@ class _Apart:
     def __call__(self, *tensors):
         out = []
         for k in self.kernels:
+            if k is None:
+                out.append(None)
+                continue
             got = k(*tensors)
             out.append(got[0] if isinstance(got, (list, tuple)) else got)
         return out
@@ -183,12 +200,15 @@ def _function():
                 d_out.reshape(o.shape).to(o.dtype).contiguous()
             # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
             lse = lse.masked_fill(lse == -INF, INF)
-            dq, dk, dv = kern(qin, k, v, o, d_o, lse, *bufs, d_lse=d_lse)
-            if group > 1:   # GQA: the group's query heads' gradients into the shared head
-                dk = dk.reshape(ks[0], ks[1], group, *ks[2:]).sum(2)
-                dv = dv.reshape(vs[0], vs[1], group, *vs[2:]).sum(2)
-            return (None, None, None, None, dq.reshape(qs), dk.reshape(ks), dv.reshape(vs),
-                    *([None] * ctx.n_bufs))
+            grads = kern(qin, k, v, o, d_o, lse, *bufs, d_lse=d_lse)
+            out = []
+            for n, (g, t, shape) in enumerate(zip(grads, (qin, k, v), (qs, ks, vs))):
+                if g is None:   # the output does not depend on it: zero, as autograd gives
+                    g = t.new_zeros(shape)
+                elif group > 1 and n > 0:   # GQA: the group's query heads' sum into k, v
+                    g = g.reshape(shape[0], shape[1], group, *shape[2:]).sum(2)
+                out.append(g.reshape(shape))
+            return (None, None, None, None, *out, *([None] * ctx.n_bufs))
 
     return AttentionFunction
 

@@ -13,7 +13,10 @@ The output tensor is allocated once and returned by every call, overwritten by t
 writes each row's log-sum-exp and the call merges the sinks into the output in place.
 Inputs whose signature differs (another shape, stride, dtype, device or alignment, or an
 input that requires grad) take the general path, :func:`~.attention.attention` with the
-same keywords: a new tensor, correct, slower.
+same keywords: a new tensor, correct, slower. The values of ``kv_lens`` and
+``block_table`` are checked as the general path checks them (:mod:`.kv`, docs/serving.md
+"Checks"): on CPU tensors every call, on CUDA ones only with ``NEPTUNE_FUSION_VALIDATE=1``
+(a host sync per call). ``buffers`` must name exactly the prepared buffers.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from collections.abc import Callable, Mapping
 
 from ..errors import FeedError
 from ..runtime import torch_ops
-from ..runtime.prepared import PreparedLaunch
+from ..runtime.inputs import plain_types
+from ..runtime.prepared import PreparedLaunch, signed
+from . import kv
 from .sinks import check_sinks, merge_sinks_into
 
 
@@ -33,34 +38,61 @@ class PreparedAttention:
     :func:`prepare_attention` (with new values: a serving loop writes new lengths and
     pages into the same tensors, or passes others of the same signature)."""
 
-    __slots__ = ("_launch", "_out", "_names", "_kv", "_general", "_lse")
+    __slots__ = ("_launch", "_out", "_names", "_kv", "_general", "_lse", "_page")
 
     def __init__(self, launch: PreparedLaunch, out, names: tuple[str, ...],
-                 kv: tuple[bool, bool], general: Callable, lse=None) -> None:
+                 kv: tuple[bool, bool], general: Callable, lse=None,
+                 page_size: int = 0) -> None:
         self._launch, self._out, self._names, self._general = launch, out, names, general
-        self._kv, self._lse = kv, lse
+        self._kv, self._lse, self._page = kv, lse, page_size
 
     def __call__(self, q, k, v, buffers: Mapping | None = None, kv_lens=None,
                  block_table=None, sinks=None):
         if torch_ops.compiling():   # traced: the op, as nf.attention is
             return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
         if (kv_lens is not None, block_table is not None) != self._kv \
-                or (sinks is not None) != (self._lse is not None) \
-                or (self._names and buffers is None):   # the general path says what is off
+                or (sinks is not None) != (self._lse is not None):
             return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
-        tensors = [q, k, v]
-        if self._names:
-            tensors += [buffers[n] for n in self._names]
+        tensors = [q, k, v, *self._buffers(buffers)]
         if kv_lens is not None:
             tensors.append(kv_lens)
         if block_table is not None:
             tensors.append(block_table)
-        if self._launch(tensors) is None:
+        plain = plain_types()
+        if any(type(t) not in plain for t in tensors):   # the general path says what is off
             return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
+        sig, vals = signed(tensors, self._launch.cuda)
+        if sig != self._launch.signature:
+            return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
+        if (kv_lens is not None or block_table is not None) and \
+                kv.wants_values_checked(q.device):   # as the general path checks them
+            kv.check_values(k, kv_lens, block_table, self._page)
         if self._lse is not None:
             check_sinks(sinks, q)
+        if self._launch.launch(vals) is None:
+            return self._general(q, k, v, buffers, kv_lens, block_table, sinks)
+        if self._lse is not None:
             return merge_sinks_into(self._out, self._lse, sinks)
         return self._out
+
+    def _buffers(self, buffers) -> list:
+        """The tensors of ``buffers`` in the prepared order; a :class:`FeedError` unless
+        it maps exactly the prepared names (None: no buffers)."""
+        if buffers is None:
+            buffers = {}
+        elif not isinstance(buffers, Mapping):
+            raise FeedError(f"prepared attention: buffers must map names to tensors (a "
+                            f"dict), got {type(buffers).__name__}")
+        if len(buffers) != len(self._names) or any(n not in buffers for n in self._names):
+            missing = [n for n in self._names if n not in buffers]
+            extra = [n for n in buffers if n not in self._names]
+            what = "; ".join(f"{label} {', '.join(map(repr, names))}" for label, names in
+                             (("missing", missing), ("unexpected", extra)) if names)
+            raise FeedError(f"prepared attention: buffers {what}: a prepared call takes "
+                            f"the buffers it was prepared with "
+                            f"({', '.join(map(repr, self._names)) or 'none'}), with new "
+                            "values; prepare again for others")
+        return [buffers[n] for n in self._names]
 
     @property
     def output(self):
@@ -116,4 +148,5 @@ def prepare_attention(q, k, v, *, score_mod=None, mask_mod=None, scale=None,
         return attention(q, k, v, buffers=buffers, kv_lens=kv_lens, block_table=block_table,
                          sinks=sinks, **kw)
     return PreparedAttention(launch, out, names, (kv_lens is not None,
-                                                  block_table is not None), general, lse)
+                                                  block_table is not None), general, lse,
+                             setup.page_size)
