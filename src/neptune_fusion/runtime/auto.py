@@ -23,6 +23,7 @@ import sys
 import threading
 from dataclasses import dataclass, replace
 
+from ..analysis.reach import check_reaches, reaches
 from ..errors import CodegenError, NeptuneError, ScheduleError
 from ..ir.pow2 import next_pow2
 from ..schedule.schedule import Schedule
@@ -74,6 +75,7 @@ class AutoKernel:
         self._prog0 = None
         self._splittable: bool | None = None
         self._library_ok: bool | None = None
+        self._reaches = None   # bare indices checked before a shape class is chosen
         self._lock = threading.RLock()
         self.last_choice: Choice | None = None
 
@@ -224,6 +226,10 @@ class AutoKernel:
         from ..schedule.space import candidates, device_of
         from .problem import problem_of
         sizes, tdev = check_inputs(self.name, self.inputs, tensors)
+        if self._reaches is None:   # before any candidate runs (a tuning would hide it)
+            self._reaches = reaches(self.outputs)
+        check_reaches(f"kernel {self.name}", self._reaches,
+                      {s.name: v for s, v in sizes.items()})
         device = device_of(tdev)
         key = self._key(sizes, device)
         ckey = canonical_json(key)

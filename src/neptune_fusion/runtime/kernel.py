@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..analysis.reach import check_reaches, reaches
 from ..errors import CodegenError, FeedError
 from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
@@ -154,6 +155,7 @@ class Kernel:
         # a Gluon kernel chosen by the auto-scheduler: the same tile in the Triton dialect,
         # for the calls the Gluon kernel cannot take (:meth:`takes`); None: refuse them
         self.fallback = None
+        self._reaches = None   # bare indices checked per call setup (analysis.reach)
         self._gluon = any(sp.dialect == "gluon" for sp in self.specs)
         names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
         self._size_names = {s: s.name for p in self.inputs for s in p.shape
@@ -302,6 +304,9 @@ class Kernel:
         self._misses += 1
         sizes, device = self._check(tensors) if checked is None else checked
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
+        if self._reaches is None:
+            self._reaches = reaches(self.outputs)
+        check_reaches(f"kernel {self.specs[0].name}", self._reaches, named)
         if device.type == "cuda" and not self.from_cache:  # cached specs have run before
             self._check_resources(tensors, sizes, device)
         last = len(self.specs) - 1
