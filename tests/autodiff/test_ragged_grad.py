@@ -63,7 +63,8 @@ def test_ragged_gradients_float32_against_float64(hq, hkv, n, causal):
 def test_a_paged_cache_with_grad_is_refused():
     q = torch.randn(1, 2, 1, D, requires_grad=True)
     pool = torch.randn(2, 2, 16, D)
-    with pytest.raises(nf.FeedError, match="requires grad"):
+    with pytest.raises(nf.FeedError, match=r"paged cache \(block_table=\) has no backward: "
+                                           r"q, k or v requires grad"):
         nf.attention(q, pool, pool, kv_lens=torch.tensor([3], dtype=torch.int32),
                      block_table=torch.tensor([[0]], dtype=torch.int32),
                      cache=AttentionCache(store=False))
