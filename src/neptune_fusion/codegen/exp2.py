@@ -37,7 +37,7 @@ from dataclasses import replace
 
 from ..algebra.synth import moved, running
 from ..ir.fold import fconst, fold
-from ..ir.nodes import Binary, Cast, Const, Expr, Param, Unary, Where
+from ..ir.nodes import Binary, Cast, Const, Expr, Load, Param, Reduce, Unary, Where
 from ..ir.traverse import rewrite, substitute, walk
 from .lower import rederive
 from .program import Accumulator, Output, TileProgram
@@ -245,5 +245,40 @@ def apply_exp2(prog: TileProgram) -> TileProgram:
     (``Schedule.exp2``), the per-tile body re-derived; else ``prog`` itself."""
     if not prog.schedule.exp2:
         return prog
+    if _huge_scores(prog):
+        return replace(prog, rules=prog.rules + (
+            "exp kept in base e: a dense float bias or a constant beyond +-1e37 reaches "
+            "the exponent (x * log2 e overflows past 2.4e38)",))
     accs, outs, notes = to_exp2(prog.accumulators, prog.outputs)
     return replace(rederive(prog, accs, outs), rules=prog.rules + notes)
+
+
+HUGE = 1e37   # |x| * log2(e) overflows float32 from about 2.36e38
+
+
+def _huge_scores(prog: TileProgram) -> bool:
+    """Whether a finite value near float32's limit may reach an exponent: a float constant
+    beyond ``HUGE`` (``masked_fill(mask, finfo.min)``) or, in an exponent beside a
+    contraction (the scores ``q . k``) or another such tensor, a float tensor read at
+    (row, loop) -- a dense additive mask, which transformers fills with ``finfo.min``. In base 2
+    ``exp(s - m)`` is ``exp2(s * L - m * L)`` and both products overflow to -inf: a row
+    masked everywhere gave NaN or 0 where torch gives a uniform row (a fuzzing find,
+    2026-12-04); in base e the difference is taken first. A computed score (``q . k``,
+    ALiBi's ``slope[h] * (j - i)``) stays in base 2, and so does a softmax of one input
+    (its values are the scores: a row of nothing but ``finfo.min`` is left to give NaN
+    there, for the speed of every softmax chain)."""
+    pair = {prog.row.var, prog.loop.var}
+    for a in prog.accumulators:
+        for t in a.terms + a.updates:
+            if any(isinstance(x, Const) and x.dtype.is_float and math.isfinite(x.value)
+                   and abs(x.value) > HUGE for x in walk(t)):
+                return True
+            for e in walk(t):
+                if not (isinstance(e, Unary) and e.op == "exp"):
+                    continue
+                arg = list(walk(e.x))
+                dense = {x.tensor for x in arg if isinstance(x, Load) and x.dtype.is_float
+                         and pair <= set(x.indices)}
+                if len(dense) > 1 or (dense and any(isinstance(x, Reduce) for x in arg)):
+                    return True
+    return False
