@@ -331,6 +331,14 @@ class Backend:
             self._log(report)
             return self._rest(fx, inputs, graph and graph.forward(inputs, inference))
 
+        # no donated buffers: with the default partitioner the forward saves two views of
+        # one tensor (softmax's probabilities), and Inductor's backward reused the donated
+        # one in place -- attention's d_v came out wrong even with nothing fused (a
+        # fuzzing find, 2026-12-04); Inductor's own entry partitions otherwise
+        with torch._functorch.config.patch(donated_buffer=False):
+            return self._aot(aot_autograd, forward, graph, example_inputs, gm)
+
+    def _aot(self, aot_autograd, forward, graph, example_inputs, gm):
         return aot_autograd(fw_compiler=functools.partial(forward, inference=False),
                             inference_compiler=functools.partial(forward, inference=True),
                             bw_compiler=lambda fx, inputs: self._rest(

@@ -151,5 +151,10 @@ def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
     if op not in lowerings:   # a fallback kernel, as Inductor's implicit one, but ours
         make_fallback(op, layout_constraint=unit_rows, warn=False)
     add_layout_constraint(op, unit_rows)
+    if any(n.target is op for n in gm.graph.nodes):
+        # the graph names its kernels by a number of this process (runtime/torch_ops
+        # .handle): Inductor's on-disk graph cache would hand another process the code
+        # compiled for another kernel of the same number (wrong results, 2026-12-04)
+        patches = {**patches, "fx_graph_cache": False}
     with inductor_config.patch(patches):
         return compile_fx_inner(gm, example_inputs, **kwargs)
