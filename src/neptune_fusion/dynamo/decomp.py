@@ -26,7 +26,11 @@ aten = torch.ops.aten
 
 
 def _dims(x, dim):
-    if dim is None:
+    """The reduced dimensions, nonnegative: every one for None or an empty list (torch's
+    rule for ``dim=[]``), none of a 0-d tensor (whose ``dim=0`` or ``-1`` is itself)."""
+    if x.dim() == 0:
+        return []
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
         return list(range(x.dim()))
     return [d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)]
 
@@ -85,13 +89,15 @@ def _over_merged(reduce):
 
 def _amax(x, dim=(), keepdim=False):
     if x.dtype == torch.bool:   # as Inductor's own: the maximum of booleans is any
-        return torch.any(x, dim=dim, keepdim=keepdim)
+        dims = _dims(x, dim)
+        return torch.any(x, dim=dims, keepdim=keepdim) if dims else x.clone()
     return _over_merged(lambda t, a: t.amax(a, keepdim=True))(x, dim, keepdim)
 
 
 def _amin(x, dim=(), keepdim=False):
     if x.dtype == torch.bool:
-        return torch.all(x, dim=dim, keepdim=keepdim)
+        dims = _dims(x, dim)
+        return torch.all(x, dim=dims, keepdim=keepdim) if dims else x.clone()
     return _over_merged(lambda t, a: t.amin(a, keepdim=True))(x, dim, keepdim)
 
 
