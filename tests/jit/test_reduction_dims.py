@@ -1,11 +1,14 @@
 """Reductions over torch's edge-case dimension lists match eager: ``dim=[]`` / ``()``
 reduces every dimension, and a 0-d tensor's ``dim=0`` or ``-1`` is the tensor itself
-(a fuzzing find of 2026-12-04: inf, unreduced results and ZeroDivisionError)."""
+(a fuzzing find of 2026-12-04: inf, unreduced results and ZeroDivisionError); the
+log-sum-exp of integers and booleans (in the default dtype) and over an empty dimension
+(-inf); a float16 layer norm's backward on the CPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import neptune_fusion as nf
 
@@ -21,6 +24,9 @@ CASES = {
     "logsumexp 0-d": (lambda s: torch.logsumexp(s, 0), S),
     "amax 0-d": (lambda s: s.amax(0), S),
     "var_mean 0-d": (lambda s: torch.var_mean(s, 0, correction=0), S),
+    "logsumexp of bool": (lambda b: torch.logsumexp(b, -1), X > 0),
+    "logsumexp of int": (lambda t: torch.logsumexp(t, 1), torch.arange(12).reshape(3, 4) % 5),
+    "logsumexp over nothing": (lambda t: torch.logsumexp(t, -1), torch.randn(4, 0)),
 }
 
 
@@ -36,3 +42,12 @@ def test_edge_dimension_lists_match_eager(name):
         assert g.shape == w.shape, (g.shape, w.shape)
         torch.testing.assert_close(g.double(), w.double(), rtol=1e-5, atol=1e-5,
                                    equal_nan=True)
+
+
+def test_a_half_layer_norm_differentiates_on_the_cpu():
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1)).half().requires_grad_()
+    torch._dynamo.reset()
+    nf.jit(lambda t: F.layer_norm(t, (16,)), rest="eager")(x).float().square().sum().backward()
+    ref = x.detach().double().requires_grad_()
+    F.layer_norm(ref, (16,)).square().sum().backward()
+    torch.testing.assert_close(x.grad.double(), ref.grad, rtol=2e-2, atol=2e-2)

@@ -106,7 +106,12 @@ def _logsumexp(x, dim, keepdim=False):
     decomposition subtracts ``where(|max| == inf, 0, max)`` inside the exponential, a
     producer inside a condition, which no repair breaks (two passes); here a row whose
     maximum is infinite (all -inf, or a +inf) gives that maximum, as torch.logsumexp does."""
+    if not x.is_floating_point():   # as torch: integers and booleans in the default dtype
+        x = x.to(torch.get_default_dtype())
     dims = _dims(x, dim)
+    if any(x.shape[d] == 0 for d in dims):   # an empty sum: log 0 = -inf (no maximum)
+        out = torch.full_like(x.sum(dims, keepdim=True), -float("inf"))
+        return out if keepdim else out.squeeze(dims)
     m = x.amax(dims, keepdim=True)
     s = torch.exp(x - m).sum(dims, keepdim=True)
     out = torch.where(m.abs() == float("inf"), m, m + torch.log(s))
@@ -168,6 +173,8 @@ def _layer_norm(x, normalized_shape, weight, bias, eps):
         out = out * weight
     if bias is not None:
         out = out + bias
+    if x.device.type == "cpu":   # torch's CPU kernel keeps the statistics in x's dtype
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
     return out.to(x.dtype), mean, rstd
 
 
