@@ -312,8 +312,9 @@ class Lowerer(TileOps):
     def named_operand(self, v: Val, axes, hint: str) -> str:
         """``v`` broadcast to ``axes``, bound to a name unless a name or a literal."""
         code = self.operand(v, axes, ATOM)
-        if code.isidentifier() or code.lstrip("-").isdigit() or code.endswith("]") and \
-                code.split("[", 1)[0].isidentifier():
+        name = code.split("[", 1)[0]   # a name, or a name broadcast (``offs_j[None, :]``)
+        if code.lstrip("-").isdigit() or name.isidentifier() and (
+                name == code or code.endswith("]")):
             return code
         return self.cur.bind(hint, code)
 

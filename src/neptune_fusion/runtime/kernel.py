@@ -216,7 +216,7 @@ class Kernel:
         """``self(*tensors)`` when the caller has computed ``signature(tensors)`` (and
         maybe ``checked = check_inputs(...)`` of these inputs)."""
         if out is not None:
-            self._check_out_list(out)
+            check_out_list(self.specs[0].name, self.outputs, out)
         if self.fallback is not None and not self.takes(tensors, out):
             return self.fallback.call_signed(tensors, sig, checked, out)
         if out is None:
@@ -481,9 +481,6 @@ class Kernel:
     # ------------------------------------------------------------------ checks
     def _check(self, tensors):
         return check_inputs(self.specs[0].name, self.inputs, tensors)
-
-    def _check_out_list(self, out) -> None:
-        check_out_list(self.specs[0].name, self.outputs, out)
 
     def _check_out(self, out, setup: _CallSetup) -> None:
         """Every ``out`` tensor against its output in ``setup``."""
