@@ -31,7 +31,7 @@ import torch
 
 
 def main(argv=None) -> None:
-    from hf_models import Run, config
+    from hf_models import Run, config, snapshot_flex_mask
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompt", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=16)
@@ -52,6 +52,7 @@ def main(argv=None) -> None:
     import neptune_fusion.dynamo  # noqa: F401  (registers the backend without the package)
     from neptune_fusion.integrations.transformers import register
     register()   # attn_implementation="neptune_fusion" in --runs
+    snapshot_flex_mask(eager_block_mask=True)   # flex_attention in --runs: see hf_models
     dev = torch.device("cpu" if args.smoke else "cuda")
     dtype = torch.float32 if args.smoke else torch.bfloat16
     cfg = config("llama", args.smoke)
@@ -94,9 +95,17 @@ def taking_turns(runs: dict, rounds: int, steps: int, dev, out: Path) -> None:
     import statistics
     walls: dict = {spec: [] for spec in runs}
     with torch.no_grad():
-        firsts = {spec: r.prefill().argmax(-1, keepdim=True) for spec, r in runs.items()}
+        firsts = {}
+        for spec, r in runs.items():
+            impl, mode = spec.split(":")
+            if mode == "eager":
+                r.model.set_attn_implementation(impl)
+            firsts[spec] = r.prefill().argmax(-1, keepdim=True)
         for _ in range(rounds):
             for spec, r in runs.items():
+                impl, mode = spec.split(":")
+                if mode == "eager":   # an eager model calls whatever was set last
+                    r.model.set_attn_implementation(impl)
                 r.prefill()
                 sync(dev)
                 t0 = time.perf_counter()
