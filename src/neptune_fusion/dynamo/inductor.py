@@ -136,10 +136,37 @@ def _dense(shape, stride) -> bool:
     return True
 
 
+def native_random(gm, example_inputs) -> None:
+    """``gm``'s ATen random ops (``rand``, ``randn``: dropout's mask, ``rand_like``,
+    SDPA's dropout) made Inductor's random prims, as ``compile_fx``'s joint-graph passes
+    make them (``replace_random_passes``) before ``compile_fx_inner``, which the backend
+    calls directly: Inductor lowers no ``aten.rand`` unless ``fallback_random`` is set
+    (``LoweringException``: "should have been handled in replace_random.py", a fuzzing
+    find, 2026-12-04). Only this pass of the joint ones: the others are optimisations
+    (and the attention patterns would rewrite what is left of a refused region)."""
+    import torch
+    from torch._guards import detect_fake_mode
+    from torch._inductor.fx_passes.replace_random import replace_random_passes
+    from torch._inductor.virtualized import V
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.tools_common import legalize_graph
+    aten = torch.ops.aten
+    randoms = {aten.rand.default, aten.rand.generator, aten.randn.default,
+               aten.randn.generator}
+    if not any(n.target in randoms for n in gm.graph.nodes):
+        return
+    mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    with V.set_fake_mode(mode):
+        if replace_random_passes(gm):
+            legalize_graph(gm)   # the seeds are created before their first reader
+            gm.recompile()
+
+
 def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
     """``gm`` (fused regions already replaced by kernel calls) compiled by Inductor under
-    ``patches``; CUDA graphs, when the patches turn them on, wrap the compiled call
-    before the patches are lifted."""
+    ``patches``, its random ops Inductor's first (:func:`native_random`); CUDA graphs,
+    when the patches turn them on, wrap the compiled call before the patches are
+    lifted."""
     import torch
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
@@ -157,4 +184,5 @@ def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
         # compiled for another kernel of the same number (wrong results, 2026-12-04)
         patches = {**patches, "fx_graph_cache": False}
     with inductor_config.patch(patches):
+        native_random(gm, example_inputs)
         return compile_fx_inner(gm, example_inputs, **kwargs)
