@@ -28,7 +28,7 @@ import time
 import torch
 
 from .. import settings
-from .decomp import decompositions, swap_sdpa
+from .decomp import decompositions, over, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches
 from .memo import Compiled, region_key
@@ -356,7 +356,7 @@ class Backend:
         if self.rest == "eager":
             return decompositions(inference)
         from torch._inductor.decomposition import select_decomp_table
-        return {**select_decomp_table(), **decompositions(inference)}
+        return over(decompositions(inference), select_decomp_table())
 
     def _log(self, report: GraphReport) -> None:
         if settings.log_enabled(self.log):

@@ -124,7 +124,14 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     target's log-probability -- so the full ``(N, V)`` log-softmax is never written (it
     was the fused chain's output, read again by the loss). Ignored targets read class 0
     (a valid index in any PyTorch) and weigh nothing. Returns ``(output, total_weight)``
-    as the op does; other ranks use torch's own decomposition."""
+    as the op does. One sample (a 1-d input, a 0-d target) is a batch of one, its
+    ``total_weight`` the target's weight whatever the reduction, as torch gives it;
+    other ranks use torch's own decomposition."""
+    if x.dim() == 1 and target.dim() == 0:
+        # its sum is its one loss, for every reduction but the mean
+        loss, total = _nll_loss_forward(x.unsqueeze(0), target.unsqueeze(0), weight, 2,
+                                        ignore_index)
+        return (loss / total if reduction == 1 else loss), total
     if x.dim() != 2 or target.dim() != 1:
         return NotImplemented
     keep = target != ignore_index
@@ -361,3 +368,21 @@ def decompositions(inference: bool = True) -> dict:
     table[aten.max.dim] = _max_dim
     table[aten.min.dim] = _min_dim
     return table
+
+
+def over(ours: dict, theirs: dict) -> dict:
+    """``theirs`` (Inductor's table) with ``ours`` in front: where one of ours declines an
+    op (``NotImplemented``: SDPA with dropout, a reduction over dimensions it does not
+    merge), theirs decomposes it, as Inductor would have. Left in the graph instead, an op
+    that Inductor decomposes but does not lower failed its lowering (``nll_loss_forward``
+    of a 1-d input: "both a fallback and a decomp for same op", a fuzzing find,
+    2026-12-04)."""
+    return {**theirs, **{op: _or_else(f, theirs[op]) if op in theirs else f
+                         for op, f in ours.items()}}
+
+
+def _or_else(ours, theirs):
+    def either(*args, **kwargs):
+        got = ours(*args, **kwargs)
+        return theirs(*args, **kwargs) if got is NotImplemented else got
+    return either
