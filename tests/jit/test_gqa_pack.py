@@ -107,3 +107,41 @@ def test_two_layers_of_grouped_decode_share_one_packed_kernel():
     first, second = ex.fused
     assert second.same_as == first.name and second.kernel is first.kernel
     assert "the 4 query heads of each key/value head" in second.plan
+
+
+def _sdpa_gqa(q, k, v, m=None):
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+@pytest.mark.parametrize("mask", ["float", "bool"])
+def test_a_mask_per_query_head_is_packed_with_the_queries(mask, rest):
+    """A mask of shape ``(B, Hq, N, M)`` is read as the queries are, and passed packed
+    with them; a bool one after its cast to int32, which the rewrite had passed
+    unpacked (the op's input check raised: a fuzzing find, 2026-12-04)."""
+    q, k, v = _inputs(8, 2, 2)
+    gen = torch.Generator().manual_seed(3)
+    m = torch.randn(2, 8, 2, 19, generator=gen)
+    if mask == "bool":
+        m = m > -0.5
+        m[..., 0] = True   # no row without keys
+    ex = _check(_sdpa_gqa, (q, k, v, m), rest=rest)
+    assert "the 4 query heads of each key/value head" in ex.fused[0].plan
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_strided_queries_are_copied_then_packed(rest):
+    """Queries without unit-stride rows (a transposed input, scaled by a ``(1, 1, 1, 1)``
+    tensor) are copied for the kernel and the copy passed packed (it was passed
+    unpacked, as the mask above)."""
+    _, k, v = _inputs(8, 2, 2)
+    gen = torch.Generator().manual_seed(4)
+    qt = torch.randn(2, 8, 16, 2, generator=gen).transpose(-1, -2)
+    scale = torch.rand(1, 1, 1, 1, generator=gen) + 0.5
+    assert qt.stride(-1) != 1
+
+    def fn(q, s, k, v):
+        return _sdpa_gqa(q * s, k, v)
+    ex = _check(fn, (qt, scale, k, v), rest=rest)
+    assert "the 4 query heads of each key/value head" in ex.fused[0].plan

@@ -30,7 +30,8 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
         args = []
         device = next((n.meta["val"].device for n in inputs
                        if not is_scalar_value(n.meta["val"])), None)
-        for n in inputs:
+        for node in inputs:
+            n = node
             if is_scalar_value(n.meta["val"]):   # a symbolic int no shape gives
                 n = graph.call_function(torch.ops.aten.scalar_tensor.default, (n,),
                                         {"dtype": torch.int64, "device": device})
@@ -40,8 +41,11 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
             elif _strided_rows(n):   # kernels read rows with unit stride
                 n = graph.call_function(torch.ops.aten.clone.default, (n,),
                                         {"memory_format": torch.contiguous_format})
-            if packed is not None and n in packed.queries:
-                shape = packed.input_shape(tuple(n.meta["val"].shape))
+            # the region's node, not its cast or copy: a packed bool mask per query head
+            # or a strided query was passed unpacked, failing the op's input check
+            # (FeedError; a fuzzing find, 2026-12-04)
+            if packed is not None and node in packed.queries:
+                shape = packed.input_shape(tuple(node.meta["val"].shape))
                 n = graph.call_function(torch.ops.aten.reshape.default, (n, list(shape)))
             args.append(n)
         call = graph.call_function(torch.ops.neptune_fusion.fused.default, (args, h))
