@@ -45,7 +45,7 @@ from .partition import (
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
-from .rewrite import finish, propagate, replace_region, trial
+from .rewrite import finish, output_orders, propagate, replace_region, trial
 from .rules import RULES
 from .sink import sink_views
 from .symbolic import arg_shape, hints_of, is_scalar_value, shape_of, unbound_scalars
@@ -209,16 +209,18 @@ def _compile_region(region, inputs: list, hints: dict, name: str):
     if passed and len(passed) == len(args):
         raise Refused("the region reads no tensor, only symbolic ints: nothing gives the "
                       "device their 0-d tensors would live on")
+    orders = output_orders(region)   # graph outputs in eager's layout (rewrite.py)
     outs, phs, casts = translate_region(RULES, inputs, region.nodes, region.outputs,
-                                        hints=hints)
+                                        hints=hints, orders=orders)
     if not has_chain(outs):
         raise Refused("no dependent reduction chain (a lone reduction or matmul is "
                       "Inductor's job)")
     # the region's products (refuse_staged_matmul): any, and a Linear layer's among them
     products = "contraction" in region.kinds(), \
         any(n.target in LINEAR_PRODUCTS for n in region.nodes)
-    packed = packing(outs, phs, args, [arg_shape(n) for n in args],
-                     [shape_of(n.meta["val"]) for n in region.outputs])
+    packed = None if any(orders) else \
+        packing(outs, phs, args, [arg_shape(n) for n in args],
+                [shape_of(n.meta["val"]) for n in region.outputs])
     kernel = None
     if packed is not None:   # GQA decode: a group's query heads as rows (gqa.py)
         try:
@@ -246,11 +248,24 @@ def _compiled(translated, inputs, packed, name: str, hints: dict,
     from ..runtime.pipeline import compile as nf_compile
     outs, phs, casts = translated
     kernel = nf_compile(outs, phs, name=name, fp32_precision=fp32_precision())
+    late = _timed_out(kernel)
+    if late:   # a repair not derived within the synthesis budget: the rest's region
+        u = late[0]
+        raise Refused(f"{u.consumer} reads the final {u.producer}: {u.reason}")
     has_products, linear = products
     if has_products:
         refuse_staged_matmul(kernel, linear=linear)
     trial(kernel, inputs, casts, packed, hints)
     return kernel, casts
+
+
+def _timed_out(kernel) -> tuple:
+    """The dependencies of ``kernel``'s plan (or its operands' plans) left unfused because
+    their repair was not derived within the synthesis budget (fusion/plan.py)."""
+    got = getattr(kernel.plan, "timed_out", None)
+    if got is not None:
+        return got
+    return tuple(u for k in getattr(kernel, "operand_kernels", ()) for u in _timed_out(k))
 
 
 def refuse_staged_matmul(kernel, linear: bool = True) -> None:

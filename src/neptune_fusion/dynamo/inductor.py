@@ -119,12 +119,12 @@ def _traced_unit_rows(val) -> list | None:
         return None   # symbolic: comparing would guard
     if shape[-1] != 1 and stride[-1] != 1:
         return None
-    if 0 in stride or val.numel() == 0 or not _dense(shape, stride):
+    if 0 in stride or val.numel() == 0 or not dense_layout(shape, stride):
         return None
     return list(stride)
 
 
-def _dense(shape, stride) -> bool:
+def dense_layout(shape, stride) -> bool:
     """Whether ``shape`` at ``stride`` covers ``prod(shape)`` elements with no gaps or
     overlaps (a permutation of a contiguous layout)."""
     want = 1

@@ -19,6 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .rewrite import output_orders
+
 
 def region_key(region, inputs) -> tuple:
     """What the translation of ``region`` over ``inputs`` depends on, names aside."""
@@ -38,7 +40,8 @@ def region_key(region, inputs) -> tuple:
                   for n in region.nodes)
     return (nodes, tuple(_meta(n) for n in inputs),
             tuple(place[n] for n in region.outputs),
-            tuple(sorted(place[n] for n in region.copies)))
+            tuple(sorted(place[n] for n in region.copies)),
+            output_orders(region))   # a graph output's layout is written by the kernel
 
 
 def _meta(node) -> tuple:

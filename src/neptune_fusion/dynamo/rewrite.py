@@ -15,6 +15,7 @@ import operator
 import torch
 
 from ..runtime.torch_ops import KernelEntry, constant_key, handle
+from .inductor import dense_layout
 from .symbolic import dim, hint, is_scalar_value, shape_of, static
 
 
@@ -22,7 +23,8 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
     """Insert the call of ``kernel`` on ``inputs`` and make the region's outputs read its
     results (the region's nodes are then dead, and removed by the caller). ``packed``
     (a :class:`~.gqa.Packing`): its query inputs are passed reshaped to the packed shape
-    and the one result reshaped back."""
+    and the one result reshaped back. A result the kernel writes in another order
+    (:func:`output_orders`) is permuted back, a view."""
     h = handle(KernelEntry, constant_key(kernel))
     order = {n: k for k, n in enumerate(graph.nodes)}
     last = max(region.nodes, key=order.__getitem__)
@@ -55,12 +57,41 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
             gets = [graph.call_function(torch.ops.aten.reshape.default,
                                         (g, list(out.meta["val"].shape)))
                     for g, out in zip(gets, region.outputs)]
+        for k, order in enumerate(output_orders(region)):
+            if order is not None:   # value.permute(order) -> value: a view
+                at = [order.index(d) for d in range(len(order))]
+                gets[k] = graph.call_function(torch.ops.aten.permute.default,
+                                              (gets[k], at))
     for out, got in zip(region.outputs, gets):
         # a later region may read this result: its translation needs the shape and dtype
         # (finish() propagates exact fake values once every region is placed)
         if "val" in out.meta:
             got.meta["val"] = out.meta["val"]
         out.replace_all_uses_with(got)
+
+
+def output_orders(region) -> tuple:
+    """Per output of ``region``: where it is an output of the graph, dense and not
+    contiguous (``softmax(x, -1).t()``, whose ``t`` the region holds), the order of its
+    dimensions in memory, outermost first; else None. The kernel writes such a value in
+    that order, ``value.permute(order)``, and the graph returns it permuted back: the
+    strides eager PyTorch gives it (and Inductor keeps a graph's traced output strides).
+    A value read only inside the graph keeps the kernel's contiguous rows; a non-dense
+    one (a slice, a broadcast) comes back contiguous."""
+    return tuple(_memory_order(n.meta.get("val"))
+                 if any(u.op == "output" for u in n.users) else None
+                 for n in region.outputs)
+
+
+def _memory_order(v) -> tuple | None:
+    if not isinstance(v, torch.Tensor) or v.dim() < 2 or 0 in v.shape:
+        return None
+    shape, stride = tuple(v.shape), tuple(v.stride())
+    if not all(isinstance(x, int) for x in (*shape, *stride)):
+        return None   # symbolic: comparing would guard
+    if v.is_contiguous() or not dense_layout(shape, stride):
+        return None
+    return tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
 
 
 def _strided_rows(node) -> bool:

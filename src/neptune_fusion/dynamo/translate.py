@@ -252,13 +252,21 @@ class Translator:
     def reduce_axis(self, n, name: str):
         return nf.reduce_axis(self.extent(n), name)
 
-    def output(self, node, name: str):
-        """The ``nf.compute`` of ``node``'s value: an output of the program."""
+    def output(self, node, name: str, order=None):
+        """The ``nf.compute`` of ``node``'s value: an output of the program. ``order``
+        (a permutation, rewrite.output_orders): the value's dimensions in that order,
+        ``value.permute(order)``, which the graph permutes back as a view."""
         v = self.vals[node]
         if v.dtype not in KERNEL_DTYPES:
             raise Refused(f"output {node.name} is {v.dtype}; kernels write "
                           f"{', '.join(KERNEL_DTYPES)}")
         pk = self.packed
+        if pk is None and order is not None:
+            at = {d: k for k, d in enumerate(order)}   # value dim d is output dim at[d]
+            shape = tuple(self.extent(v.shape[d]) for d in order)
+            return nf.compute(shape, lambda *idx: v.load(tuple(idx[at[d]] for d in
+                                                               range(len(order)))),
+                              name=name)
         if pk is None:
             shape = tuple(self.extent(n) for n in v.shape)
             return nf.compute(shape, lambda *idx: v.load(tuple(idx)), name=name)
@@ -290,30 +298,33 @@ def _float_const(e: Expr) -> bool:
 
 
 def translate_region(rules: dict, inputs: Sequence, nodes: Sequence, outputs: Sequence,
-                     packed=None, hints=None):
+                     packed=None, hints=None, orders=None):
     """``(outputs, placeholders, casts)`` of a region: its input nodes, its nodes in
     graph order, and the nodes whose values leave it. ``Refused`` names what failed.
     ``packed`` (a :class:`~.gqa.Packing`): the query heads of a key/value group become
     rows (its query inputs and its one output take the packed shapes). ``hints``: the
-    example values of a dynamic graph's size symbols (symbolic.py). The placeholders are
+    example values of a dynamic graph's size symbols (symbolic.py). ``orders``: per
+    output, None or the order its dimensions are written in (``Translator.output``;
+    not with ``packed``). The placeholders are
     those of the tensor inputs and of the symbolic ints no shape gives (0-d int64
     tensors), in order; any other symbolic int input is read from the sizes."""
-    tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, frozenset())
+    orders = orders or (None,) * len(outputs)
+    tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, frozenset(), orders)
     # an extent-1 dimension read at 0 by one path (a view dropped it) and at an axis of
     # extent 1 by another (a broadcast kept it) reads one element, but the two loads
     # differ, and so do reductions that should be one (SDPA's empty-row guard and its
     # softmax's maximum over a (1, 1, N, M) mask): such dimensions are read at 0 always
     mixed = frozenset(k for k, seen in tr.unit_indices.items() if len(seen) > 1)
     if mixed:
-        tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, mixed)
+        tr, outs = _translate(rules, inputs, nodes, outputs, packed, hints, mixed, orders)
     return outs, tr.placeholders, tr.casts
 
 
-def _translate(rules, inputs, nodes, outputs, packed, hints, zeros):
+def _translate(rules, inputs, nodes, outputs, packed, hints, zeros, orders):
     tr = Translator(rules, packed, hints, zeros)
     passed = set(unbound_scalars(inputs))
     for node in inputs:
         tr.add_input(node, node in passed)
     for node in nodes:
         tr.translate(node)
-    return tr, [tr.output(n, f"out_{n.name}") for n in outputs]
+    return tr, [tr.output(n, f"out_{n.name}", order) for n, order in zip(outputs, orders)]
