@@ -16,6 +16,19 @@ def _nf_tile(desc, row, bar, dst, pred):
 
 
 @gluon.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@gluon.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
+@gluon.jit
 def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, WG: tl.constexpr, STAGES: tl.constexpr):
     """Warpgroup WG: rows i_first + 64 WG ... + 63 of the block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -47,9 +60,9 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
         j0 = 0 + 0 * BLOCK_N
         offs_j = j0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         if j0 < j_full_hi:
-            t_2 = tl.max(qk, 1)
+            t_2 = _nf_max(qk, 1, INTERPRET)
             m_tile = t_2 * 0.12751743082459868
-            m_new = tl.maximum(m, m_tile)
+            m_new = _nf_maximum(m, m_tile)
             m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
             alpha = tl.exp2(m - m_run)
             s = qk * 0.12751743082459868
@@ -59,8 +72,8 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             m_next, l_next, p_next, f_next = m_new, l_new, p_2, alpha
         else:
             s_2 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= offs_i[:, None]), qk * 0.12751743082459868, float("-inf"))
-            m_tile_2 = tl.max(s_2, 1)
-            m_new_2 = tl.maximum(m, m_tile_2)
+            m_tile_2 = _nf_max(s_2, 1, INTERPRET)
+            m_new_2 = _nf_maximum(m, m_tile_2)
             m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
             alpha_2 = tl.exp2(m - m_run_2)
             p_3 = tl.exp2(s_2 - m_run_2[:, None])
@@ -84,9 +97,9 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             j0_2 = 0 + t * BLOCK_N
             offs_j = j0_2 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
             if j0_2 < j_full_hi:
-                t_3 = tl.max(qk, 1)
+                t_3 = _nf_max(qk, 1, INTERPRET)
                 m_tile_3 = t_3 * 0.12751743082459868
-                m_new_3 = tl.maximum(m, m_tile_3)
+                m_new_3 = _nf_maximum(m, m_tile_3)
                 m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
                 alpha_3 = tl.exp2(m - m_run_3)
                 s_3 = qk * 0.12751743082459868
@@ -96,8 +109,8 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 m_next_2, l_next_2, p_next_2, f_next_2 = m_new_3, l_new_3, p_4, alpha_3
             else:
                 s_4 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= offs_i[:, None]), qk * 0.12751743082459868, float("-inf"))
-                m_tile_4 = tl.max(s_4, 1)
-                m_new_4 = tl.maximum(m, m_tile_4)
+                m_tile_4 = _nf_max(s_4, 1, INTERPRET)
+                m_new_4 = _nf_maximum(m, m_tile_4)
                 m_run_4 = tl.where(tl.abs(m_new_4) < float("inf"), m_new_4, 0.0)
                 alpha_4 = tl.exp2(m - m_run_4)
                 p_5 = tl.exp2(s_4 - m_run_4[:, None])

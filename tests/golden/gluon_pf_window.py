@@ -16,6 +16,19 @@ def _nf_tile(desc, row, bar, dst, pred):
 
 
 @gluon.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@gluon.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
+@gluon.jit
 def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, WG: tl.constexpr, STAGES: tl.constexpr):
     """Warpgroup WG: rows i_first + 64 WG ... + 63 of the block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
@@ -57,8 +70,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             else:
                 tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
             s = tl.where((offs_j < M)[None, :] & mask, 72.13475204444816 * tanh, float("-inf"))
-            m_tile = tl.max(s, 1)
-            m_new = tl.maximum(m, m_tile)
+            m_tile = _nf_max(s, 1, INTERPRET)
+            m_new = _nf_maximum(m, m_tile)
             m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
             alpha = tl.exp2(m - m_run)
             p_2 = tl.exp2(s - m_run[:, None])
@@ -71,9 +84,9 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 tanh_2 = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
             else:
                 tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_2], dtype=tl.float32, is_pure=True, pack=1)
-            t_3 = tl.max(tanh_2, 1)
+            t_3 = _nf_max(tanh_2, 1, INTERPRET)
             m_tile_2 = t_3 * 72.13475204444816
-            m_new_2 = tl.maximum(m, m_tile_2)
+            m_new_2 = _nf_maximum(m, m_tile_2)
             m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
             alpha_2 = tl.exp2(m - m_run_2)
             s_2 = 72.13475204444816 * tanh_2
@@ -89,8 +102,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             else:
                 tanh_3 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_3], dtype=tl.float32, is_pure=True, pack=1)
             s_3 = tl.where((offs_j < M)[None, :] & mask_2, 72.13475204444816 * tanh_3, float("-inf"))
-            m_tile_3 = tl.max(s_3, 1)
-            m_new_3 = tl.maximum(m, m_tile_3)
+            m_tile_3 = _nf_max(s_3, 1, INTERPRET)
+            m_new_3 = _nf_maximum(m, m_tile_3)
             m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
             alpha_3 = tl.exp2(m - m_run_3)
             p_4 = tl.exp2(s_3 - m_run_3[:, None])
@@ -121,8 +134,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 else:
                     tanh_4 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_4], dtype=tl.float32, is_pure=True, pack=1)
                 s_4 = tl.where((offs_j < M)[None, :] & mask_3, 72.13475204444816 * tanh_4, float("-inf"))
-                m_tile_4 = tl.max(s_4, 1)
-                m_new_4 = tl.maximum(m, m_tile_4)
+                m_tile_4 = _nf_max(s_4, 1, INTERPRET)
+                m_new_4 = _nf_maximum(m, m_tile_4)
                 m_run_4 = tl.where(tl.abs(m_new_4) < float("inf"), m_new_4, 0.0)
                 alpha_4 = tl.exp2(m - m_run_4)
                 p_5 = tl.exp2(s_4 - m_run_4[:, None])
@@ -135,9 +148,9 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                     tanh_5 = 1.0 - 2.0 / (tl.exp2(x_5 * 2.8853900817779268) + 1.0)
                 else:
                     tanh_5 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_5], dtype=tl.float32, is_pure=True, pack=1)
-                t_4 = tl.max(tanh_5, 1)
+                t_4 = _nf_max(tanh_5, 1, INTERPRET)
                 m_tile_5 = t_4 * 72.13475204444816
-                m_new_5 = tl.maximum(m, m_tile_5)
+                m_new_5 = _nf_maximum(m, m_tile_5)
                 m_run_5 = tl.where(tl.abs(m_new_5) < float("inf"), m_new_5, 0.0)
                 alpha_5 = tl.exp2(m - m_run_5)
                 s_5 = 72.13475204444816 * tanh_5
@@ -153,8 +166,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 else:
                     tanh_6 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_6], dtype=tl.float32, is_pure=True, pack=1)
                 s_6 = tl.where((offs_j < M)[None, :] & mask_4, 72.13475204444816 * tanh_6, float("-inf"))
-                m_tile_6 = tl.max(s_6, 1)
-                m_new_6 = tl.maximum(m, m_tile_6)
+                m_tile_6 = _nf_max(s_6, 1, INTERPRET)
+                m_new_6 = _nf_maximum(m, m_tile_6)
                 m_run_6 = tl.where(tl.abs(m_new_6) < float("inf"), m_new_6, 0.0)
                 alpha_6 = tl.exp2(m - m_run_6)
                 p_7 = tl.exp2(s_6 - m_run_6[:, None])

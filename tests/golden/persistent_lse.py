@@ -3,6 +3,19 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@triton.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
 @triton.jit(do_not_specialize=['N'])
 def persistent_lse(
     x_ptr, x_s0,
@@ -22,7 +35,7 @@ def persistent_lse(
     offs_k = tl.arange(0, BLOCK_N)
     x = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < 33)[None, :], other=0.0)
     s = tl.where((offs_k < 33)[None, :], x * 1.4426950408889634, float("-inf"))
-    lse_max0_new = tl.max(s, 1)
+    lse_max0_new = _nf_max(s, 1, INTERPRET)
     s_2 = s - tl.where(tl.abs(lse_max0_new) < float("inf"), lse_max0_new, 0.0)[:, None]
     lse_sum1_new = tl.sum(tl.exp2(s_2), 1)
     lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new

@@ -3,6 +3,19 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@triton.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
 @triton.jit(do_not_specialize=['B', 'N', 'M'])
 def pf_window(
     q_ptr, q_s0, q_s1, q_s2,
@@ -50,8 +63,8 @@ def pf_window(
         else:
             tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
         s = tl.where((offs_j < M)[None, :] & mask, 72.13475204444816 * tanh, float("-inf"))
-        m_tile = tl.max(s, 1)
-        m_new = tl.maximum(m, m_tile)
+        m_tile = _nf_max(s, 1, INTERPRET)
+        m_new = _nf_maximum(m, m_tile)
         m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
         alpha = tl.exp2(m - m_run)
         p = tl.exp2(s - m_run[:, None])
@@ -70,9 +83,9 @@ def pf_window(
             tanh_2 = 1.0 - 2.0 / (tl.exp2(x_2 * 2.8853900817779268) + 1.0)
         else:
             tanh_2 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_2], dtype=tl.float32, is_pure=True, pack=1)
-        t_5 = tl.max(tanh_2, 1)
+        t_5 = _nf_max(tanh_2, 1, INTERPRET)
         m_tile_2 = t_5 * 72.13475204444816
-        m_new_2 = tl.maximum(m, m_tile_2)
+        m_new_2 = _nf_maximum(m, m_tile_2)
         m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
         alpha_2 = tl.exp2(m - m_run_2)
         s_2 = 72.13475204444816 * tanh_2
@@ -94,8 +107,8 @@ def pf_window(
         else:
             tanh_3 = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x_3], dtype=tl.float32, is_pure=True, pack=1)
         s_3 = tl.where((offs_j < M)[None, :] & mask_2, 72.13475204444816 * tanh_3, float("-inf"))
-        m_tile_3 = tl.max(s_3, 1)
-        m_new_3 = tl.maximum(m, m_tile_3)
+        m_tile_3 = _nf_max(s_3, 1, INTERPRET)
+        m_new_3 = _nf_maximum(m, m_tile_3)
         m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
         alpha_3 = tl.exp2(m - m_run_3)
         p_3 = tl.exp2(s_3 - m_run_3[:, None])

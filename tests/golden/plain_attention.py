@@ -3,6 +3,19 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@triton.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
 @triton.jit(do_not_specialize=['N', 'M'])
 def attention(
     q_ptr, q_s0,
@@ -28,9 +41,9 @@ def attention(
         offs_j = j0 + tl.arange(0, BLOCK_N)
         kT = tl.load(k_ptr + (offs_c[:, None] + (offs_j * k_s0)[None, :]))
         qk = tl.dot(q, kT)
-        t = tl.max(qk, 1)
+        t = _nf_max(qk, 1, INTERPRET)
         m_tile = t * 0.18033688011112042
-        m_new = tl.maximum(m, m_tile)
+        m_new = _nf_maximum(m, m_tile)
         m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
         alpha = tl.exp2(m - m_run)
         s = qk * 0.18033688011112042
@@ -46,8 +59,8 @@ def attention(
         kT_2 = tl.load(k_ptr + (offs_c[:, None] + (offs_j * k_s0)[None, :]), mask=(offs_j < M)[None, :], other=0.0)
         qk_2 = tl.dot(q, kT_2)
         s_2 = tl.where((offs_j < M)[None, :], qk_2 * 0.18033688011112042, float("-inf"))
-        m_tile_2 = tl.max(s_2, 1)
-        m_new_2 = tl.maximum(m, m_tile_2)
+        m_tile_2 = _nf_max(s_2, 1, INTERPRET)
+        m_new_2 = _nf_maximum(m, m_tile_2)
         m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
         alpha_2 = tl.exp2(m - m_run_2)
         p_2 = tl.exp2(s_2 - m_run_2[:, None])

@@ -3,6 +3,19 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@triton.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
 @triton.jit(do_not_specialize=['N', 'M'])
 def tanh_sum(
     x_ptr, x_s0,
@@ -25,7 +38,7 @@ def tanh_sum(
         # one tile: j < M == BLOCK_N, unmasked
         offs_j = tl.arange(0, BLOCK_N)
         x = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-        max0_new = tl.max(x, 1)
+        max0_new = _nf_max(x, 1, INTERPRET)
         max0 = max0_new
         x_2 = x - max0[:, None]
         if INTERPRET:
@@ -40,7 +53,7 @@ def tanh_sum(
         # one tile: j < M <= BLOCK_N, masked
         offs_j = tl.arange(0, BLOCK_N)
         x_3 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
-        max0_new_2 = tl.max(tl.where((offs_j < M)[None, :], x_3, float("-inf")), 1)
+        max0_new_2 = _nf_max(tl.where((offs_j < M)[None, :], x_3, float("-inf")), 1, INTERPRET)
         max0 = max0_new_2
         x_4 = x_3 - max0[:, None]
         if INTERPRET:
@@ -56,15 +69,15 @@ def tanh_sum(
         for j0 in range(0, j_full_hi, BLOCK_N):
             offs_j = j0 + tl.arange(0, BLOCK_N)
             x_5 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-            max0_tile = tl.max(x_5, 1)
-            max0_new_3 = tl.maximum(max0, max0_tile)
+            max0_tile = _nf_max(x_5, 1, INTERPRET)
+            max0_new_3 = _nf_maximum(max0, max0_tile)
             max0 = max0_new_3
         # phase 0, boundary tiles (masked): full_hi <= j < hi
         for j0_2 in range(j_full_hi, M, BLOCK_N):
             offs_j = j0_2 + tl.arange(0, BLOCK_N)
             x_6 = tl.load(x_ptr + (t_2[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
-            max0_tile_2 = tl.max(tl.where((offs_j < M)[None, :], x_6, float("-inf")), 1)
-            max0_new_4 = tl.maximum(max0, max0_tile_2)
+            max0_tile_2 = _nf_max(tl.where((offs_j < M)[None, :], x_6, float("-inf")), 1, INTERPRET)
+            max0_new_4 = _nf_maximum(max0, max0_tile_2)
             max0 = max0_new_4
         # phase 1: max0 final from here
         # phase 1, interior tiles (no masks): lo <= j < full_hi

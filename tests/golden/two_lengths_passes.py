@@ -4,6 +4,19 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def _nf_maximum(a, b):
+    return tl.maximum(a, b, propagate_nan=triton.language.PropagateNan.ALL)
+
+
+@triton.jit
+def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
+    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one
+        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)
+        return tl.where(nans > 0.0, float("nan"), tl.max(x, axis))
+    return tl.reduce(x, axis, _nf_maximum)
+
+
 @triton.jit(do_not_specialize=['N', 'M'])
 def nf_t_pass0(
     x_ptr, x_s0,
@@ -27,7 +40,7 @@ def nf_t_pass0(
         # one tile: j < M == BLOCK_N, unmasked
         offs_j = tl.arange(0, BLOCK_N)
         x = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-        m_new = tl.max(x, 1)
+        m_new = _nf_max(x, 1, INTERPRET)
         a_new = tl.sum(x, 1)
         m, a = m_new, a_new
         # epilogue: outputs from the final state
@@ -37,7 +50,7 @@ def nf_t_pass0(
         # one tile: j < M <= BLOCK_N, masked
         offs_j = tl.arange(0, BLOCK_N)
         x_2 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None] & (offs_j < M)[None, :], other=0.0)
-        m_new_2 = tl.max(tl.where((offs_j < M)[None, :], x_2, float("-inf")), 1)
+        m_new_2 = _nf_max(tl.where((offs_j < M)[None, :], x_2, float("-inf")), 1, INTERPRET)
         a_new_2 = tl.sum(tl.where((offs_j < M)[None, :], x_2, 0.0), 1)
         m, a = m_new_2, a_new_2
         # epilogue: outputs from the final state
@@ -48,8 +61,8 @@ def nf_t_pass0(
         for j0 in range(0, j_full_hi, BLOCK_N):
             offs_j = j0 + tl.arange(0, BLOCK_N)
             x_3 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None], other=0.0)
-            m_tile = tl.max(x_3, 1)
-            m_new_3 = tl.maximum(m, m_tile)
+            m_tile = _nf_max(x_3, 1, INTERPRET)
+            m_new_3 = _nf_maximum(m, m_tile)
             a_tile = tl.sum(x_3, 1)
             a_new_3 = a + a_tile
             m, a = m_new_3, a_new_3
@@ -58,8 +71,8 @@ def nf_t_pass0(
             offs_j = j0_2 + tl.arange(0, BLOCK_N)
             j_in = offs_j < M
             x_4 = tl.load(x_ptr + (t[:, None] + offs_j[None, :]), mask=i_in[:, None] & j_in[None, :], other=0.0)
-            m_tile_2 = tl.max(tl.where(j_in[None, :], x_4, float("-inf")), 1)
-            m_new_4 = tl.maximum(m, m_tile_2)
+            m_tile_2 = _nf_max(tl.where(j_in[None, :], x_4, float("-inf")), 1, INTERPRET)
+            m_new_4 = _nf_maximum(m, m_tile_2)
             a_tile_2 = tl.sum(tl.where(j_in[None, :], x_4, 0.0), 1)
             a_new_4 = a + a_tile_2
             m, a = m_new_4, a_new_4

@@ -34,6 +34,7 @@ from .triton_ops import (
     TANH_PORTABLE,
     TANH_PTX,
     TL_BINARY,
+    TL_FLOAT_BINARY,
     TL_UNARY,
     literal,
     wrap,
@@ -287,7 +288,9 @@ class Lowerer(TileOps):
         if e.op in ("floordiv", "mod") and not (nonneg(e.a, INDEX_PARAMS)
                                                  and nonneg(e.b, INDEX_PARAMS)):
             return self.floored(e, a, b, axes)
-        tpl, prec, la, lb = TL_BINARY[e.op]
+        floats = a.kind in ("f32", "f64")
+        tpl, prec, la, lb = (TL_FLOAT_BINARY if floats and e.op in TL_FLOAT_BINARY
+                             else TL_BINARY)[e.op]
         if e.op == "mul" and not e.dtype.is_float and isinstance(e.b, Binary) \
                 and e.b.op in ("mul", "floordiv", "mod"):
             lb = prec + 1  # a * (b // c * d) is not a * b // c * d on integers

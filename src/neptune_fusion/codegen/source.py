@@ -39,7 +39,7 @@ from .program import (
     extent_expr,
 )
 from .reuse import share_exponentials
-from .triton_ops import ATOM, PROD_HELPERS, literal, tl_dtype, wrap
+from .triton_ops import ATOM, NAN_HELPERS, PROD_HELPERS, literal, nan_helpers, tl_dtype, wrap
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def generate(prog: TileProgram) -> str:
     args = kernel_args(prog)
     names, env = kernel_scope(prog, args, {
         "tl", "triton", "pid_row", "pid_grid", "pid_col", "_nf_prod", "_nf_mul", "pid",
-        "row_tiles", "group_width", "first_row", "group_rows"})
+        "row_tiles", "group_width", "first_row", "group_rows", *NAN_HELPERS})
     state_params = frozenset(s.param for s in prog.state)
     pre = Block(names, 1)
     _program_ids(prog, pre, env)
@@ -147,7 +147,8 @@ def generate(prog: TileProgram) -> str:
         "import triton.language as tl",
         "",
         "",
-    ] + ([*PROD_HELPERS, "", ""] if _uses_prod(prog) else []) + [
+    ] + ([*PROD_HELPERS, "", ""] if _uses_prod(prog) else []) + nan_helpers(
+        "\n".join(pre.lines + main.lines)) + [
         _decorator(prog, args),
         f"def {prog.name}(",
     ] + [f"    {group}," for group in _signature_groups(args)] + ["):"]

@@ -366,7 +366,10 @@ class TileOps:
                 return body
             return Val(f"{wrap(body.code, body.prec, MUL)} * BLOCK_N", body.axes, "f32", MUL)
         out = tuple(a for a in body.axes if a != role)
-        return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)})", out, "f32")
+        # max and min propagate NaN (triton_ops.NAN_HELPERS): their helper takes INTERPRET
+        flag = ", INTERPRET" if e.op in ("max", "min") else ""
+        return Val(f"{REDUCE_OPS[e.op]}({body.code}, {body.axes.index(role)}{flag})", out,
+                   "f32")
 
     def padded(self, e: Reduce) -> Expr:
         """``e``'s body, its elements past the end of a reduced column or inner axis (a

@@ -56,11 +56,55 @@ TL_BINARY: dict[str, tuple[str, int, int, int]] = {
     "or": ("{0} | {1}", OR, OR, OR + 1),
 }
 
+# NaN propagates through a float maximum or minimum and through a max or min reduction,
+# as in PyTorch (relu(nan) = nan, amax of a row holding NaN = nan) and the reference
+# interpreter (np.maximum): Triton's tl.maximum/tl.minimum default to PropagateNan.NONE
+# and tl.max/tl.min drop NaN too (they return the other operand). One helper per op, the
+# elementwise one doubling as the reductions' combine, so this is the one place to change
+# (or to switch per path); integers keep TL_BINARY's entries. A module defines the helpers
+# it calls (:func:`nan_helpers`: codegen/source.py, codegen/gluon.py); a call costs
+# nothing on the GPU (Triton inlines it) and each op is one instruction there
+# (``max.NaN.f32``), as tl.maximum's is. ``triton.language`` is spelled in full: a Gluon
+# module binds ``tl`` to Gluon's language, which has no PropagateNan. Under the
+# interpreter a custom combine runs element by element (the kernels ran 4x slower), so
+# there a reduction is NumPy's (which drops NaN) made NaN where the row holds one.
+TL_FLOAT_BINARY: dict[str, tuple[str, int, int, int]] = {
+    "maximum": ("_nf_maximum({0}, {1})", ATOM, 0, 0),
+    "minimum": ("_nf_minimum({0}, {1})", ATOM, 0, 0),
+}
+NAN_HELPERS: dict[str, tuple[str, ...]] = {
+    f"_nf_{op}imum": (
+        "@triton.jit",
+        f"def _nf_{op}imum(a, b):",
+        f"    return tl.{op}imum(a, b, propagate_nan=triton.language.PropagateNan.ALL)",
+    ) for op in ("max", "min")
+} | {
+    f"_nf_{op}": (
+        "@triton.jit",
+        f"def _nf_{op}(x, axis: tl.constexpr, INTERPRET: tl.constexpr):",
+        "    if INTERPRET:  # NumPy's reduction, which drops NaN; NaN where a row holds one",
+        "        nans = tl.sum(tl.where(x == x, 0.0, 1.0), axis)",
+        f"        return tl.where(nans > 0.0, float(\"nan\"), tl.{op}(x, axis))",
+        f"    return tl.reduce(x, axis, _nf_{op}imum)",
+    ) for op in ("max", "min")
+}
+
+
+def nan_helpers(body: str, decorator: str = "@triton.jit") -> list[str]:
+    """The definitions of the :data:`NAN_HELPERS` that ``body`` (kernel source) calls,
+    a reduction's combine with it, each followed by two blank lines; ``decorator``
+    replaces ``@triton.jit`` (Gluon's ``@gluon.jit``)."""
+    used = {n for n in NAN_HELPERS if f"{n}(" in body}
+    used |= {n + "imum" for n in used if n in ("_nf_max", "_nf_min")}
+    return [decorator if line == "@triton.jit" else line
+            for n in NAN_HELPERS if n in used for line in (*NAN_HELPERS[n], "", "")]
+
+
 # lowered by methods of the Lowerer, not by a template: tanh (its CUDA fast path) and
 # pow (constant exponents only)
 LOWERED_BY_METHOD = frozenset({"tanh", "pow"})
 
-REDUCE_OPS = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "prod": "_nf_prod"}
+REDUCE_OPS = {"sum": "tl.sum", "max": "_nf_max", "min": "_nf_min", "prod": "_nf_prod"}
 # reducers of the IR that have no tile lowering: lowering one raises a CodegenError
 NOT_LOWERED: frozenset = frozenset()
 # Triton has no product reduction: a module that uses one defines it (codegen/source.py)
