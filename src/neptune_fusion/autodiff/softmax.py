@@ -6,15 +6,17 @@ saved output: how attention's backward comes out as FlashAttention-2's.
     m[r] = max(s[r, j], j)                 p[r, j] = exp(s[r, j] - lse[r])
     p[r, j] = exp(s[r, j] - m[r])          o[r, e] = sum(p[r, j] * v[j, e], j)
     l[r] = sum(p[r, j], j)
-    o[r, e] = where(l[r] > 0, sum(p[r, j] * v[j, e], j) / l[r], 0)
+    o[r, e] = where(l[r] > 0 | m[r] != -inf, sum(p[r, j] * v[j, e], j) / l[r], 0)
 
 with ``lse`` a placeholder (the forward kernel's second output). With ``m := lse`` the
 normaliser is 1, so the ratio the forward divides out is unchanged. Legality: ``m`` is
 the max over the last axis of ``s``; ``l`` the sum over it of ``exp(s - m)``; ``m`` is
 read only as ``exp(s[r, j] - m[r])``, the whole body of a compute ``p`` (and by the
-forward's own ``lse`` output, dropped); ``l`` only as ``l > 0`` or as the divisor of a
-sum over ``j`` of ``p`` times a factor reading neither ``m`` nor ``l``. A row with no key
-has ``lse = -inf``: the caller passes ``+inf`` there, so that ``p = 0`` (no gradient).
+forward's own ``lse`` output, dropped) or in the guard ``m != -inf`` (the row has a
+key); ``l`` only as ``l > 0`` or as the divisor of a sum over ``j`` of ``p`` times a
+factor reading neither ``m`` nor ``l``. With ``l := 1`` the guard folds away. A row with
+no key has ``lse = -inf``: the caller passes ``+inf`` there, so that ``p = 0`` (no
+gradient).
 
 The :class:`~.reverse.Link` it returns says ``lse[r] = log(sum_j exp(s[r, j]))``:
 ``d_s[r, j] += d_lse[r] * p[r, j]``. Reverse mode then gives ``d_lse[r] = -sum_j(d_p[r,
@@ -25,6 +27,7 @@ FlashAttention's ``delta``, O(rows) work instead of O(rows x keys).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from ..errors import DerivativeError
@@ -97,6 +100,8 @@ def _check_uses(order, s: Compute, m: Compute, l: Compute, dropped) -> None:  # 
             if isinstance(e, Binary) and e.op == "gt" and _is_load(e.a, l) \
                     and isinstance(e.b, Const) and e.b.value == 0:
                 ok.add(id(e.a))
+            if _no_key_guard(e, m):
+                ok.add(id(e.a))
             if isinstance(e, Binary) and e.op == "div" and _is_load(e.b, l) \
                     and isinstance(e.a, Reduce) and e.a.op == "sum":
                 fs = factors(e.a.body)
@@ -110,6 +115,12 @@ def _check_uses(order, s: Compute, m: Compute, l: Compute, dropped) -> None:  # 
                     f"cannot use the saved log-sum-exp: {t.name!r} reads "
                     f"{e.tensor.name!r} as {e} outside exp(s - max) and the normalising "
                     "divide")
+
+
+def _no_key_guard(e: Expr, m: Tensor) -> bool:
+    """Whether ``e`` is ``m != -inf`` (the row has a key: attention's output guard)."""
+    return isinstance(e, Binary) and e.op == "ne" and _is_load(e.a, m) \
+        and isinstance(e.b, Const) and e.b.value == -math.inf
 
 
 def _reads(e: Expr) -> set[Tensor]:

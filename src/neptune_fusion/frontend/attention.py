@@ -158,10 +158,15 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
     l = nf.compute((B, heads, rows), lambda b, h, i: nf.sum(p[b, h, i, j], j),  # noqa: E741
                    name="l")
     # the output has the inputs' dtype, whatever a score_mod computes in; a row with no
-    # key (all masked, or M = 0) has l = 0 (NaN in the reference, exp(-inf - -inf)) and
-    # gives 0, as SDPA and FlexAttention do
+    # key (all masked, or M = 0) gives 0, as SDPA and FlexAttention do, and a row with a
+    # NaN score NaN, as SDPA does. The kernels tell them apart by l (0 for no key, NaN),
+    # the reference by the maximum: there l is NaN for both (exp(-inf - -inf)), and the
+    # maximum -inf only for no key. (``l > 0`` first keeps the kernels' state order, l's
+    # update before the output's product; a backward from the saved log-sum-exp reads l
+    # as 1, which folds the guard away: autodiff/softmax.py)
     o = nf.compute((B, heads, rows, dv), lambda b, h, i, e: nf.where(
-        l[b, h, i] > 0, nf.sum(p[b, h, i, j] * kv_at(v, b, h, j, e), j) / l[b, h, i], 0.0),
+        (l[b, h, i] > 0) | (mx[b, h, i] != -INF),
+        nf.sum(p[b, h, i, j] * kv_at(v, b, h, j, e), j) / l[b, h, i], 0.0),
         name="o", dtype=spec.dtype)
     extra = ([lens] if lens is not None else []) + ([table] if ps else [])
     if spec.lse:
