@@ -1,0 +1,95 @@
+"""NaN through the GPU kernels, as PyTorch gives it (a check, not a timing).
+
+The CPU tests (tests/codegen/test_nan_propagation.py) run the interpreter, which cannot
+run the Gluon kernels or Triton's compiled reductions. This runs the same cases on the
+GPU at sizes the auto-scheduler sends to them: attention prefill (Gluon on sm_90 with
+Triton 3.6, else Triton) and split-k decode, fp16 and bf16, head dims 64 and 128, with a
+NaN in one key of head 0 (every row of that head NaN), a NaN query of head 1 (that row
+NaN), and a causal mask whose first row sees one key (finite); and the max chains
+(``amax``, ``softmax(relu(x))``) through ``nf.compile``. NaN positions must equal SDPA's
+math backend's / torch's, the rest stay within the dtype's tolerance of float64.
+Usage (GPU): ``PYTHONPATH=src python benchmarks/nan_check.py``; prints one JSON line per
+case and exits 1 if any case differs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import neptune_fusion as nf
+from neptune_fusion.ir.graph import placeholders
+
+NAN = float("nan")
+
+
+def _sdpa64(q, k, v, causal: bool):
+    with sdpa_kernel(SDPBackend.MATH):
+        return F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                              is_causal=causal)
+
+
+def _compare(name: str, got, want, tol: float) -> bool:
+    same_nan = torch.equal(got.isnan(), want.isnan())
+    fin = ~want.isnan()
+    err = (got.double()[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
+    ok = same_nan and err <= tol
+    print(json.dumps({"case": name, "ok": ok, "nan_positions_equal": same_nan,
+                      "nan_rows": int(got.isnan().any(-1).sum()), "max_err": err}),
+          flush=True)
+    return ok
+
+
+def attention_cases(dev) -> bool:
+    ok = True
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 6e-2)):
+        for d in (64, 128):
+            for n, m, causal in ((2048, 2048, True), (2048, 2048, False), (1, 8192, False)):
+                g = torch.Generator(device=dev).manual_seed(n + d)
+                q, k, v = (torch.randn(1, 4, s, d, device=dev, dtype=dtype, generator=g)
+                           for s in (n, m, m))
+                k[0, 0, 100, 3] = NAN
+                if n > 1:
+                    q[0, 1, 7, 0] = NAN
+                got = nf.attention(q, k, v, is_causal=causal)
+                want = _sdpa64(q, k, v, causal)
+                name = f"attention {str(dtype)[6:]} d{d} {n}x{m}{' causal' if causal else ''}"
+                ok &= _compare(name, got, want, tol)
+    return ok
+
+
+def chain_cases(dev) -> bool:
+    ok = True
+    N, D = nf.size("N"), 4096
+    x = nf.placeholder((N, D), name="x")
+    kk = nf.reduce_axis(D, "k")
+    amax = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="y")
+    r = nf.compute(x.shape, lambda i, j: nf.maximum(x[i, j], 0.0), name="r")
+    m = nf.compute((N,), lambda i: nf.max(r[i, kk], kk), name="m")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(r[i, kk] - m[i]), kk), name="s")
+    soft = nf.compute(x.shape, lambda i, j: nf.exp(r[i, j] - m[i]) / s[i], name="y")
+    xs = torch.randn(1024, D, device=dev) * 3
+    xs[5, 17] = NAN
+    xs[9, :] = NAN
+    for name, out, eager in (("amax", amax, lambda t: t.amax(-1)),
+                             ("softmax(relu)", soft, lambda t: torch.softmax(t.relu(), -1))):
+        got = nf.compile(out, placeholders([out]), cache=False)(xs)
+        ok &= _compare(f"chain {name}", got, eager(xs.double()), 1e-5)
+    return ok
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    ok = attention_cases(dev)
+    ok &= chain_cases(dev)
+    print(json.dumps({"all_ok": ok, "device": torch.cuda.get_device_name(),
+                      "torch": torch.__version__}), flush=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
