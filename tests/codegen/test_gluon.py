@@ -396,11 +396,12 @@ def test_the_tuners_log_names_the_dialect():
 
 # ---------------------------------------------------------------- host-side descriptors
 
-def test_descriptors_are_made_on_the_host_unless_the_boxes_end_per_program():
+def test_descriptors_are_made_on_the_host_but_a_ragged_batchs_crossed_tile():
     """A prefill program takes three descriptor parameters (q's box a warpgroup's 64 rows,
     k's and v's a tile of keys, 1 in the batch and head dimensions), which the spec
-    carries through the cache; a ragged batch's boxes end at each program's length, so
-    its descriptors are still made on the device."""
+    carries through the cache. A ragged batch on a per-block grid takes them too, and
+    makes on the device only the descriptors of the tile its length crosses (a box that
+    ends at ``kv_lens[b]``: zeros past it); on a persistent grid it makes all of them."""
     from neptune_fusion.codegen.gluon import descriptor_args
     from neptune_fusion.runtime.spec import KernelSpec, specs_of
     [prog] = _program("PF-GQA", 64, GLUON)
@@ -418,7 +419,20 @@ def test_descriptors_are_made_on_the_host_unless_the_boxes_end_per_program():
     assert KernelSpec.from_dict(spec.to_dict()).args == spec.args
     o, ins = _ragged()
     [ragged] = build_programs(plan([o]), ins, GLUON, "ragged")
-    assert descriptor_args(ragged) == () and "make_tensor_descriptor" in generate(ragged)
+    assert [a.name for a in descriptor_args(ragged)] == ["q_desc", "k_desc", "v_desc"]
+    src = generate(ragged)
+    loads = src[src.index("def ragged_loads"):src.index("def ragged(")]
+    crossed = "if 0 + t * BLOCK_N + BLOCK_N > kv_lens"
+    assert loads.count(crossed) == 2 and loads.count("make_tensor_descriptor(") == 2
+    assert "shape=[tl.minimum(M, kv_lens" in loads and "[b, h // 2, 0 + t * BLOCK_N, 0]" in loads
+    lines = loads.splitlines()   # each made under the branch (its base pointer between)
+    for i, line in enumerate(lines):
+        if "make_tensor_descriptor(" in line:
+            assert crossed in lines[i - 2], lines[i - 2:i + 1]
+    walk = replace(GLUON, row_programs=1)
+    [persistent] = build_programs(plan([o]), ins, walk, "ragged")
+    assert descriptor_args(persistent) == ()
+    assert "make_tensor_descriptor" in generate(persistent)
 
 
 def test_a_descriptor_covers_the_input_as_laid_out():

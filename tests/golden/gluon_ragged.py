@@ -29,7 +29,7 @@ def _nf_max(x, axis: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @gluon.jit
-def ragged_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, WG: tl.constexpr, STAGES: tl.constexpr):
+def ragged_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, WG: tl.constexpr, STAGES: tl.constexpr):
     """Warpgroup WG: rows i_first + 64 WG ... + 63 of the block."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_E, 16])
@@ -149,7 +149,7 @@ def ragged_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v
 
 
 @gluon.jit
-def ragged_loads(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, STAGES: tl.constexpr):
+def ragged_loads(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, STAGES: tl.constexpr):
     """One warp: the TMA loads, each buffer refilled once every consumer is done with it."""
     WG_ROWS: gl.constexpr = 64
     # row blocks in reverse: the ones whose loop is longest start first
@@ -166,27 +166,33 @@ def ragged_loads(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, 
     j_full_hi_2 = tl.maximum(tl.minimum(t_7, i_first + kv_lens_2 - N + 1), 0) // BLOCK_N * BLOCK_N
     n_tiles = tl.cdiv(j_hi_2 - 0, BLOCK_N)
     if n_tiles > 0:
-        q_base = q_ptr + tl.cast(b, tl.int64) * q_s0 + tl.cast(h, tl.int64) * q_s1
-        q_desc = tma.make_tensor_descriptor(q_base, shape=[N, 64], strides=[q_s2, 1], block_shape=[WG_ROWS, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        k_base = k_ptr + tl.cast(b, tl.int64) * k_s0 + tl.cast(h // 2, tl.int64) * k_s1
-        k_desc = tma.make_tensor_descriptor(k_base, shape=[tl.minimum(M, kv_lens_2), 64], strides=[k_s2, 1], block_shape=[BLOCK_N, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
-        v_base = v_ptr + tl.cast(b, tl.int64) * v_s0 + tl.cast(h // 2, tl.int64) * v_s1
-        v_desc = tma.make_tensor_descriptor(v_base, shape=[tl.minimum(M, kv_lens_2), 64], strides=[v_s2, 1], block_shape=[BLOCK_N, BLOCK_E], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         mbarrier.expect(a_bar, 2 * q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [i_first, 0], a_bar, q_smem.index(0))
-        tma.async_copy_global_to_shared(q_desc, [i_first + 1 * WG_ROWS, 0], a_bar, q_smem.index(1))
+        tma.async_copy_global_to_shared(q_desc, [b, h, i_first, 0], a_bar, q_smem.index(0).reshape([1, 1, WG_ROWS, BLOCK_C]))
+        tma.async_copy_global_to_shared(q_desc, [b, h, i_first + 1 * WG_ROWS, 0], a_bar, q_smem.index(1).reshape([1, 1, WG_ROWS, BLOCK_C]))
         for t in range(n_tiles):
             buf = t % STAGES
             # a fresh barrier passes a wait on parity 1: the first STAGES tiles load at once
             phase = ((t // STAGES) & 1) ^ 1
             mbarrier.wait(b_empty.index(buf), phase)
-            _nf_tile(k_desc, 0 + t * BLOCK_N, b_full.index(buf), k_smem.index(buf), True)
+            if 0 + t * BLOCK_N + BLOCK_N > kv_lens_2:
+                k_base = k_ptr + tl.cast(b, tl.int64) * k_s0 + tl.cast(h // 2, tl.int64) * k_s1
+                k_desc_2 = tma.make_tensor_descriptor(k_base, shape=[tl.minimum(M, kv_lens_2), 64], strides=[k_s2, 1], block_shape=[BLOCK_N, BLOCK_C], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+                _nf_tile(k_desc_2, 0 + t * BLOCK_N, b_full.index(buf), k_smem.index(buf), True)
+            else:
+                mbarrier.expect(b_full.index(buf), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, h // 2, 0 + t * BLOCK_N, 0], b_full.index(buf), k_smem.index(buf).reshape([1, 1, BLOCK_N, BLOCK_C]))
             mbarrier.wait(v_empty.index(buf), phase)
-            _nf_tile(v_desc, 0 + t * BLOCK_N, v_full.index(buf), v_smem.index(buf), True)
+            if 0 + t * BLOCK_N + BLOCK_N > kv_lens_2:
+                v_base = v_ptr + tl.cast(b, tl.int64) * v_s0 + tl.cast(h // 2, tl.int64) * v_s1
+                v_desc_2 = tma.make_tensor_descriptor(v_base, shape=[tl.minimum(M, kv_lens_2), 64], strides=[v_s2, 1], block_shape=[BLOCK_N, BLOCK_E], layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+                _nf_tile(v_desc_2, 0 + t * BLOCK_N, v_full.index(buf), v_smem.index(buf), True)
+            else:
+                mbarrier.expect(v_full.index(buf), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [b, h // 2, 0 + t * BLOCK_N, 0], v_full.index(buf), v_smem.index(buf).reshape([1, 1, BLOCK_N, BLOCK_E]))
 
 
 @gluon.jit(do_not_specialize=['B', 'N', 'M'])
-def ragged(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr):
+def ragged(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_C: tl.constexpr, INTERPRET: tl.constexpr, q_desc, k_desc, v_desc, STAGES: tl.constexpr):
     q_smem = gl.allocate_shared_memory(tl.float16, [2, BLOCK_M // 2, BLOCK_C], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     k_smem = gl.allocate_shared_memory(tl.float16, [STAGES, BLOCK_N, BLOCK_C], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     v_smem = gl.allocate_shared_memory(tl.float16, [STAGES, BLOCK_N, BLOCK_E], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -204,7 +210,7 @@ def ragged(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, 
         mbarrier.init(v_empty.index(st), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (ragged_rows, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, 0, STAGES)),
-        (ragged_rows, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, 1, STAGES)),
-        (ragged_loads, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, STAGES)),
+        (ragged_rows, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, 0, STAGES)),
+        (ragged_rows, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, 1, STAGES)),
+        (ragged_loads, (q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0, v_s1, v_s2, kv_lens_ptr, o_ptr, o_s0, o_s1, o_s2, B, N, M, BLOCK_M, BLOCK_N, BLOCK_E, BLOCK_C, INTERPRET, q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, a_bar, b_full, v_full, b_empty, v_empty, STAGES)),
     ], [4, 1], [240, 24])

@@ -38,9 +38,11 @@ all but the tile's last two, addressed at the program's batch and head indices),
 rows past a head's end read as zeros and any view with 16-byte strides is read in
 place. ``b`` and ``v`` may be read as zeros past a per-program length
 (``where(j < L, k, 0)``, a ragged batch's ``kv_lens[b]``; the segments' contractions then
-differ only in that mask): then each program makes its descriptors over its own (batch,
-head) rows, boxes ending at ``min(extent, L)``, so the copy engine fills zeros past it
-and the cache rows there are never read.
+differ only in that mask): then the tile that ``L`` crosses is read through a
+descriptor the load warp makes over its (batch, head) rows, its box ending at
+``min(extent, L)``, so the copy engine fills zeros past it and the cache rows there are
+never read; the other tiles through the host's (on a persistent grid every descriptor is
+made per item).
 
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
@@ -295,18 +297,22 @@ def gluon_args(prog: TileProgram) -> tuple:
 def descriptor_args(prog: TileProgram) -> tuple:
     """The kernel parameters of the host-side descriptors (one per operand: the first
     product's two, the accumulator's), or () where the device makes them: a program
-    without the attention shape, an operand of more than five dimensions, or key and
-    value boxes that end at a per-program length (a ragged batch: each program's box
-    ends at its own ``kv_lens[b]``). Made per program on the device, a descriptor is
+    without the attention shape, an operand of more than five dimensions, or a
+    persistent grid over a ragged batch. Made per program on the device, a descriptor is
     written to global memory and fenced before its first load; on the H200 that cost
-    1-6 % at 4096 keys (docs/hopper.md)."""
+    1-6 % at 4096 keys (docs/hopper.md), and 2 % of a Llama prefill's attention call
+    with ``kv_lens`` (2026-12-04). A ragged batch on a per-block grid reads its keys and
+    values through the host descriptors too, except the one tile its length crosses
+    (:meth:`_Kernel._producer`)."""
     try:
         sh = shape_of(prog)
     except CodegenError:
         return ()
     loads = ((sh.a, WG_ROWS), (sh.b, prog.schedule.block_n), (sh.v, prog.schedule.block_n))
-    if sh.loop_bound is not None or any(ld.tensor.ndim > TMA_RANK for ld, _ in loads):
+    if any(ld.tensor.ndim > TMA_RANK for ld, _ in loads):
         return ()
+    if sh.loop_bound is not None and prog.schedule.row_programs > 0:
+        return ()   # a persistent ragged walk rewrites its descriptors per item
     out, taken = [], set()
     for (ld, rows), role in zip(loads, "abv"):
         arg = next(a for a in prog.inputs if a.tensor == ld.tensor)
@@ -560,6 +566,7 @@ class _Kernel:
                 body.comment("a fresh barrier passes a wait on parity 1: the first STAGES "
                              "tiles load at once")
                 body.emit(f"phase = (({self.tile_no('t')} // STAGES) & 1) ^ 1")
+                crossed = self._crossed(run, body, env, lo)
                 for ld, name, bars in ((sh.b, b, "b"), (sh.v, v, "v")):
                     desc, at, box = descs[ld]
                     body.emit(f"mbarrier.wait({bars}_empty.index(buf), phase)")
@@ -567,13 +574,37 @@ class _Kernel:
                         body.emit(f"_nf_tile({desc}, {lo} + t * BLOCK_N, "
                                   f"{bars}_full.index(buf), {name}_smem.index(buf), True)")
                         continue
-                    body.emit(f"mbarrier.expect({bars}_full.index(buf), "
+                    into = body
+                    if crossed is not None:
+                        with body.nested(f"if {crossed}:") as tail:
+                            low = Lowerer(prog, env, tail, None, frozenset())
+                            own = self._device_descriptor(tail, low, ld, "BLOCK_N")
+                            tail.emit(f"_nf_tile({own}, {lo} + t * BLOCK_N, "
+                                      f"{bars}_full.index(buf), {name}_smem.index(buf), True)")
+                        into = body.child()
+                    into.emit(f"mbarrier.expect({bars}_full.index(buf), "
                               f"{desc}.block_type.nbytes)")
-                    body.emit(f"tma.async_copy_global_to_shared({desc}, [{at}{lo} + t * "
+                    into.emit(f"tma.async_copy_global_to_shared({desc}, [{at}{lo} + t * "
                               f"BLOCK_N, 0], {bars}_full.index(buf), "
                               f"{name}_smem.index(buf){box})")
+                    if crossed is not None:
+                        with body.nested("else:") as whole:
+                            whole.extend(into)
         self._close_items(pre, item)
         return pre
+
+    def _crossed(self, run: Block, body: Block, env: dict, lo: str) -> str | None:
+        """With host descriptors and a per-program length ``L`` (a ragged batch): the
+        condition, printed in the loop ``body``, that tile ``t`` holds ``L``'s boundary.
+        That tile's keys and values come through a descriptor whose box ends at ``L``
+        (zeros past it: the cache rows there are never read, and a NaN left in them
+        cannot reach ``p . v``); the others through the host's, which spans the whole
+        cache. None without a length. ``L`` is computed once, in ``run``."""
+        if not self.host or self.shape.loop_bound is None:
+            return None
+        low = Lowerer(self.prog, env, run, None, frozenset())
+        length = low.value(self.shape.loop_bound).code
+        return f"{lo} + t * BLOCK_N + BLOCK_N > {length}"
 
     def _descriptors(self, into: Block, env: dict) -> dict:
         """Per operand ``(descriptor, coordinates before the row's, view of the
@@ -591,21 +622,27 @@ class _Kernel:
                       f"{self._inner(ld).block}])" if len(ld.indices) > 2 else ""
                 descs[ld] = (self.host[ld], at, box)
             return descs
-        for ld, rows, block in ((sh.a, prog.row, "WG_ROWS"), (sh.b, prog.loop, "BLOCK_N"),
-                                (sh.v, prog.loop, "BLOCK_N")):
-            inner, name = self._inner(ld), self.tensor[ld]
-            base, _, _ = low.address(ld.tensor, ld.indices)
-            n = low.value(extent_expr(rows.extent)).code
-            if ld is not sh.a and sh.loop_bound is not None:   # zeros past the length
-                n = f"tl.minimum({n}, {low.value(sh.loop_bound).code})"
-            w = low.value(extent_expr(inner.extent)).code
-            stride = low.value(low.args[ld.tensor].stride(len(ld.indices) - 2)).code
-            lay = _shared_layout(inner.block_size, ld.tensor.dtype)
-            descs[ld] = (into.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
-                                   f"shape=[{n}, {w}], strides=[{stride}, 1], "
-                                   f"block_shape=[{block}, {inner.block}], layout={lay})"),
-                         "", "")
+        for ld, block in ((sh.a, "WG_ROWS"), (sh.b, "BLOCK_N"), (sh.v, "BLOCK_N")):
+            descs[ld] = (self._device_descriptor(into, low, ld, block), "", "")
         return descs
+
+    def _device_descriptor(self, into: Block, low: Lowerer, ld: Load, block: str) -> str:
+        """A descriptor made here (bound in ``into``) over this item's (batch, head)
+        rows of ``ld``'s operand; a key or value box ends at the per-program length when
+        there is one, so the copy engine gives zeros past it."""
+        sh = self.shape
+        rows = self.prog.row if ld is sh.a else self.prog.loop
+        inner, name = self._inner(ld), self.tensor[ld]
+        base, _, _ = low.address(ld.tensor, ld.indices)
+        n = low.value(extent_expr(rows.extent)).code
+        if ld is not sh.a and sh.loop_bound is not None:   # zeros past the length
+            n = f"tl.minimum({n}, {low.value(sh.loop_bound).code})"
+        w = low.value(extent_expr(inner.extent)).code
+        stride = low.value(low.args[ld.tensor].stride(len(ld.indices) - 2)).code
+        lay = _shared_layout(inner.block_size, ld.tensor.dtype)
+        return into.bind(f"{name}_desc", f"tma.make_tensor_descriptor({base}, "
+                         f"shape=[{n}, {w}], strides=[{stride}, 1], "
+                         f"block_shape=[{block}, {inner.block}], layout={lay})")
 
     # ------------------------------------------------------------------ consumer
     def _consumer(self) -> Block:
