@@ -6,7 +6,8 @@ GPU at sizes the auto-scheduler sends to them: attention prefill (Gluon on sm_90
 Triton 3.6, else Triton) and split-k decode, fp16 and bf16, head dims 64 and 128, with a
 NaN in one key of head 0 (every row of that head NaN), a NaN query of head 1 (that row
 NaN), and a causal mask whose first row sees one key (finite); and the max chains
-(``amax``, ``softmax(relu(x))``) through ``nf.compile``. NaN positions must equal
+(``amax``, ``softmax(relu(x))``) through ``nf.compile``; and a ragged prefill whose
+cache rows past each length hold NaN (no output may see them). NaN positions must equal
 float64 torch's (a hidden score is -inf whatever it was), the rest stay within the
 dtype's tolerance of float64. Usage (GPU): ``PYTHONPATH=src python
 benchmarks/nan_check.py`` (``--smoke``: tiny shapes on the CPU, under the interpreter);
@@ -73,6 +74,40 @@ def attention_cases(dev, small: bool) -> bool:
     return ok
 
 
+def ragged_cases(dev, small: bool) -> bool:
+    """A ragged prefill (``kv_lens``): the cache rows at and past each length hold NaN,
+    which no output may see; lengths that end inside a tile (the Gluon kernel reads
+    that tile through a descriptor ending at the length) and on a tile's edge. GQA 4/2,
+    causal, the queries the last ``n`` positions of each sequence; the automatic schedule
+    and the Gluon one (on the GPU)."""
+    from neptune_fusion.schedule.schedule import Schedule
+    ok, n, slots = True, (40 if small else 300), (200 if small else 2048)
+    lens = [n, 130, 197] if small else [300, 1000, 1777, 1024]
+    schedules = {"auto": None}
+    if not small:
+        schedules["gluon 128x128"] = Schedule(block_m=128, block_n=128, num_warps=8,
+                                              num_stages=2, dialect="gluon")
+    causal = lambda b, h, i, j: j <= i   # noqa: E731  (absolute positions)
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 6e-2)):
+        for d in (64, 128):
+            g = torch.Generator(device=dev).manual_seed(d)
+            q = torch.randn(len(lens), 4, n, d, device=dev, dtype=dtype, generator=g)
+            k, v = (torch.randn(len(lens), 2, slots, d, device=dev, dtype=dtype,
+                                generator=g) for _ in range(2))
+            for b, L in enumerate(lens):
+                k[b, :, L:] = NAN
+                v[b, :, L:] = NAN
+            kv_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
+            want = torch.cat([_reference(q[b:b + 1], k[b:b + 1, :, :L].repeat_interleave(
+                2, 1), v[b:b + 1, :, :L].repeat_interleave(2, 1), True)
+                for b, L in enumerate(lens)])
+            for name, sched in schedules.items():
+                got = nf.attention(q, k, v, mask_mod=causal, kv_lens=kv_lens,
+                                   enable_gqa=True, schedule=sched)
+                ok &= _compare(f"ragged {str(dtype)[6:]} d{d} {name}", got, want, tol)
+    return ok
+
+
 def chain_cases(dev, small: bool) -> bool:
     ok = True
     N, D = nf.size("N"), 64 if small else 4096
@@ -97,6 +132,7 @@ def main() -> None:
     small = "--smoke" in sys.argv   # tiny shapes on the CPU (TRITON_INTERPRET=1)
     dev = torch.device("cpu" if small else "cuda")
     ok = attention_cases(dev, small)
+    ok &= ragged_cases(dev, small)
     ok &= chain_cases(dev, small)
     print(json.dumps({"all_ok": ok, "device": "cpu" if small else torch.cuda.get_device_name(),
                       "torch": torch.__version__}), flush=True)
