@@ -10,16 +10,17 @@ from .reference.evaluate import as_outputs, evaluate_unfused
 MODES = ("unfused", "rolling", "split")
 
 
-def plan(outputs, require_single_pass: bool = False):
+def plan(outputs, require_single_pass: bool = False, *, budget: float | None = None):
     """The :class:`~neptune_fusion.fusion.plan.FusionPlan` of ``outputs``.
 
     It lists the fused groups (one loop each), their producers, consumers and carried
     state, the proved repair of every consumer, and the dependencies that could not be
     broken with the reason. ``require_single_pass=True`` raises :class:`FusionError`
-    instead of planning several passes.
+    instead of planning several passes. ``budget``: the seconds each repair derivation
+    may take (default ``$NEPTUNE_FUSION_SYNTH_BUDGET``; ``math.inf``: no limit).
     """
     from .fusion.plan import plan as _plan
-    return _plan(outputs, require_single_pass=require_single_pass)
+    return _plan(outputs, require_single_pass=require_single_pass, budget=budget)
 
 
 def evaluate(outputs, feeds: Mapping, mode: str = "unfused", tile: int = 8, splits: int = 3):

@@ -45,6 +45,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Comma-separated stage names (or `all`): print the IR after each named stage "
             "to stderr. Stages: `canon`, `normalize`, `graph`, `plan`, `lower`, `exp2`, "
             "`partition`, `separate`, `defer`, `split`, `source`."),
+    Setting("NEPTUNE_FUSION_SYNTH_BUDGET", "10",
+            "Seconds one repair derivation may take (SymPy has no time limit of its "
+            "own). A chain whose repair is not derived in time is not fused by a repair: "
+            "`nf.compile` plans it in several passes, the torch.compile backend leaves it "
+            "to the rest of the compiler, both with the reason "
+            "([algebra.md](algebra.md)). `0`: no limit."),
     Setting("NEPTUNE_FUSION_VERIFY", "0",
             "`1`: check invariants between passes (the IR verifier after canonicalise and "
             "normalise, `TileProgram.check()` after lowering). The test suite turns it on."),
@@ -110,6 +116,21 @@ def dump(stage: str, text: str | Callable[[], str]) -> None:
     if dump_wanted(stage):
         print(f"--- neptune-fusion: after {stage} ---\n{text() if callable(text) else text}",
               file=sys.stderr)
+
+
+def synth_budget() -> float:
+    """``$NEPTUNE_FUSION_SYNTH_BUDGET``: seconds per repair derivation (``0``: no limit,
+    returned as infinity)."""
+    raw = _raw("NEPTUNE_FUSION_SYNTH_BUDGET").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:   # negative, NaN or not a number
+        from .errors import NeptuneError
+        raise NeptuneError(f"NEPTUNE_FUSION_SYNTH_BUDGET={raw!r}: give the seconds one "
+                           "repair derivation may take (0: no limit)")
+    return seconds or float("inf")
 
 
 def verify_enabled() -> bool:

@@ -1,13 +1,16 @@
 """Repair synthesis: from a consumer reduction and its producers to a proved repair.
 
 The derivation works on the canonical SymPy abstraction of the consumer's body and is
-memoised on it, so a chain shape is derived (and proved) once per process.
+memoised on it, so a chain shape is derived (and proved) once per process. Each
+derivation has a time budget (:mod:`.budget`): one stopped by it is no repair, remembered
+with its budget and tried again only under a larger one.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from dataclasses import dataclass
-from functools import lru_cache
 
 import sympy as sp
 
@@ -15,6 +18,7 @@ from ..ir.dtypes import float32
 from ..ir.nodes import Expr, IndexVar, Param, Reduce
 from ..ir.traverse import substitute
 from .augmented import Augmented, augment, deltas
+from .budget import TimedOut, within
 from .inversion import Inverted, invert
 from .sign import sign_of
 from .sym import Abstraction, Unsupported, producer_symbols, to_ir, where_branches
@@ -65,10 +69,37 @@ def _guarded(attempt):
         return f"SymPy could not complete the derivation ({type(err).__name__}: {err})"
 
 
-@lru_cache(maxsize=1024)
+Derived = Inverted | Augmented | str | TimedOut
+_MEMO: dict[tuple, Derived] = {}
+_MEMO_LOCK = threading.Lock()
+MEMO_SIZE = 1024
+
+
 def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
-           signs: tuple[str, ...] = ()) -> Inverted | Augmented | str:
-    """The memoised derivation: a proved repair, or the reasons none exists."""
+           signs: tuple[str, ...] = (), budget: float = math.inf) -> Derived:
+    """The memoised derivation: a proved repair, the reasons none exists, or
+    :class:`TimedOut` when it did not finish within ``budget`` seconds. A derivation
+    stopped by a budget is tried again only under a larger one."""
+    key = (op, branches, nprod, signs)
+    got = _MEMO.get(key)
+    if got is not None and not (isinstance(got, TimedOut) and budget > got.seconds):
+        return got
+    got = within(budget, lambda: _derive(op, branches, nprod, signs))
+    with _MEMO_LOCK:
+        if len(_MEMO) >= MEMO_SIZE:
+            _MEMO.pop(next(iter(_MEMO)))   # the oldest
+        _MEMO[key] = got
+    return got
+
+
+def clear_memo() -> None:
+    """Forget every derivation (as ``functools.lru_cache``'s ``cache_clear``)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()
+
+
+def _derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
+            signs: tuple[str, ...]) -> Inverted | Augmented | str:
     r, rn = producer_symbols(nprod, signs)
     t = sp.Symbol("t0", real=True)
     c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
@@ -89,9 +120,11 @@ def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
     return "; ".join(reasons)
 
 
-def synthesize(consumer: Reduce, producers: list[Reduce],
-               outer: frozenset[IndexVar]) -> Repair | str:
-    """Derive the repair of ``consumer`` for ``producers`` moving together."""
+def synthesize(consumer: Reduce, producers: list[Reduce], outer: frozenset[IndexVar],
+               budget: float = math.inf) -> Repair | str | TimedOut:
+    """Derive the repair of ``consumer`` for ``producers`` moving together: the repair,
+    why there is none, or :class:`TimedOut` when the derivation took more than
+    ``budget`` seconds."""
     params = tuple(running(k) for k in range(len(producers)))
     body = substitute(consumer.body, dict(zip(producers, params)))
     signs = tuple(sign_of(p) for p in producers)
@@ -101,8 +134,8 @@ def synthesize(consumer: Reduce, producers: list[Reduce],
         branches = tuple(ab.to_sympy(b) for b in branches_ir)
     except Unsupported as err:
         return str(err)
-    got = derive(consumer.op, branches, len(producers), signs)
-    if isinstance(got, str):
+    got = derive(consumer.op, branches, len(producers), signs, budget)
+    if isinstance(got, (str, TimedOut)):
         return got
     r, rn = producer_symbols(len(producers), signs)
     env: dict[sp.Symbol, Expr] = dict(ab.meaning)

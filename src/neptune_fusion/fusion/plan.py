@@ -12,8 +12,10 @@ every member that reads another member's value carries a proved :class:`Repair`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from ..algebra.budget import TimedOut
 from ..algebra.synth import Repair, synthesize
 from ..analysis.canon import SpatialVars, canonical_binders, canonical_output
 from ..analysis.chains import (
@@ -29,7 +31,7 @@ from ..ir.graph import tensors_in_order
 from ..ir.nodes import Compute, Expr, IndexVar, Reduce
 from ..ir.verify import verify_body
 from ..settings import dump as _dump
-from ..settings import verify_enabled
+from ..settings import synth_budget, verify_enabled
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,14 @@ class FusedGroup:
 
 @dataclass(frozen=True)
 class Unfused:
-    """A dependency left unbroken: ``consumer`` reads ``producer``'s final value."""
+    """A dependency left unbroken: ``consumer`` reads ``producer``'s final value.
+    ``timed_out``: the repair was not derived within the synthesis budget (a larger
+    budget may find one; the reason names the setting)."""
 
     consumer: str
     producer: str
     reason: str
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,12 @@ class FusionPlan:
     def single_pass(self) -> bool:
         """Whether every reduction chain was fused (no dependency left unbroken)."""
         return not self.unfused
+
+    @property
+    def timed_out(self) -> tuple[Unfused, ...]:
+        """The dependencies left unbroken because their repair was not derived within
+        the synthesis budget: the plan is then not what a larger budget would give."""
+        return tuple(u for u in self.unfused if u.timed_out)
 
     def name(self, r: Reduce) -> str:
         return self.names[r]
@@ -187,10 +198,12 @@ def _costly(c: Reduce, rep: Repair, outer: frozenset, names: dict) -> str | None
             "final value (require_single_pass=True fuses it anyway)")
 
 
-def _repairs(graph: ReductionGraph, outer: frozenset, names: dict, thrifty: bool = True):
-    """Repair every consumer against its same-extent producers; collect what fails. With
+def _repairs(graph: ReductionGraph, outer: frozenset, names: dict, thrifty: bool = True,
+             budget: float = math.inf):
+    """Repair every consumer against its same-extent producers; collect what fails (the
+    reason, or the :class:`TimedOut` of a derivation past ``budget`` seconds). With
     ``thrifty``, a repair that costs more than a pass (:func:`_costly`) is refused too."""
-    banned: dict[tuple[int, int], str] = {}
+    banned: dict[tuple[int, int], str | TimedOut] = {}
     repairs: dict[Reduce, Repair] = {}
     while True:
         repairs.clear()
@@ -198,22 +211,22 @@ def _repairs(graph: ReductionGraph, outer: frozenset, names: dict, thrifty: bool
             cands = [p for p in graph.deps[c]
                      if same_extents(p, c) and (id(p), id(c)) not in banned]
             while cands:
-                got = synthesize(c, cands, outer)
+                got = synthesize(c, cands, outer, budget)
                 why = _costly(c, got, outer, names) \
-                    if thrifty and not isinstance(got, str) else None
+                    if thrifty and isinstance(got, Repair) else None
                 if why is not None:
                     for p in cands:
                         banned[(id(p), id(c))] = why
                     break
-                if not isinstance(got, str):
+                if isinstance(got, Repair):
                     repairs[c] = got
                     break
-                alone = {id(p): synthesize(c, [p], outer) for p in cands} \
+                alone = {id(p): synthesize(c, [p], outer, budget) for p in cands} \
                     if len(cands) > 1 else {id(cands[0]): got}
-                bad = [p for p in cands if isinstance(alone[id(p)], str)] or cands
+                bad = [p for p in cands if not isinstance(alone[id(p)], Repair)] or cands
                 for p in bad:
-                    banned[(id(p), id(c))] = alone[id(p)] if isinstance(alone[id(p)], str) \
-                        else got
+                    banned[(id(p), id(c))] = got if isinstance(alone[id(p)], Repair) \
+                        else alone[id(p)]
                 cands = [p for p in cands if all(p is not b for b in bad)]
         fused = {(p, c) for c, rep in repairs.items() for p in rep.producers}
         conflict = False
@@ -271,16 +284,21 @@ def _stages(graph: ReductionGraph, repairs: dict) -> dict[Reduce, int]:
 
 
 def plan(outputs, require_single_pass: bool = False, *,
-         fuse_all: bool | None = None) -> FusionPlan:
+         fuse_all: bool | None = None, budget: float | None = None) -> FusionPlan:
     """Find the reduction chains of ``outputs`` and how to fuse each into one pass.
 
     A fusion that would cost more than a second pass is left unfused (:func:`_costly`)
     unless ``fuse_all`` (default: ``require_single_pass``) takes every provable fusion.
-    With ``require_single_pass=True`` a chain that cannot be fused raises
+    Each repair derivation may take ``budget`` seconds (default
+    ``$NEPTUNE_FUSION_SYNTH_BUDGET``; ``math.inf``: no limit); a chain whose repair is not
+    derived in time is left unfused, with ``timed_out`` set and the reason naming the
+    setting. With ``require_single_pass=True`` a chain that cannot be fused raises
     :class:`FusionError` naming the consumer, the producer and the failed condition.
     """
     if fuse_all is None:
         fuse_all = require_single_pass
+    if budget is None:
+        budget = synth_budget()
     from ..reference.evaluate import as_outputs
     outs, _ = as_outputs(outputs)
     memo: dict = {}
@@ -292,7 +310,7 @@ def plan(outputs, require_single_pass: bool = False, *,
     _dump("graph", lambda: "\n".join(
         f"{names[r]} <- {', '.join(names[p] for p in graph.deps[r]) or '(inputs)'}"
         for r in graph.order))
-    repairs, banned = _repairs(graph, outer, names, thrifty=not fuse_all)
+    repairs, banned = _repairs(graph, outer, names, thrifty=not fuse_all, budget=budget)
     stage = _stages(graph, repairs)
     buckets: dict[tuple, list[Reduce]] = {}
     for r in graph.order:
@@ -304,7 +322,8 @@ def plan(outputs, require_single_pass: bool = False, *,
         FusedGroup(k, stage[rs[0]], tuple(Member(names[r], r, repairs.get(r)) for r in rs))
         for k, rs in enumerate(ordered))
     by_id = {id(r): r for r in graph.order}
-    unfused = tuple(Unfused(names[by_id[c]], names[by_id[p]], why)
+    unfused = tuple(Unfused(names[by_id[c]], names[by_id[p]], str(why),
+                            isinstance(why, TimedOut))
                     for (p, c), why in banned.items())
     result = FusionPlan(tuple(outs), tuple(bodies), tuple(out_axes), context, groups,
                         unfused, names)

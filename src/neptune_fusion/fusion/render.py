@@ -128,8 +128,8 @@ def plan_dict(plan) -> dict:
     return {
         "single_pass": plan.single_pass,
         "groups": groups,
-        "unfused": [{"consumer": u.consumer, "producer": u.producer, "reason": u.reason}
-                    for u in plan.unfused],
+        "unfused": [{"consumer": u.consumer, "producer": u.producer, "reason": u.reason,
+                     "timed_out": u.timed_out} for u in plan.unfused],
         "outputs": [{"name": o.name, "definition": _finals_text(plan, b, whole=True)}
                     for o, b in zip(plan.outputs, plan.bodies)],
         "legend": legend.lines,

@@ -151,9 +151,15 @@ class Builder:
         from ..codegen.lower import check_phased
         check_phased(self.plan)
         form = "single" if self.plan.single_pass else "phased"
-        if self._specs_store is not None:
+        if self._specs_store is not None and self._lasting():
             self._specs_store.put(key, {"form": form})
         return form
+
+    def _lasting(self) -> bool:
+        """Whether what is built now may be stored for later compiles: not when a repair
+        derivation ran out of its time budget (a later one, with more time or less load,
+        may fuse the chain that this plan leaves unfused)."""
+        return self._plan is None or not self._plan.timed_out
 
     def check_single_pass(self) -> None:
         """Raise the error naming the unfused dependency of a plan that is not one fused
@@ -181,7 +187,7 @@ class Builder:
         cached = specs is not None
         if specs is None:
             specs = kernel_specs(self.lowered(schedule)[1], self.inputs)
-            if self._specs_store is not None:
+            if self._specs_store is not None and self._lasting():
                 self._specs_store.put(self._key("kernels", schedule),
                                       {"specs": [s.to_dict() for s in specs]})
         else:
