@@ -16,11 +16,14 @@ MAX_PROOF_OPS = 60
 
 
 def sample_point(syms, rng: random.Random, scale: float = 1.0) -> dict:
-    """Random values: positive symbols in [0.5, 3], the rest in [-2, 2], times ``scale``."""
+    """Random values: positive symbols in [0.5, 3], negative ones in [-3, -0.5], the rest
+    in [-2, 2], times ``scale``."""
     pt = {}
     for s in syms:
         if s.is_positive or s.is_nonnegative:
             pt[s] = rng.uniform(0.5, 3.0) * scale
+        elif s.is_negative or s.is_nonpositive:
+            pt[s] = -rng.uniform(0.5, 3.0) * scale
         else:
             pt[s] = rng.uniform(-2.0, 2.0) * scale
     return pt

@@ -5,7 +5,12 @@ A consumer body ``g`` is abstracted to a SymPy expression in three kinds of symb
 * ``r0, r1, ...``: the producers' values (the part the repair must move);
 * ``c0, c1, ...``: maximal producer-free subterms that vary along the loop (``s[i, j]``,
   ``v[j, d]``): opaque, since the repair must hold for *every* value they take;
-* ``p0, p1, ...`` and sizes: producer-free subterms that are constant along the loop.
+* ``p0, p1, ...`` and sizes: producer-free subterms that are constant along the loop,
+  and every constant but a few small exact ones (:data:`SMALL`), with its sign.
+
+Constants are symbols so that the derivation's cost does not depend on their values:
+kept exact, ``exp(c - r + 10**9)`` made ``solve`` build a polynomial of degree ``10**9``.
+A repair proved for every value of a signed symbol holds for the constant it stands for.
 
 The abstraction is canonical (symbols numbered in first-use order), so structurally equal
 chains give equal SymPy expressions and share one memoised derivation.
@@ -28,16 +33,23 @@ class Unsupported(Exception):
     """The body uses a producer in a way the algebra does not model; the text says how."""
 
 
-def number(v) -> sp.Expr:
-    """An exact SymPy number where the float is a short binary fraction, else a Float."""
+SMALL = 16
+"""A constant stays an exact SymPy number only if it is a rational whose numerator and
+denominator are at most this (``2``, ``-1``, ``0.5``, ``0.125``); any other is a signed
+symbol. Small numbers keep their exact cancellations and cost nothing."""
+
+
+def small_number(v) -> sp.Expr | None:
+    """``v`` as an exact SymPy number (``oo`` for an infinity, ``nan`` for a NaN) when it
+    is small (:data:`SMALL`), else ``None``."""
     if isinstance(v, bool):
         return sp.Integer(int(v))
-    if isinstance(v, int):
-        return sp.Integer(v)
-    if math.isinf(v):
+    if isinstance(v, float) and math.isnan(v):
+        return sp.nan   # sp.Rational(nan) is 0: a NaN must not be read as zero
+    if isinstance(v, float) and math.isinf(v):
         return sp.oo if v > 0 else -sp.oo
     frac = sp.Rational(v)
-    return frac if frac.q <= 1 << 20 else sp.Float(v, 17)
+    return frac if abs(frac.p) <= SMALL and frac.q <= SMALL else None
 
 
 @dataclass
@@ -52,6 +64,7 @@ class Abstraction:
     p_syms: list[sp.Symbol] = field(default_factory=list)
     meaning: dict[sp.Symbol, Expr] = field(default_factory=dict)
     _by_node: dict[int, sp.Symbol] = field(default_factory=dict)
+    _by_const: dict[Const, sp.Symbol] = field(default_factory=dict)
     _has_r: dict[int, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -68,19 +81,24 @@ class Abstraction:
 
     def _opaque(self, e: Expr) -> sp.Expr:
         if isinstance(e, Const):
-            v = number(e.value)
-            if not isinstance(v, sp.Float):
+            v = small_number(e.value)
+            if v is not None:
                 return v
-            # an inexact constant (1e-5, 1/sqrt(d)) stays a symbol: float noise would
-            # defeat the exact proofs, and the constant is just a parameter to them
+            # any other constant (1e-5, 1/sqrt(d), 1e9) is a signed symbol: float noise
+            # would defeat the exact proofs, a huge exact number makes them slow, and the
+            # constant is just a parameter to them. Equal constants are one symbol.
+            s = self._by_const.get(e)
+            if s is None:
+                sign = {"positive": True} if e.value > 0 else {"negative": True}
+                s = sp.Symbol(f"p{len(self.p_syms)}", **sign)
+                self.p_syms.append(s)
+                self._by_const[e] = s
+                self.meaning[s] = e
+            return s
         s = self._by_node.get(id(e))
         if s is not None:
             return s
-        if isinstance(e, Const):
-            s = sp.Symbol(f"p{len(self.p_syms)}", positive=True) if e.value > 0 else \
-                sp.Symbol(f"p{len(self.p_syms)}", negative=True)
-            self.p_syms.append(s)
-        elif isinstance(e, Size):
+        if isinstance(e, Size):
             s = sp.Symbol(e.name, positive=True)
         elif e.free_vars <= self.outer:
             s = sp.Symbol(f"p{len(self.p_syms)}", real=True)
@@ -116,7 +134,7 @@ class Abstraction:
                         "div": lambda: a / b, "maximum": lambda: sp.Max(a, b),
                         "minimum": lambda: sp.Min(a, b)}[e.op]()
             if e.op == "pow" and isinstance(e.b, Const):
-                return go(e.a) ** number(e.b.value)
+                return go(e.a) ** self._opaque(e.b)
             raise Unsupported(f"a producer appears under '{e.op}' in {e}")
         elif isinstance(e, Cast) and e.dtype.is_float:
             return go(e.x)
@@ -206,6 +224,9 @@ def to_ir(x: sp.Expr, env: dict[sp.Symbol, Expr]) -> Expr:
             if base == 2:
                 return build.unary("exp2", to_ir(e, env))
             return build.unary("exp", to_ir(e * sp.log(base), env))
+        value = _constant_value(e, env)
+        if value is not None:   # an exponent made of abstracted constants: its value
+            return build.power(to_ir(base, env), value)
         raise Unsupported(f"cannot lower the power {x}")
     fn = {sp.exp: "exp", sp.log: "log", sp.tanh: "tanh", sp.Abs: "abs",
           sp.erf: "erf"}.get(x.func)
@@ -223,3 +244,12 @@ def to_ir(x: sp.Expr, env: dict[sp.Symbol, Expr]) -> Expr:
     if alt != x:
         return to_ir(alt, env)
     raise Unsupported(f"cannot lower {x.func.__name__} in {x}")
+
+
+def _constant_value(x: sp.Expr, env: dict[sp.Symbol, Expr]) -> float | None:
+    """The value of ``x`` when each of its symbols stands for a constant, else None (the
+    constants' values enter only here, where an emitted expression needs them)."""
+    if not x.free_symbols or not all(isinstance(env.get(s), Const) for s in x.free_symbols):
+        return None
+    v = x.xreplace({s: sp.Float(env[s].value) for s in x.free_symbols})
+    return float(v) if v.is_Number and v.is_finite else None

@@ -137,7 +137,16 @@ def synthesize(consumer: Reduce, producers: list[Reduce], outer: frozenset[Index
     got = derive(consumer.op, branches, len(producers), signs, budget)
     if isinstance(got, (str, TimedOut)):
         return got
-    r, rn = producer_symbols(len(producers), signs)
+    try:
+        return _repair(got, producers, ab, body, branches, signs)
+    except Unsupported as err:   # a proved repair that has no IR form
+        return f"the derived repair has no IR form: {err}"
+
+
+def _repair(got: Inverted | Augmented, producers: list[Reduce], ab: Abstraction,
+            body: Expr, branches: tuple, signs: tuple) -> Repair:
+    """The proved ``got`` as IR, each symbol replaced by what it stands for."""
+    _, rn = producer_symbols(len(producers), signs)
     env: dict[sp.Symbol, Expr] = dict(ab.meaning)
     env.update({s: moved(k) for k, s in enumerate(rn)})
     if isinstance(got, Inverted):
