@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .proofs import counterexample, fmt_point, is_zero, probe, simplest
+from .proofs import MAX_PROOF_OPS, fmt_point, is_zero, probe, simplest, varies
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,15 @@ class Inverted:
 
 
 def _candidates(g: sp.Expr, g1: sp.Expr, t: sp.Symbol, c_syms: set):
-    q = simplest(g1 / g)
-    if not (q.free_symbols & c_syms):
-        yield t * q
-    d = simplest(g1 - g)
-    if not (d.free_symbols & c_syms):
-        yield t + d
+    # a ratio or difference that visibly varies with c is not simplified (simplify of
+    # |tanh(..)| / |tanh(..)| alone took seconds): it cannot become free of c
+    for kind in ("ratio", "difference"):
+        e = g1 / g if kind == "ratio" else g1 - g
+        if varies(e, c_syms):
+            continue
+        e = simplest(e)
+        if not (e.free_symbols & c_syms):
+            yield t * e if kind == "ratio" else t + e
     for c in sorted(g.free_symbols & c_syms, key=lambda s: s.name):
         # Invertible "in c" means c occurs once, under a chain of invertible functions;
         # solving polynomials of higher degree would be slow and multivalued.
@@ -73,7 +76,10 @@ def _distributes(h: sp.Expr, t: sp.Symbol, op: str, positive: bool) -> tuple[boo
         if not is_zero(diff):
             return False, f"could not prove h(x {sym} y) = h(x) {sym} h(y)"
         return True, f"h(x {sym} y) = h(x) {sym} h(y)"
-    slope = sp.simplify(sp.diff(h, t))
+    slope = sp.diff(h, t)
+    if slope.count_ops() > 4 * MAX_PROOF_OPS:  # simplify has no time limit: not attempted
+        return False, f"dh/dt is too large to prove nondecreasing in t, needed for {op}"
+    slope = sp.simplify(slope)
     try:
         nonneg = bool(slope.is_nonnegative)
     except TypeError:  # SymPy compared a NaN on the way
@@ -81,6 +87,16 @@ def _distributes(h: sp.Expr, t: sp.Symbol, op: str, positive: bool) -> tuple[boo
     if nonneg:
         return True, f"dh/dt = {slope} >= 0, so h commutes with {op}"
     return False, f"could not prove h nondecreasing in t (dh/dt = {slope}), needed for {op}"
+
+
+def _maps(h: sp.Expr, t: sp.Symbol, term: sp.Expr, sub: dict) -> str | None:
+    """Why ``h`` visibly fails to map ``term`` to its repaired value, or None."""
+    bad, finite = probe(h.subs(t, term) - term.subs(sub))
+    if bad is not None:
+        return f"h = {h} does not map the term {term} to its repaired value"
+    if finite < 3:
+        return f"h = {h} is undefined at most sample points of the term {term}"
+    return None
 
 
 def invert(branches: list[sp.Expr], op: str, r: tuple, rn: tuple, t: sp.Symbol,
@@ -97,11 +113,12 @@ def invert(branches: list[sp.Expr], op: str, r: tuple, rn: tuple, t: sp.Symbol,
     tried = False
     for h in _candidates(main, main.subs(sub), t, c_syms):
         tried = True
-        # cheap numeric falsifiers first, then the symbolic proofs
-        wrong = next((b for b in branches
-                      if counterexample(h.subs(t, b) - b.subs(sub)) is not None), None)
-        if wrong is not None:
-            reasons.append(f"h = {h} does not map the term {wrong} to its repaired value")
+        # cheap numeric falsifiers first, then the symbolic proofs; an h undefined at
+        # most points, which is_zero below refuses, is refused before the costlier
+        # distributivity proof too (|tanh| inverted has such a branch)
+        why = next(filter(None, (_maps(h, t, b, sub) for b in branches)), None)
+        if why is not None:
+            reasons.append(why)
             continue
         good, why = _distributes(h, t, op, all(b.is_positive for b in branches))
         if not good:

@@ -73,6 +73,29 @@ def probe(expr: sp.Expr, trials: int = 12, seed: int = 0) -> tuple[dict | None, 
     return None, finite
 
 
+def varies(expr: sp.Expr, syms: set, trials: int = 6, seed: int = 0) -> bool:
+    """Whether ``expr`` visibly changes when only ``syms`` change (at random points).
+
+    True is a fact (two finite values that differ), so no simplification can make
+    ``expr`` free of ``syms``; False proves nothing.
+    """
+    order = sorted(expr.free_symbols, key=lambda s: s.name)
+    moving = [s for s in order if s in syms]
+    if not moving:
+        return False
+    f = compile_numeric(order, expr)
+    if f is None:
+        return False
+    rng = random.Random(seed)
+    for k in range(trials):
+        pt = sample_point(order, rng, _SCALES[k % len(_SCALES)])
+        a = _numeric(f, order, pt)
+        b = _numeric(f, order, {**pt, **sample_point(moving, rng, _SCALES[k % len(_SCALES)])})
+        if np.isfinite(a) and np.isfinite(b) and abs(a - b) > 1e-6 * (1 + abs(a) + abs(b)):
+            return True
+    return False
+
+
 def counterexample(expr: sp.Expr, trials: int = 12, seed: int = 0) -> dict | None:
     """A point where ``expr`` is clearly nonzero, or ``None`` if none was found."""
     return probe(expr, trials, seed)[0]
