@@ -156,7 +156,8 @@ def test_persistent_softmax_computes_one_exponential_per_element(d):
     the result matches float64 (through ``_check``)."""
     kern = _check("softmax", d, Schedule(block_m=2, block_n=64, num_warps=2, num_stages=1))
     one = _one_tile_branch(kern.source)
-    assert one.count("tl.exp2(") == 2 and "tl.exp(" not in one, one   # + one per row
+    # one per element; the factor per row is a select (reuse.py)
+    assert one.count("tl.exp2(") == 1 and "tl.exp(" not in one, one
     assert "l_new = tl.sum(p, 1)" in one, one
     looped = _check("softmax", d, Schedule(block_m=2, block_n=16, num_warps=2, num_stages=1))
     assert "tl.exp(" in looped.source   # a looped epilogue reads x again: its own exp
@@ -182,14 +183,20 @@ def test_the_shared_exponential_keeps_non_finite_rows_as_the_loop_gives_them():
     torch.testing.assert_close(got[0][fin], got[1][fin], rtol=1e-5, atol=1e-7)
 
 
-def test_the_exponential_identity_holds_on_every_special_value():
-    """``exp2(a - m) = exp2(a - g(m)) * exp2(g(m) - m)``, ``g(m) = m if |m| < inf else 0``
-    (reuse.py's rewrite), in float32 for a and m finite, infinite and NaN: equal, NaN
-    where the left side is."""
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_the_exponential_identity_holds_on_every_special_value(op):
+    """``exp2(a - m) = exp2(a - g(m)) * where(m == id, exp2(-id), 1)``, ``g`` the guard a
+    consumer reads the running value through (reducers.safe_array: the identity ``id``
+    as 0) -- reuse.py's rewrite -- in float32 for a and m finite, infinite and NaN:
+    equal, NaN where the left side is. (With the old guard, every non-finite m read as
+    0, the factor was ``exp2(g(m) - m)``; with +inf kept that is NaN at m = +inf.)"""
+    from neptune_fusion.ir.reducers import reducer, safe_array
     vals = torch.tensor([-3.5, 0.0, 2.25, float("inf"), float("-inf"), float("nan")])
     a, m = torch.meshgrid(vals, vals, indexing="ij")
-    g = torch.where(m.abs() < float("inf"), m, torch.zeros_like(m))
+    ident = reducer(op).identity
+    g = safe_array(op, m, torch)
+    assert torch.equal(g.isnan(), m.isnan()) and (g[m == ident] == 0).all()
     left = torch.exp2(a - m)
-    right = torch.exp2(a - g) * torch.exp2(g - m)
+    right = torch.exp2(a - g) * torch.where(m == ident, 2.0 ** -ident, 1.0)
     assert torch.equal(left.isnan(), right.isnan())
     assert torch.equal(left[~left.isnan()], right[~left.isnan()])

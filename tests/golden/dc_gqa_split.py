@@ -65,7 +65,7 @@ def dc_gqa_partial(
         t_8 = _nf_max(qk, 1, INTERPRET)
         m_tile = t_8 * 0.12751743082459868
         m_new = _nf_maximum(m, m_tile)
-        m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
+        m_run = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_run)
         s = qk * 0.12751743082459868
         p = tl.exp2(s - m_run[:, None])
@@ -82,7 +82,7 @@ def dc_gqa_partial(
         s_2 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= t_10[:, None]), qk_2 * 0.12751743082459868, float("-inf"))
         m_tile_2 = _nf_max(s_2, 1, INTERPRET)
         m_new_2 = _nf_maximum(m, m_tile_2)
-        m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
+        m_run_2 = tl.where(m_new_2 == float("-inf"), 0.0, m_new_2)
         alpha_2 = tl.exp2(m - m_run_2)
         p_2 = tl.exp2(s_2 - m_run_2[:, None])
         l_tile_2 = tl.sum(p_2, 1)
@@ -148,7 +148,7 @@ def dc_gqa_combine(
         t_3 = tl.cast(split_id_2, tl.int64) * ws_m_s0 + tl.cast(h, tl.int64) * ws_m_s1 + tl.cast(b, tl.int64) * ws_m_s2
         ws_m_base_2 = ws_m_ptr + t_3
         ws_m_2 = tl.load(ws_m_base_2 + offs_i, mask=offs_i < N, other=0.0)
-        t_4 = tl.where(tl.abs(ws_m_2) < float("inf"), ws_m_2, 0.0) - tl.where(tl.abs(m) < float("inf"), m, 0.0)
+        t_4 = tl.where(ws_m_2 == float("-inf"), 0.0, ws_m_2) - tl.where(m == float("-inf"), 0.0, m)
         p = tl.exp2(t_4)
         l_new = l + tl.where(ws_l == 0.0, 0.0, ws_l * p)
         t_5 = tl.cast(split_id_2, tl.int64) * ws_o_sum_s0 + tl.cast(h, tl.int64) * ws_o_sum_s1

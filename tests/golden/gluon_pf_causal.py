@@ -63,7 +63,7 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             t_2 = _nf_max(qk, 1, INTERPRET)
             m_tile = t_2 * 0.12751743082459868
             m_new = _nf_maximum(m, m_tile)
-            m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
+            m_run = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m - m_run)
             s = qk * 0.12751743082459868
             p_2 = tl.exp2(s - m_run[:, None])
@@ -74,7 +74,7 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             s_2 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= offs_i[:, None]), qk * 0.12751743082459868, float("-inf"))
             m_tile_2 = _nf_max(s_2, 1, INTERPRET)
             m_new_2 = _nf_maximum(m, m_tile_2)
-            m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
+            m_run_2 = tl.where(m_new_2 == float("-inf"), 0.0, m_new_2)
             alpha_2 = tl.exp2(m - m_run_2)
             p_3 = tl.exp2(s_2 - m_run_2[:, None])
             l_tile_2 = tl.sum(p_3, 1)
@@ -100,7 +100,7 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 t_3 = _nf_max(qk, 1, INTERPRET)
                 m_tile_3 = t_3 * 0.12751743082459868
                 m_new_3 = _nf_maximum(m, m_tile_3)
-                m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
+                m_run_3 = tl.where(m_new_3 == float("-inf"), 0.0, m_new_3)
                 alpha_3 = tl.exp2(m - m_run_3)
                 s_3 = qk * 0.12751743082459868
                 p_4 = tl.exp2(s_3 - m_run_3[:, None])
@@ -111,7 +111,7 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 s_4 = tl.where((offs_j < M)[None, :] & (offs_j[None, :] <= offs_i[:, None]), qk * 0.12751743082459868, float("-inf"))
                 m_tile_4 = _nf_max(s_4, 1, INTERPRET)
                 m_new_4 = _nf_maximum(m, m_tile_4)
-                m_run_4 = tl.where(tl.abs(m_new_4) < float("inf"), m_new_4, 0.0)
+                m_run_4 = tl.where(m_new_4 == float("-inf"), 0.0, m_new_4)
                 alpha_4 = tl.exp2(m - m_run_4)
                 p_5 = tl.exp2(s_4 - m_run_4[:, None])
                 l_tile_4 = tl.sum(p_5, 1)

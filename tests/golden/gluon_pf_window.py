@@ -72,7 +72,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             s = tl.where((offs_j < M)[None, :] & mask, 72.13475204444816 * tanh, float("-inf"))
             m_tile = _nf_max(s, 1, INTERPRET)
             m_new = _nf_maximum(m, m_tile)
-            m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
+            m_run = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m - m_run)
             p_2 = tl.exp2(s - m_run[:, None])
             l_tile = tl.sum(p_2, 1)
@@ -87,7 +87,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             t_3 = _nf_max(tanh_2, 1, INTERPRET)
             m_tile_2 = t_3 * 72.13475204444816
             m_new_2 = _nf_maximum(m, m_tile_2)
-            m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
+            m_run_2 = tl.where(m_new_2 == float("-inf"), 0.0, m_new_2)
             alpha_2 = tl.exp2(m - m_run_2)
             s_2 = 72.13475204444816 * tanh_2
             p_3 = tl.exp2(s_2 - m_run_2[:, None])
@@ -104,7 +104,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             s_3 = tl.where((offs_j < M)[None, :] & mask_2, 72.13475204444816 * tanh_3, float("-inf"))
             m_tile_3 = _nf_max(s_3, 1, INTERPRET)
             m_new_3 = _nf_maximum(m, m_tile_3)
-            m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
+            m_run_3 = tl.where(m_new_3 == float("-inf"), 0.0, m_new_3)
             alpha_3 = tl.exp2(m - m_run_3)
             p_4 = tl.exp2(s_3 - m_run_3[:, None])
             l_tile_3 = tl.sum(p_4, 1)
@@ -136,7 +136,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 s_4 = tl.where((offs_j < M)[None, :] & mask_3, 72.13475204444816 * tanh_4, float("-inf"))
                 m_tile_4 = _nf_max(s_4, 1, INTERPRET)
                 m_new_4 = _nf_maximum(m, m_tile_4)
-                m_run_4 = tl.where(tl.abs(m_new_4) < float("inf"), m_new_4, 0.0)
+                m_run_4 = tl.where(m_new_4 == float("-inf"), 0.0, m_new_4)
                 alpha_4 = tl.exp2(m - m_run_4)
                 p_5 = tl.exp2(s_4 - m_run_4[:, None])
                 l_tile_4 = tl.sum(p_5, 1)
@@ -151,7 +151,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 t_4 = _nf_max(tanh_5, 1, INTERPRET)
                 m_tile_5 = t_4 * 72.13475204444816
                 m_new_5 = _nf_maximum(m, m_tile_5)
-                m_run_5 = tl.where(tl.abs(m_new_5) < float("inf"), m_new_5, 0.0)
+                m_run_5 = tl.where(m_new_5 == float("-inf"), 0.0, m_new_5)
                 alpha_5 = tl.exp2(m - m_run_5)
                 s_5 = 72.13475204444816 * tanh_5
                 p_6 = tl.exp2(s_5 - m_run_5[:, None])
@@ -168,7 +168,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
                 s_6 = tl.where((offs_j < M)[None, :] & mask_4, 72.13475204444816 * tanh_6, float("-inf"))
                 m_tile_6 = _nf_max(s_6, 1, INTERPRET)
                 m_new_6 = _nf_maximum(m, m_tile_6)
-                m_run_6 = tl.where(tl.abs(m_new_6) < float("inf"), m_new_6, 0.0)
+                m_run_6 = tl.where(m_new_6 == float("-inf"), 0.0, m_new_6)
                 alpha_6 = tl.exp2(m - m_run_6)
                 p_7 = tl.exp2(s_6 - m_run_6[:, None])
                 l_tile_6 = tl.sum(p_7, 1)

@@ -36,8 +36,8 @@ def persistent_lse(
     x = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < 33)[None, :], other=0.0)
     s = tl.where((offs_k < 33)[None, :], x * 1.4426950408889634, float("-inf"))
     lse_max0_new = _nf_max(s, 1, INTERPRET)
-    s_2 = s - tl.where(tl.abs(lse_max0_new) < float("inf"), lse_max0_new, 0.0)[:, None]
-    lse_sum1_new = tl.sum(tl.exp2(s_2), 1)
+    p = tl.exp2(s - tl.where(lse_max0_new == float("-inf"), 0.0, lse_max0_new)[:, None])
+    lse_sum1_new = tl.sum(p, 1)
     lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new
     # epilogue: outputs from the final state
     tl.store(lse_ptr + offs_i, (lse_max0 * 0.6931471805599453 + tl.log(lse_sum1)).to(tl.float32), mask=i_in)

@@ -65,7 +65,7 @@ def pf_window(
         s = tl.where((offs_j < M)[None, :] & mask, 72.13475204444816 * tanh, float("-inf"))
         m_tile = _nf_max(s, 1, INTERPRET)
         m_new = _nf_maximum(m, m_tile)
-        m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
+        m_run = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_run)
         p = tl.exp2(s - m_run[:, None])
         l_tile = tl.sum(p, 1)
@@ -86,7 +86,7 @@ def pf_window(
         t_5 = _nf_max(tanh_2, 1, INTERPRET)
         m_tile_2 = t_5 * 72.13475204444816
         m_new_2 = _nf_maximum(m, m_tile_2)
-        m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
+        m_run_2 = tl.where(m_new_2 == float("-inf"), 0.0, m_new_2)
         alpha_2 = tl.exp2(m - m_run_2)
         s_2 = 72.13475204444816 * tanh_2
         p_2 = tl.exp2(s_2 - m_run_2[:, None])
@@ -109,7 +109,7 @@ def pf_window(
         s_3 = tl.where((offs_j < M)[None, :] & mask_2, 72.13475204444816 * tanh_3, float("-inf"))
         m_tile_3 = _nf_max(s_3, 1, INTERPRET)
         m_new_3 = _nf_maximum(m, m_tile_3)
-        m_run_3 = tl.where(tl.abs(m_new_3) < float("inf"), m_new_3, 0.0)
+        m_run_3 = tl.where(m_new_3 == float("-inf"), 0.0, m_new_3)
         alpha_3 = tl.exp2(m - m_run_3)
         p_3 = tl.exp2(s_3 - m_run_3[:, None])
         l_tile_3 = tl.sum(p_3, 1)

@@ -44,7 +44,7 @@ def attention(
         t = _nf_max(qk, 1, INTERPRET)
         m_tile = t * 0.18033688011112042
         m_new = _nf_maximum(m, m_tile)
-        m_run = tl.where(tl.abs(m_new) < float("inf"), m_new, 0.0)
+        m_run = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_run)
         s = qk * 0.18033688011112042
         p = tl.exp2(s - m_run[:, None])
@@ -61,7 +61,7 @@ def attention(
         s_2 = tl.where((offs_j < M)[None, :], qk_2 * 0.18033688011112042, float("-inf"))
         m_tile_2 = _nf_max(s_2, 1, INTERPRET)
         m_new_2 = _nf_maximum(m, m_tile_2)
-        m_run_2 = tl.where(tl.abs(m_new_2) < float("inf"), m_new_2, 0.0)
+        m_run_2 = tl.where(m_new_2 == float("-inf"), 0.0, m_new_2)
         alpha_2 = tl.exp2(m - m_run_2)
         p_2 = tl.exp2(s_2 - m_run_2[:, None])
         v_2 = tl.load(v_ptr + (offs_e[None, :] + (offs_j * v_s0)[:, None]), mask=(offs_j < M)[:, None], other=0.0)

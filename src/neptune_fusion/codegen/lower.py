@@ -5,10 +5,10 @@
 
 The per-tile update is exactly the fused reference's algorithm
 (:class:`neptune_fusion.fusion.reference.GroupRunner`): for each member in order, the
-producers' new running values (non-finite read as 0), the tile's partial of each term at
-those values, and the old state repaired to them and merged. The state starts at the
-reducers' identities with the producers' values at theirs (``-inf`` for a max), which
-makes the first repair vanish (checked, see :func:`_vanishes`).
+producers' new running values (an empty max's ``-inf`` read as 0), the tile's partial
+of each term at those values, and the old state repaired to them and merged. The state
+starts at the reducers' identities with the producers' values at theirs (``-inf`` for a
+max), which makes the first repair vanish (checked, see :func:`_vanishes`).
 
 A plan that is not single-pass but a chain of groups over one reduction axis of one row
 (:func:`phase_groups`) is lowered the same way, group ``k`` as *phase* ``k``: one loop per

@@ -4,21 +4,23 @@ When one tile covers the reduction axis (a persistent row reduction, ``one_tile`
 phase runs its update once from the identity, so a state's final value is that update's
 new value and the epilogue may read what the update computed per element. Softmax's
 output ``exp(x - m) / l`` is the case: the sum ``l`` already computed
-``exp2(s - g(m))`` for every element of the tile (``s = x * log2 e``, ``g(m) = m`` when
-``|m| < inf``, else 0: the guard a consumer reads a running maximum through), and the
-epilogue computed the exponential a second time. This rule rewrites an output's
-``exp2(a - m)`` as::
+``exp2(s - g(m))`` for every element of the tile (``s = x * log2 e``, ``g(m) = 0`` when
+``m`` is the maximum's identity ``-inf``, else ``m``: the guard a consumer reads a
+running maximum through, ``reducers.safe_expr``), and the epilogue computed the
+exponential a second time. This rule rewrites an output's ``exp2(a - m)`` as::
 
-    exp2(a - g(m)) * exp2(g(m) - m)
+    exp2(a - g(m)) * where(m == -inf, inf, 1)
 
 whose first factor is the update's own tile value (the code generator's CSE reads it
-instead of computing it) and whose second is one value per row. The identity holds in
-IEEE arithmetic for every ``a`` and ``m``. For a finite ``m``, ``g(m) = m`` and the
-factor is exactly ``exp2(0) = 1``. For ``m = -inf``, ``g(m) = 0`` and the factor is
-``inf``: ``exp2(a) * inf`` is NaN for ``a = -inf`` (as ``exp2(-inf + inf)``) and inf
-otherwise (as ``exp2(a + inf)``). For ``m = +inf`` the factor is 0: ``exp2(a) * 0`` is 0
-for a finite ``a`` (as ``exp2(a - inf)``) and NaN for ``a = inf`` (as ``exp2(inf -
-inf)``). A NaN on either side gives NaN on both. Only ``a`` may differ from the
+instead of computing it) and whose second is one select per row (``exp2(g(m) - m)``
+where that is not 1). The identity holds in IEEE arithmetic for every ``a`` and ``m``.
+Where ``m != -inf`` (finite, ``+inf`` or NaN), ``g(m) = m`` and the product is
+``exp2(a - m) * 1``, the same value. For ``m = -inf``, ``g(m) = 0`` and ``exp2(a) * inf``
+is NaN for ``a = -inf`` (as ``exp2(-inf + inf)``) and inf otherwise (as ``exp2(a +
+inf)``). (Until 2026-12-05 the guard read every non-finite ``m`` as 0 and the factor was
+``exp2(g(m) - m)``, an exponential per row; with ``+inf`` kept, that factor would be
+``exp2(inf - inf) = NaN``.) A minimum is the mirror image: its identity ``+inf``, the
+factor ``where(m == inf, 0, 1)``. Only ``a`` may differ from the
 update's: there it may carry the tile's boundary mask, ``where(j < n, a, -inf)``, which
 changes nothing where the epilogue stores (its store is masked by the same ``j < n``);
 any other difference and the output is left as it is.
@@ -30,19 +32,20 @@ one (none spilled; torch.compile 0.373): benchmarks/results/2026-12-02-h200-soft
 
 from __future__ import annotations
 
+from ..ir.fold import fconst
 from ..ir.nodes import Binary, Const, Expr, Unary, Where
-from ..ir.reducers import safe_expr
+from ..ir.reducers import reducer, safe_expr, settled_expr
 from ..ir.traverse import rewrite, walk
-from .exp2 import canonical_arg, exp_to_exp2, linear
+from .exp2 import exp_to_exp2, linear
 
 
-def share_exponentials(outputs, finals: dict, body_exprs, mask: Expr | None):
+def share_exponentials(outputs, finals: dict, ops: dict, body_exprs, mask: Expr | None):
     """``outputs`` with each ``exp2(a - m)`` whose per-element value the one-tile update
     computed as ``exp2(a' - g(m'))`` read from it (module docstring). ``finals`` maps each
-    state parameter to its update's new value; ``mask`` is the tile's boundary condition
-    (``j < n``) when the tile is masked, else None."""
+    state parameter to its update's new value, ``ops`` to its reducer; ``mask`` is the
+    tile's boundary condition (``j < n``) when the tile is masked, else None."""
     from dataclasses import replace
-    shared = _update_exponentials(finals, body_exprs, mask)
+    shared = _update_exponentials(finals, ops, body_exprs, mask)
     if not shared:
         return outputs
 
@@ -57,10 +60,12 @@ def share_exponentials(outputs, finals: dict, body_exprs, mask: Expr | None):
                 continue
             others = {t: c for t, c in terms.items() if t != param}
             if (others, const) == rest:
-                guard = safe_expr("max", param)
+                op = ops[param]
                 hits.append(param)
-                return Binary("mul", Unary("exp2", arg),
-                              Unary("exp2", canonical_arg(Binary("sub", guard, param))))
+                # exp2(g(m) - m): inf (max) or 0 (min) at the identity, else 1
+                return Binary("mul", Unary("exp2", arg), Where(
+                    settled_expr(op, param), fconst(2.0 ** -reducer(op).identity),
+                    fconst(1.0)))
         return None
 
     out = []
@@ -71,13 +76,14 @@ def share_exponentials(outputs, finals: dict, body_exprs, mask: Expr | None):
     return outputs if all(a is b for a, b in zip(out, outputs)) else tuple(out)
 
 
-def _update_exponentials(finals: dict, body_exprs, mask: Expr | None) -> dict:
+def _update_exponentials(finals: dict, ops: dict, body_exprs, mask: Expr | None) -> dict:
     """State parameter ``m`` -> ``(a' - g(m'), terms of a)``: every exponential of the
     updates whose argument is ``a' - g(m')``, ``m'`` the new value of the max or min
     state ``m`` and ``a'`` (unmasked: ``where(mask, a, -inf)`` read as ``a``) a sum of
     terms ``a``."""
-    # g(m') of each state's new value m' (the same form for max and min) -> the state
-    guards = {safe_expr("max", e): p for p, e in finals.items()}
+    # g(m') of each max or min state's new value m' -> the state
+    guards = {safe_expr(ops[p], e): p for p, e in finals.items()
+              if ops.get(p) in ("max", "min")}
     out = {}
     for e in body_exprs:
         for x in walk(e):

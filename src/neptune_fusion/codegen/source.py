@@ -240,6 +240,7 @@ class _TileParts:
                 else loop.extent
             outputs = share_exponentials(
                 outputs, {s.param: e for _, body in bodies for s, e in body},
+                {s.param: a.op for a in prog.accumulators for s in a.state},
                 [e for _, body in bodies for _, e in body],
                 Binary("lt", loop.var, ext_e) if self.guard else None)
         self.bodies, self.outputs = bodies, outputs

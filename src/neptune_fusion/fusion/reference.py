@@ -11,9 +11,10 @@ exact for any value; the choice only matters for rounding. The reducer table
 (:mod:`neptune_fusion.ir.reducers`) says how: a ``max`` producer's running value is its
 running maximum; a ``sum`` producer's is its partial sum scaled to the whole axis
 (``partial * n / seen``), so a consumer of a mean is centred on the running mean: that is
-what makes the variance and LayerNorm states Welford-like and stable in float32. A
-non-finite running value (the identity of an empty max) is read as 0, the derived form of
-FlashAttention's guard for fully masked rows.
+what makes the variance and LayerNorm states Welford-like and stable in float32. A max's
+running value at its identity ``-inf`` (an empty or fully masked prefix) is read as 0, the
+derived form of FlashAttention's guard for fully masked rows; ``+inf`` and NaN are read
+as they are (``reducers.safe_array``).
 """
 
 from __future__ import annotations

@@ -7,9 +7,15 @@ One frozen :class:`Reducer` row per ``op`` of ``Reduce(op, body, axes)``:
   update and split-k combine); ``ufunc`` (NumPy: the reference interpreter, the fused
   reference) and ``torch`` (``merge_partials``) are the same operation on arrays;
   ``formula`` is its readable form in a plan's update rules;
-* ``safe``: a consumer reads a non-finite running value of this producer as 0. The
-  identity of an empty ``max`` is ``-inf``, and ``exp(s - (-inf))`` would poison the
-  consumer: this is FlashAttention's guard for fully masked rows, derived;
+* ``safe``: a consumer reads this producer's running value through a guard: the
+  identity, where it is infinite (the ``-inf`` of an empty or fully masked ``max``, the
+  ``+inf`` of a ``min``), as 0, every other value as it is. ``exp(s - (-inf))`` would
+  poison the consumer with NaN before its first real element: this is FlashAttention's
+  guard for fully masked rows, derived. The other infinity and NaN pass: a ``+inf``
+  maximum gives ``exp(x - inf) = 0`` and ``exp(inf - inf) = NaN``, as the reference and
+  PyTorch do. ``sum`` and ``prod`` start at finite identities and read their running
+  values as they are (a running mean of ``-inf`` gives ``(-inf - -inf)^2 = NaN`` in a
+  variance, as the reference does);
 * ``running``: how a producer's *running* value (what a consumer reads inside the fused
   loop) follows from its state over ``seen`` of the axis's ``n`` elements: ``"state"``
   (a running max is the max so far) or ``"extrapolated"`` (a running sum is scaled to
@@ -31,7 +37,7 @@ from types import MappingProxyType
 import numpy as np
 
 from .dtypes import float32, int64
-from .nodes import Binary, Cast, Const, Expr, Unary, Where
+from .nodes import Binary, Cast, Const, Expr, Where
 
 STATE = "state"                 # the running value is the state itself
 EXTRAPOLATED = "extrapolated"   # the state scaled to the whole axis: state * n / seen
@@ -47,17 +53,17 @@ class Reducer:
     ufunc: np.ufunc     # the same on NumPy arrays (ufunc.reduce reduces an axis)
     torch: str          # the same as a torch function name
     formula: str        # readable combine over ``{a}`` and ``{b}``
-    safe: bool          # consumers read a non-finite running value as 0
+    safe: bool          # consumers read the (infinite) identity as 0
     running: str        # STATE | EXTRAPOLATED
 
 
 INF = math.inf
 REDUCERS = MappingProxyType({r.name: r for r in (
-    #       name    ident IR op      NumPy        torch      readable         safe  running
-    Reducer("sum",  0.0,  "add",     np.add,      "add",     "{a} + {b}",     True, EXTRAPOLATED),
-    Reducer("max",  -INF, "maximum", np.maximum,  "maximum", "max({a}, {b})", True, STATE),
-    Reducer("min",  INF,  "minimum", np.minimum,  "minimum", "min({a}, {b})", True, STATE),
-    Reducer("prod", 1.0,  "mul",     np.multiply, "mul",     "{a} * {b}",     True, STATE),
+    #       name    ident IR op      NumPy        torch      readable         safe   running
+    Reducer("sum",  0.0,  "add",     np.add,      "add",     "{a} + {b}",     False, EXTRAPOLATED),
+    Reducer("max",  -INF, "maximum", np.maximum,  "maximum", "max({a}, {b})", True,  STATE),
+    Reducer("min",  INF,  "minimum", np.minimum,  "minimum", "min({a}, {b})", True,  STATE),
+    Reducer("prod", 1.0,  "mul",     np.multiply, "mul",     "{a} * {b}",     False, STATE),
 )})
 
 
@@ -81,12 +87,20 @@ def combined_with(op: str, method: str | None) -> str:
 
 
 def safe_expr(op: str, x: Expr) -> Expr:
-    """How a consumer reads running value ``x`` of an ``op`` producer, in IR: ``x`` if
-    finite, else 0 (``|x| < inf`` is false for infinities and NaN)."""
+    """How a consumer reads running value ``x`` of an ``op`` producer, in IR: 0 where
+    ``x`` is the reducer's infinite identity, else ``x`` (NaN and the other infinity
+    included). One comparison and one select per row, as the old ``|x| < inf`` test."""
     if not reducer(op).safe:
         return x
-    return Where(Binary("lt", Unary("abs", x), Const(INF, float32)), x,
-                 Const(0.0, float32))
+    return Where(settled_expr(op, x), Const(0.0, float32), x)
+
+
+def settled_expr(op: str, x: Expr) -> Expr | None:
+    """Whether value ``x`` of an ``op`` producer is the identity its consumers read as 0
+    (:func:`safe_expr`): ``x == identity``; None for a reducer without the guard."""
+    if not reducer(op).safe:
+        return None
+    return Binary("eq", x, Const(reducer(op).identity, float32))
 
 
 def running_expr(op: str, value: Expr, seen: Expr, n: Expr, started: bool = False) -> Expr:
@@ -106,7 +120,7 @@ def safe_array(op: str, x, xp):
     """:func:`safe_expr` on an array; ``xp`` is ``numpy`` or ``torch``."""
     if not reducer(op).safe:
         return x
-    return xp.where(xp.isfinite(x), x, xp.zeros((), dtype=x.dtype))
+    return xp.where(x == reducer(op).identity, xp.zeros((), dtype=x.dtype), x)
 
 
 def running_array(op: str, value, seen: int, n: int):
@@ -118,4 +132,5 @@ def running_array(op: str, value, seen: int, n: int):
 
 
 __all__ = ["EXTRAPOLATED", "REDUCERS", "STATE", "Reducer", "combined_with", "reducer",
-           "running_array", "running_expr", "safe_array", "safe_expr"]
+           "running_array", "running_expr", "safe_array", "safe_expr",
+           "settled_expr"]

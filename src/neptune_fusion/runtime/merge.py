@@ -6,7 +6,8 @@ with ``l`` and ``o_sum`` expressed at that partial's own ``m``. Merging is the f
 reference's split-k combine (:meth:`neptune_fusion.fusion.reference.GroupRunner.merge`)
 on torch tensors: for each member in plan order, the producers' merged values first; then
 every partial's consumer components repaired from the producer values they were computed
-at (``running(k)``: the partial's own producer value, non-finite read as 0) to the merged
+at (``running(k)``: the partial's own producer value, read through the reducer table's
+guard: a max at ``-inf``, no key yet, as 0; ``+inf`` and NaN as they are) to the merged
 ones (``moved(k)``), by evaluating the plan's derived ``update`` IR with torch ops; then
 combined with the member's reducer. The result is again a :class:`Partial`, so merging is
 associative and order-independent up to rounding: ``merge([merge(A), merge(B)]) ==
@@ -164,8 +165,8 @@ def merge_partials(plan, partials: Sequence, *, extent: int | None = None) -> Pa
         return t
 
     def value(m, st, count):
-        """Member ``m``'s running value (non-finite read as 0) from a state over ``count``
-        of the ``n`` elements."""
+        """Member ``m``'s running value (through the guard: an empty max's ``-inf`` read
+        as 0) from a state over ``count`` of the ``n`` elements."""
         v = running_array(m.node.op, full(m, st[m.name][0]), count, n)
         return safe_array(m.node.op, torch.as_tensor(v), torch)
 
