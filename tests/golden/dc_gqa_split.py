@@ -157,6 +157,6 @@ def dc_gqa_combine(
         o_sum_new = o_sum + tl.where(ws_o_sum == 0.0, 0.0, ws_o_sum * p[:, None])
         l, o_sum = l_new, o_sum_new
     # epilogue: outputs from the final state
-    t_6 = tl.where(((l > 0.0) | (m * 0.6931471805599453 != float("-inf")))[:, None], o_sum * (1.0 / l)[:, None], 0.0)
+    t_6 = tl.where(((l > 0.0) | (m != float("-inf")))[:, None], o_sum * (1.0 / l)[:, None], 0.0)
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
     tl.store(o_base + ((offs_i * o_s2)[:, None] + offs_e[None, :]), t_6.to(tl.float16), mask=(offs_i < N)[:, None])

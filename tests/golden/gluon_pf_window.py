@@ -192,7 +192,7 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
     ST_LAYOUT: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
     offs_i_out_st = i_first + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=gl.SliceLayout(1, ST_LAYOUT))
     offs_e_st = gl.arange(0, BLOCK_E, layout=gl.SliceLayout(0, ST_LAYOUT))
-    t_5 = tl.where(((l_out > 0.0) | (m_out * 0.6931471805599453 != float("-inf")))[:, None], o_sum * (1.0 / l_out)[:, None], 0.0)
+    t_5 = tl.where(((l_out > 0.0) | (m_out != float("-inf")))[:, None], o_sum * (1.0 / l_out)[:, None], 0.0)
     o_base = o_ptr + tl.cast(b, tl.int64) * o_s0 + tl.cast(h, tl.int64) * o_s1
     tl.store(o_base + ((offs_i_out_st * o_s2)[:, None] + offs_e_st[None, :]), gl.convert_layout(t_5.to(tl.float16), ST_LAYOUT), mask=(offs_i_out_st < N)[:, None])
 

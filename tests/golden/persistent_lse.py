@@ -40,4 +40,5 @@ def persistent_lse(
     lse_sum1_new = tl.sum(p, 1)
     lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new
     # epilogue: outputs from the final state
-    tl.store(lse_ptr + offs_i, (lse_max0 * 0.6931471805599453 + tl.log(lse_sum1)).to(tl.float32), mask=i_in)
+    t_2 = tl.log(tl.where(lse_max0 == float("-inf"), lse_sum1 * float("inf"), lse_sum1))
+    tl.store(lse_ptr + offs_i, (lse_max0 * 0.6931471805599453 + t_2).to(tl.float32), mask=i_in)

@@ -212,7 +212,7 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
                          scaled=LOG2E)
         notes.append(f"{a.name} kept in the exp2 domain ({a.name} * log2(e))")
     finals = _finals(accs, candidates)
-    outs = tuple(replace(o, body=fold(substitute(o.body, finals))) for o in outputs)
+    outs = tuple(replace(o, body=fold(_read_finals(o.body, finals))) for o in outputs)
     return tuple(new), outs, tuple(notes)
 
 
@@ -229,6 +229,22 @@ def _finals(accs: tuple[Accumulator, ...], scaled: set[int]) -> dict:
             for p in scaled}
 
 
+def _read_finals(e: Expr, finals: dict) -> Expr:
+    """``e`` with the scaled producers' final values ``m2 / L`` substituted; a test of
+    one against an infinity reads ``m2`` itself (``m2 / L == -inf`` iff ``m2 == -inf``:
+    ``L > 1``, so a finite ``m2`` stays finite), which needs no cancelling: the guards
+    of attention's output and of a settled state (``settle.py``) compare ``m`` with
+    ``-inf``."""
+    scaled = {v: k for k, v in finals.items()}
+
+    def fn(x: Expr) -> Expr | None:
+        if isinstance(x, Binary) and x.op in ("eq", "ne") and x.a in scaled \
+                and isinstance(x.b, Const) and math.isinf(x.b.value):
+            return Binary(x.op, scaled[x.a], x.b)
+        return None
+    return rewrite(substitute(e, finals), fn) if finals else e
+
+
 def _finals_read(accs: tuple[Accumulator, ...], finals: dict) -> tuple[Accumulator, ...]:
     """``accs`` with every read of an earlier phase's final state (a phased program)
     through ``finals``; the exps of the result are rewritten as usual, so an
@@ -236,8 +252,8 @@ def _finals_read(accs: tuple[Accumulator, ...], finals: dict) -> tuple[Accumulat
     if not finals:
         return accs
     return tuple(a if a.phase == 0 else replace(
-        a, terms=tuple(substitute(t, finals) for t in a.terms),
-        updates=tuple(substitute(u, finals) for u in a.updates)) for a in accs)
+        a, terms=tuple(_read_finals(t, finals) for t in a.terms),
+        updates=tuple(_read_finals(u, finals) for u in a.updates)) for a in accs)
 
 
 def apply_exp2(prog: TileProgram) -> TileProgram:

@@ -8,7 +8,8 @@ The per-tile update is exactly the fused reference's algorithm
 producers' new running values (an empty max's ``-inf`` read as 0), the tile's partial
 of each term at those values, and the old state repaired to them and merged. The state
 starts at the reducers' identities with the producers' values at theirs (``-inf`` for a
-max), which makes the first repair vanish (checked, see :func:`_vanishes`).
+max), which makes the first repair vanish (checked, see :func:`_vanishes`). The outputs
+read the final state settled (:mod:`.settle`).
 
 A plan that is not single-pass but a chain of groups over one reduction axis of one row
 (:func:`phase_groups`) is lowered the same way, group ``k`` as *phase* ``k``: one loop per
@@ -64,6 +65,7 @@ from .program import (
     TileProgram,
     extent_expr,
 )
+from .settle import settle, settle_output
 from .triton_ops import REDUCE_OPS
 
 
@@ -326,7 +328,8 @@ def _sizes(tensors, exprs) -> tuple[Size, ...]:
 
 def _accumulators(plan, groups, loop, grid, row, col, taken):
     """The accumulators of every group, group ``k`` in phase ``k``; a member's terms read
-    the reductions of earlier phases as their final state (``finals``)."""
+    the reductions of earlier phases as their final state (``finals``), settled
+    (:mod:`.settle`)."""
     index: dict[int, int] = {}
     accs: list[Accumulator] = []
     finals: dict = {}
@@ -340,7 +343,8 @@ def _accumulators(plan, groups, loop, grid, row, col, taken):
                                    "own rows; a phase reads an earlier one's final value")
             index[id(m.node)] = len(accs)
             accs.append(acc)
-        finals.update({m.node: accs[index[id(m.node)]].state[0].param for m in g.members})
+        finals.update({m.node: settle(accs, index[id(m.node)], loop.extent)
+                       for m in g.members})
     return tuple(accs)
 
 
@@ -470,8 +474,8 @@ def lower(plan: FusionPlan, inputs: list[Placeholder], schedule: Schedule,
     for o, body, axes in zip(plan.outputs, plan.bodies, plan.out_axes):
         if row not in axes:
             raise CodegenError(f"output {o.name} does not have the row axis {row.name}")
-        outs.append(Output(TensorArg(ident(o.name, taken), o, "output"), axes,
-                           fold(substitute(body, finals))))
+        read = settle_output(substitute(body, finals), accs, loop.extent)
+        outs.append(Output(TensorArg(ident(o.name, taken), o, "output"), axes, fold(read)))
     outs = tuple(outs)
     segments = _loops(accs, loop)
     exprs = [e for seg in segments for _, e in seg.body] + [o.body for o in outs]

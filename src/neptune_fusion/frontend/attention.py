@@ -170,8 +170,12 @@ def attention_definition(spec: AttentionSpec) -> tuple[list[Compute], list[Place
         name="o", dtype=spec.dtype)
     extra = ([lens] if lens is not None else []) + ([table] if ps else [])
     if spec.lse:
-        lse = nf.compute((B, heads, rows), lambda b, h, i: mx[b, h, i] + nf.log(l[b, h, i]),
-                         name="lse", dtype="float32")
+        # -inf for a row with no key, under the output's guard: in the reference l is NaN
+        # there (m + log(l) would be NaN), and the kernels read l settled, NaN too (the
+        # guard makes both -inf and lets them read it as it is: codegen/settle.py)
+        lse = nf.compute((B, heads, rows), lambda b, h, i: nf.where(
+            (l[b, h, i] > 0) | (mx[b, h, i] != -INF), mx[b, h, i] + nf.log(l[b, h, i]),
+            -INF), name="lse", dtype="float32")
         return [o, lse], [q, k, v] + list(bufs.values()) + extra
     return [o], [q, k, v] + list(bufs.values()) + extra
 

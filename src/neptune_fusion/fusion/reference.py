@@ -14,7 +14,9 @@ running maximum; a ``sum`` producer's is its partial sum scaled to the whole axi
 what makes the variance and LayerNorm states Welford-like and stable in float32. A max's
 running value at its identity ``-inf`` (an empty or fully masked prefix) is read as 0, the
 derived form of FlashAttention's guard for fully masked rows; ``+inf`` and NaN are read
-as they are (``reducers.safe_array``).
+as they are (``reducers.safe_array``). A row whose maximum *ends* at ``-inf`` is settled
+after the loop (:meth:`GroupRunner.settle`): its consumers' states are repaired from 0 to
+``-inf``, so they give what the unfused reference gives (``exp(-inf - -inf)``: NaN).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..algebra.synth import moved, running, state
 from ..errors import NeptuneError
 from ..ir.dtypes import float32
 from ..ir.nodes import Expr, IndexVar, Param, Reduce
-from ..ir.reducers import combined_with, reducer, running_array, safe_array
+from ..ir.reducers import combined_with, reducer, running_array, safe_array, settled_array
 from ..ir.traverse import substitute
 from ..reference.feeds import bind_feeds
 from ..reference.interp import Interpreter, numeric, reduce_array
@@ -97,6 +99,26 @@ class GroupRunner:
             total = fixed if total is None else [combine(a, b) for a, b in zip(total, fixed)]
         return State(total, goal, sum(s.count for s in states))
 
+    def settle(self, m: Member, st: State, target: list[np.ndarray]) -> np.ndarray:
+        """Member ``m``'s final value from its state ``st`` over the whole (nonempty)
+        axis: where a producer ended at the identity its consumers read as 0, the state
+        repaired from 0 to that identity (``codegen/settle.py``, the same rule)."""
+        value = st.comps[0]
+        if m.repair is None:
+            return value
+        ends = [settled_array(p.op, t) for p, t in zip(m.producers, target)]
+        ends = [e for e in ends if e is not None]
+        if not ends:
+            return value
+        params = dict(self.values)
+        params.update({state(i): c for i, c in enumerate(st.comps)})
+        params.update({running(k): v for k, v in enumerate(st.seen)})
+        params.update({moved(k): t for k, t in enumerate(target)})
+        interp = Interpreter(self.base.arrays, self.base.sizes, params, ftype=self.base.ftype)
+        with np.errstate(all="ignore"):
+            fixed = interp.eval(substitute(m.repair.update[0], self.finals), self.plan.context)
+        return np.where(np.logical_or.reduce(np.broadcast_arrays(*ends)), fixed, value)
+
     def _producer_values(self, m: Member, states: dict[int, State]) -> list[np.ndarray]:
         return [self.running_value(self.by_node[id(p)], states[id(p)]) for p in m.producers]
 
@@ -136,7 +158,7 @@ class GroupRunner:
                 ident = reduce_array(m.node.op, np.zeros((0,), self.base.ftype), (0,))
                 val = np.asarray(ident, self.base.ftype)
             else:
-                val = st.comps[0]
+                val = self.settle(m, st, self._producer_values(m, states))
             self.finals[m.node] = p
             self.values[p] = val
 

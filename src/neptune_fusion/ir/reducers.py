@@ -13,9 +13,12 @@ One frozen :class:`Reducer` row per ``op`` of ``Reduce(op, body, axes)``:
   poison the consumer with NaN before its first real element: this is FlashAttention's
   guard for fully masked rows, derived. The other infinity and NaN pass: a ``+inf``
   maximum gives ``exp(x - inf) = 0`` and ``exp(inf - inf) = NaN``, as the reference and
-  PyTorch do. ``sum`` and ``prod`` start at finite identities and read their running
-  values as they are (a running mean of ``-inf`` gives ``(-inf - -inf)^2 = NaN`` in a
-  variance, as the reference does);
+  PyTorch do. A row that *ends* at the identity was read at 0 where the reference reads
+  the identity: :func:`settled_expr` is the test for the one more repair it needs (the
+  code generator's ``codegen/settle.py``, the fused reference's ``GroupRunner.settle``).
+  ``sum`` and ``prod`` start at finite identities and read their running values as they
+  are (a running mean of ``-inf`` gives ``(-inf - -inf)^2 = NaN`` in a variance, as the
+  reference does);
 * ``running``: how a producer's *running* value (what a consumer reads inside the fused
   loop) follows from its state over ``seen`` of the axis's ``n`` elements: ``"state"``
   (a running max is the max so far) or ``"extrapolated"`` (a running sum is scaled to
@@ -96,8 +99,11 @@ def safe_expr(op: str, x: Expr) -> Expr:
 
 
 def settled_expr(op: str, x: Expr) -> Expr | None:
-    """Whether value ``x`` of an ``op`` producer is the identity its consumers read as 0
-    (:func:`safe_expr`): ``x == identity``; None for a reducer without the guard."""
+    """Whether final value ``x`` of an ``op`` producer is the identity its consumers read
+    as 0 (:func:`safe_expr`): ``x == identity``; None for a reducer without the guard.
+    Where it holds over a nonempty axis, a consumer's state, built at 0, must be repaired
+    to the identity itself to give what the reference gives (``sum_j exp(x_j - m)`` of
+    a row of ``-inf``: ``0 * exp(0 - (-inf)) = NaN``, not 0)."""
     if not reducer(op).safe:
         return None
     return Binary("eq", x, Const(reducer(op).identity, float32))
@@ -123,6 +129,13 @@ def safe_array(op: str, x, xp):
     return xp.where(x == reducer(op).identity, xp.zeros((), dtype=x.dtype), x)
 
 
+def settled_array(op: str, x):
+    """:func:`settled_expr` on an array (NumPy or torch): ``x == identity``, or None."""
+    if not reducer(op).safe:
+        return None
+    return x == reducer(op).identity
+
+
 def running_array(op: str, value, seen: int, n: int):
     """:func:`running_expr` on an array (NumPy or torch) with known counts; with nothing
     or everything seen, the state itself."""
@@ -133,4 +146,4 @@ def running_array(op: str, value, seen: int, n: int):
 
 __all__ = ["EXTRAPOLATED", "REDUCERS", "STATE", "Reducer", "combined_with", "reducer",
            "running_array", "running_expr", "safe_array", "safe_expr",
-           "settled_expr"]
+           "settled_array", "settled_expr"]

@@ -11,7 +11,10 @@ guard: a max at ``-inf``, no key yet, as 0; ``+inf`` and NaN as they are) to the
 ones (``moved(k)``), by evaluating the plan's derived ``update`` IR with torch ops; then
 combined with the member's reducer. The result is again a :class:`Partial`, so merging is
 associative and order-independent up to rounding: ``merge([merge(A), merge(B)]) ==
-merge(A + B)``.
+merge(A + B)``. The merged consumers are expressed at the merged producers' guarded
+values, as a kernel's final state is before its outputs read it (``codegen/settle.py``
+repairs a row whose maximum ended at ``-inf``; attention's output and log-sum-exp guard
+that row themselves).
 
 States are in the plan's natural domain (``exp``, not the kernels' ``exp2``-scaled maxima).
 """
