@@ -1,7 +1,7 @@
 """±inf as the float64 reference and PyTorch give them (ir/reducers.py's guard,
 codegen/settle.py, docs/language.md "Infinities").
 
-Until 2026-12-05 a consumer read every non-finite running maximum as 0: a row holding
+Until 2026-12-04 a consumer read every non-finite running maximum as 0: a row holding
 ``+inf`` gave a softmax of 0 beside one NaN (``exp(inf - 0)``), a log-sum-exp and a
 denominator ``inf``; a row of ``-inf`` a denominator 0 and a log-sum-exp ``-inf``; and a
 running mean of ``-inf`` read as 0 gave a variance ``inf``. The reference and PyTorch

@@ -17,7 +17,7 @@ where that is not 1). The identity holds in IEEE arithmetic for every ``a`` and 
 Where ``m != -inf`` (finite, ``+inf`` or NaN), ``g(m) = m`` and the product is
 ``exp2(a - m) * 1``, the same value. For ``m = -inf``, ``g(m) = 0`` and ``exp2(a) * inf``
 is NaN for ``a = -inf`` (as ``exp2(-inf + inf)``) and inf otherwise (as ``exp2(a +
-inf)``). (Until 2026-12-05 the guard read every non-finite ``m`` as 0 and the factor was
+inf)``). (Until 2026-12-04 the guard read every non-finite ``m`` as 0 and the factor was
 ``exp2(g(m) - m)``, an exponential per row; with ``+inf`` kept, that factor would be
 ``exp2(inf - inf) = NaN``.) A minimum is the mirror image: its identity ``+inf``, the
 factor ``where(m == inf, 0, 1)``. Only ``a`` may differ from the

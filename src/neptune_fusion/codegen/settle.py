@@ -24,7 +24,7 @@ folded at ``m = -inf`` for each such value and must give one constant. So attent
 kernels keep their epilogue, and a softmax denominator, a log-sum-exp or a variance
 over the maximum of a row of ``-inf`` gives NaN, as the reference and PyTorch do.
 
-Before 2026-12-05 the guard read every non-finite value as 0 and nothing was settled:
+Before 2026-12-04 the guard read every non-finite value as 0 and nothing was settled:
 ``softmax`` of a row holding ``+inf`` gave 0 beside a NaN (PyTorch: NaN everywhere), a
 row of ``-inf`` gave a denominator 0 (NaN) and ``logsumexp`` ``-inf`` (NaN).
 """
