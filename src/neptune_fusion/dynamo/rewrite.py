@@ -34,12 +34,17 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
                        if not is_scalar_value(n.meta["val"])), None)
         for node in inputs:
             n = node
+            if n.op == "get_attr":   # a tensor constant of the function (torch.tensor(.2))
+                # lifted as torch's own graphs read one: the fake mode that propagates
+                # fake values (ours, Inductor's) refuses a real tensor as an op's input
+                n = graph.call_function(torch.ops.aten.lift_fresh_copy.default, (n,))
+                n.meta["val"] = node.meta["val"]
             if is_scalar_value(n.meta["val"]):   # a symbolic int no shape gives
                 n = graph.call_function(torch.ops.aten.scalar_tensor.default, (n,),
                                         {"dtype": torch.int64, "device": device})
-            elif n in casts:
+            elif node in casts:
                 n = graph.call_function(torch.ops.prims.convert_element_type.default,
-                                        (n, getattr(torch, casts[n])))
+                                        (n, getattr(torch, casts[node])))
             elif _strided_rows(n):   # kernels read rows with unit stride
                 n = graph.call_function(torch.ops.aten.clone.default, (n,),
                                         {"memory_format": torch.contiguous_format})
