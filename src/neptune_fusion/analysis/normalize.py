@@ -10,9 +10,10 @@ form for an unstable one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
-from ..ir.nodes import Binary, Cast, Expr, Reduce, Unary
+from ..ir.nodes import Binary, Cast, Const, Expr, Reduce, Unary
 from ..ir.traverse import factors, product, rewrite
 
 Rule = Callable[[Reduce, frozenset], Expr | None]
@@ -93,8 +94,37 @@ RULES: tuple[Rule, ...] = (_sum_scale, _sum_divide, _sum_factor_divide, _sum_neg
                           _extreme_shift, _extreme_cast)
 
 
+def _shift(e: Expr) -> tuple[Expr, Const, str] | None:
+    """``(a, c, side)`` when ``e`` is ``a + c``, ``c + a`` or ``a - c`` (``side`` "add",
+    "radd" or "sub") for a finite float constant ``c``."""
+    if not (isinstance(e, Binary) and e.op in ("add", "sub")):
+        return None
+    for c, a, side in ((e.b, e.a, e.op), (e.a, e.b, "radd")):
+        if isinstance(c, Const) and c.dtype.is_float and math.isfinite(c.value) \
+                and not (side == "radd" and e.op == "sub"):
+            return a, c, side
+    return None
+
+
+def _shifts_cancel(e: Expr) -> Expr | None:
+    # (a + c) - (b + c) = a - b;  (c + a) - (c + b) = a - b;  (a - c) - (b - c) = a - b
+    # (c a finite float constant). _extreme_shift moves a constant shift out of a
+    # maximum, max(x + c) = max(x) + c, so log_softmax(x + c) reads (x + c) - (max(x) + c)
+    # beside the exponential's: left as written, float32 rounded x + 1e12 to 1e12 outside
+    # the exponential while exp2's rule cancelled the shift inside it, an output that was
+    # neither float64's nor eager float32's (a fuzzing find, 2026-12-04)
+    if not (isinstance(e, Binary) and e.op == "sub"):
+        return None
+    left, right = _shift(e.a), _shift(e.b)
+    if left is None or right is None or left[1] is not right[1] or left[2] != right[2]:
+        return None
+    got = Binary("sub", left[0], right[0])
+    return got if got.dtype == e.dtype else None
+
+
 def normalize(root: Expr, rules: tuple[Rule, ...] = RULES) -> Expr:
-    """Apply ``rules`` to every reduction until none fires."""
+    """Apply ``rules`` to every reduction until none fires, then cancel the constant
+    shifts they moved out of maxima (:func:`_shifts_cancel`)."""
     def fn(e: Expr) -> Expr | None:
         if not isinstance(e, Reduce):
             return None
@@ -104,4 +134,4 @@ def normalize(root: Expr, rules: tuple[Rule, ...] = RULES) -> Expr:
             if got is not None:
                 return normalize(got, rules)
         return None
-    return rewrite(root, fn)
+    return rewrite(rewrite(root, fn), _shifts_cancel)
