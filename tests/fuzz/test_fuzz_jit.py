@@ -116,7 +116,10 @@ def test_fuzz_half_precision_chains_through_the_backend(pre, chain, post, shape,
     reduction (torch upcasts softmax, norms and sums), and the kernels compute in float32
     -- the rewrites that look through those casts (exp2's factor, widened scales) must
     keep the answer. Against float64 of the same rounded inputs, within the dtype's
-    tolerance; the output keeps the input's dtype."""
+    tolerance, or where eager PyTorch's own roundings in the dtype are the answer
+    (``softplus(x) - 1`` near 0 in bfloat16, then divided by its norm: the kernel rounds
+    the map as eager does), against eager in the dtype; the output keeps the input's
+    dtype."""
     d = dim % len(shape)
     fn = _fn(pre, chain, post, d)
     dt, tol = HALF[dtype]
@@ -133,10 +136,13 @@ def test_fuzz_half_precision_chains_through_the_backend(pre, chain, post, shape,
     # values past the dtype's range are inf in eager PyTorch too (a square after the
     # chain); the rest is compared
     keep = ~nan & (want.abs() < 0.9 * torch.finfo(dt).max)
+    with torch.no_grad():
+        eager = fn(x).double()[keep]
     got, want = got.double()[keep], want[keep]
     if want.numel():
-        err = float((got - want).abs().max())
-        assert err <= tol * max(1.0, float(want.abs().max())), f"{what}: {err}"
+        err = torch.fmin((got - want).abs(), (got - eager).abs())   # NaN: the other
+        assert float(err.max()) <= tol * max(1.0, float(want.abs().max())), \
+            f"{what}: {float(err.max())}"
 
 
 @settings(max_examples=_examples(6, 200), **FUZZ)
