@@ -11,8 +11,9 @@ cache rows past each length hold NaN (no output may see them). NaN positions mus
 float64 torch's (a hidden score is -inf whatever it was), the rest stay within the
 dtype's tolerance of float64. Usage (GPU): ``PYTHONPATH=src python
 benchmarks/nan_check.py`` (``--smoke``: tiny shapes on the CPU, under the interpreter);
-prints one JSON line per
-case and exits 1 if any case differs.
+prints one JSON line per case and exits 1 if any case differs. Also infinities: rows
+holding +inf, -inf or only -inf through a softmax and a log-sum-exp written out, and
+attention with an infinite key (as the float64 reference gives them).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def _compare(name: str, got, want, tol: float) -> bool:
     fin = ~want.isnan()
     err = (got.double()[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
     ok = same_nan and err <= tol
+    rows = got.isnan() if got.dim() == 1 else got.isnan().any(-1)
     print(json.dumps({"case": name, "ok": ok, "nan_positions_equal": same_nan,
-                      "nan_rows": int(got.isnan().any(-1).sum()), "max_err": err}),
+                      "nan_rows": int(rows.sum()), "max_err": err}),
           flush=True)
     return ok
 
@@ -128,12 +130,49 @@ def chain_cases(dev, small: bool) -> bool:
     return ok
 
 
+def infinity_cases(dev, small: bool) -> bool:
+    """Rows holding +inf (softmax: a NaN row, as torch gives it), a row of -inf (the
+    denominator and log-sum-exp written out: NaN) and a -inf element (the softmax
+    finite), through ``nf.compile``; attention with a +inf score (that row NaN) and a
+    causal row that sees one key (finite)."""
+    ok = True
+    N, D = nf.size("N"), 64 if small else 4096
+    x = nf.placeholder((N, D), name="x")
+    kk = nf.reduce_axis(D, "k")
+    m = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="m")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, kk] - m[i]), kk), name="s")
+    soft = nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / s[i], name="y")
+    lse = nf.compute((N,), lambda i: m[i] + nf.log(s[i]), name="y")
+    xs = torch.randn(16 if small else 1024, D, device=dev) * 3
+    xs[3, 11] = float("inf")
+    xs[6, :] = float("-inf")
+    xs[8, 2] = float("-inf")
+    x64 = xs.double()
+    mx = x64.amax(-1, keepdim=True)
+    written = (mx + (x64 - mx).exp().sum(-1, keepdim=True).log())[:, 0]
+    for name, out, want in (("softmax with infinities", soft, torch.softmax(x64, -1)),
+                            ("max + log sum exp(x - max) with infinities", lse, written)):
+        got = nf.compile(out, placeholders([out]), cache=False)(xs)
+        ok &= _compare(f"chain {name}", got, want, 1e-5)
+    n = 130 if small else 2048
+    for dtype, tol in ((torch.float16, 2e-2), (torch.bfloat16, 6e-2)):
+        g = torch.Generator(device=dev).manual_seed(7)
+        q, k, v = (torch.randn(1, 2, n, 64, device=dev, dtype=dtype, generator=g)
+                   for _ in range(3))
+        k[0, 1, 40, :] = float("inf")   # q . k = +-inf or NaN at key 40 of head 1
+        got = nf.attention(q, k, v, mask_mod=lambda b, h, i, j: j <= i)
+        ok &= _compare(f"attention {str(dtype)[6:]} with an infinite key", got,
+                       _reference(q, k, v, True), tol)
+    return ok
+
+
 def main() -> None:
     small = "--smoke" in sys.argv   # tiny shapes on the CPU (TRITON_INTERPRET=1)
     dev = torch.device("cpu" if small else "cuda")
     ok = attention_cases(dev, small)
     ok &= ragged_cases(dev, small)
     ok &= chain_cases(dev, small)
+    ok &= infinity_cases(dev, small)
     print(json.dumps({"all_ok": ok, "device": "cpu" if small else torch.cuda.get_device_name(),
                       "torch": torch.__version__}), flush=True)
     sys.exit(0 if ok else 1)
