@@ -288,7 +288,7 @@ class Lowerer(TileOps):
         if e.op in ("floordiv", "mod") and not (nonneg(e.a, INDEX_PARAMS)
                                                  and nonneg(e.b, INDEX_PARAMS)):
             return self.floored(e, a, b, axes)
-        floats = a.kind in ("f32", "f64")
+        floats = a.kind in ("f16", "bf16", "f32", "f64")
         tpl, prec, la, lb = (TL_FLOAT_BINARY if floats and e.op in TL_FLOAT_BINARY
                              else TL_BINARY)[e.op]
         if e.op == "mul" and not e.dtype.is_float and isinstance(e.b, Binary) \
