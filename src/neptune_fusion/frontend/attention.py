@@ -370,15 +370,20 @@ def _call_key(q, k, v, scale, enable_gqa, q_offset, bufs: dict, schedule,
         if t is not None and type(t) not in plain:
             return None
         cache_sig += (None,) if t is None else (t.shape, t.dtype, t.device)
+    m = k.shape[2]   # the cache length: a paged cache's is max_pages * page_size
     if block_table is not None:
+        if block_table.dim() != 2:
+            return None
         cache_sig += (k.shape[2],)   # the page size
+        m = block_table.shape[1] * k.shape[2]
     if q.dtype not in _torch_dtypes() or type(scale) not in (float, int, type(None)) \
             or not isinstance(schedule, (str, Schedule, type(None))):
         return None
     if q_offset is None or isinstance(q_offset, str):
         mode = q_offset
-    elif type(q_offset) is int:
-        mode = _offset_mode(q_offset, q.shape[2], k.shape[2])
+    elif type(q_offset) is int and kv_lens is None:
+        # (with kv_lens an int offset is refused: the full path says so, every call)
+        mode = _offset_mode(q_offset, q.shape[2], m)
     else:
         return None
     ks, vs = k.shape, v.shape
