@@ -5,7 +5,10 @@
   to ``page_size - N`` was keyed as ``"end"``, and a later ``q_offset="end"`` call found
   that setup and ran with the offset of the first (a wrong answer);
 * the same key let an int ``q_offset`` through with ``kv_lens`` once a ``"end"`` call
-  had made the setup (refused on a first call: the two disagreed).
+  had made the setup (refused on a first call: the two disagreed);
+* the prepared and bound calls' signature gave every tensor off CUDA the device index -1,
+  so a ``kv_lens`` or ``block_table`` on ``meta`` matched a CPU binding: a raw torch
+  error instead of the ``FeedError`` naming the tensor.
 """
 
 from __future__ import annotations
@@ -76,3 +79,24 @@ def test_int_offset_with_kv_lens_is_refused_after_an_end_call(paged):
         with pytest.raises(FeedError, match="q_offset"):
             nf.attention(q, k, v, q_offset=m - 1, **kw)
 
+
+@pytest.mark.parametrize("which", ["kv_lens", "block_table"])
+def test_meta_kv_tensors_after_a_cpu_binding_name_the_tensor(which):
+    q, kp, vp, table = _pool(seed=3)
+    lens = torch.tensor([25], dtype=torch.int32)
+    cache = AttentionCache(store=False)
+    kw = dict(enable_gqa=True, cache=cache)
+    for _ in range(3):   # seen, bound, launched bound
+        out = nf.attention(q, kp, vp, kv_lens=lens, block_table=table, **kw)
+    want = _causal_reference(q, kp, vp, table, 24)   # causal at the end = the first 25
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    bad = dict(kv_lens=lens, block_table=table)
+    bad[which] = bad[which].to("meta")
+    with pytest.raises(FeedError, match=f"{which} is on meta"):
+        nf.attention(q, kp, vp, **bad, **kw)
+    step = nf.prepare_attention(q, kp, vp, kv_lens=lens, block_table=table, **kw)
+    with pytest.raises(FeedError, match=f"{which} is on meta"):
+        step(q, kp, vp, **bad)
+    with pytest.raises(FeedError, match="meta"):   # every input on meta: no launch
+        nf.attention(q.to("meta"), kp.to("meta"), vp.to("meta"),
+                     **{n: t.to("meta") for n, t in bad.items()}, **kw)

@@ -42,14 +42,17 @@ def signed(tensors, cuda: bool) -> tuple[list, list]:
     """``(signature, values)`` of ``tensors``: what a prepared launch must see unchanged
     -- per tensor its type, shape, strides, dtype, device index, whether its address is
     16-byte aligned and whether it requires grad (cheaper than :func:`~.inputs.signature`:
-    no ``torch.device`` objects) -- and what a launch takes for each: its address
-    (``cuda``) or the tensor itself (the interpreter)."""
+    no ``torch.device`` objects for CUDA tensors) -- and what a launch takes for each: its
+    address (``cuda``) or the tensor itself (the interpreter). A tensor off CUDA has
+    device index -1 whatever its device, so its device type stands in: a meta ``kv_lens``
+    (or ``q``) once matched a CPU binding and reached the launch (a raw torch error)."""
     sig, vals = [], []
     for t in tensors:
         p = t.data_ptr()
         vals.append(p if cuda else t)
-        sig.append((type(t), t.shape, t.stride(), t.dtype, t.get_device(), p & 15 == 0,
-                    t.requires_grad))
+        dev = t.get_device()
+        sig.append((type(t), t.shape, t.stride(), t.dtype,
+                    dev if dev >= 0 else t.device.type, p & 15 == 0, t.requires_grad))
     return sig, vals
 
 
