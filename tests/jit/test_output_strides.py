@@ -41,6 +41,40 @@ def test_graph_outputs_keep_eagers_strides(name, rest):
         torch.testing.assert_close(y.double(), w, rtol=1e-5, atol=1e-6)
 
 
+DYNAMIC = {
+    "t": (lambda x: torch.softmax(x, -1).t(), ((8, 40), (6, 50), (5, 33))),
+    "transpose-4d": (lambda x: torch.log_softmax(x, -1).transpose(1, 2),
+                     ((2, 3, 5, 16), (3, 4, 6, 20), (2, 5, 3, 24))),
+    "permute-3d-map": (lambda x: torch.softmax(x, -1).permute(2, 0, 1) * 2.0,
+                       ((2, 4, 32), (3, 5, 40), (4, 3, 36))),
+}
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [True, None])
+@pytest.mark.parametrize("name", list(DYNAMIC))
+def test_dynamic_graph_outputs_keep_eagers_strides(name, dynamic, rest):
+    """A dynamic graph (``dynamic=True``, or the graph ``dynamic=None`` compiles at the
+    second size) writes a permuted output in memory order too: its symbolic strides are
+    compared as expressions of the sizes (rewrite._memory_order). It came back
+    contiguous (the 2026-12-04 evening fuzzing session)."""
+    fn, shapes = DYNAMIC[name]
+    gen = torch.Generator().manual_seed(len(name))
+    torch._dynamo.reset()
+    backend = Backend(rest=rest)
+    compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+    for shape in shapes:
+        x = torch.randn(*shape, generator=gen)
+        with torch.no_grad():
+            y = compiled(x)
+        e = fn(x)
+        assert y.shape == e.shape and y.stride() == e.stride(), (shape, y.stride(),
+                                                                 e.stride())
+        torch.testing.assert_close(y.double(), fn(x.double()), rtol=1e-5, atol=1e-6)
+    assert backend.reports[-1].dynamic, backend.reports[-1]   # the dynamic graph served
+    assert all(r.fused for r in backend.reports), backend.reports
+
+
 def test_an_intermediate_keeps_the_kernels_order():
     """A permuted value read only inside the graph (by a ``cumsum``, which has no
     rule) is written as the region computes it: only graph outputs take eager's
@@ -87,3 +121,26 @@ def test_memory_order_of_a_value():
     assert _memory_order(t[:, ::2]) is None               # not dense: contiguous then
     assert _memory_order(torch.empty(4, 1).expand(4, 3)) is None
     assert _memory_order(torch.empty(1, 6).t()) is None   # contiguous but for extent 1
+
+
+def test_memory_order_of_a_symbolic_value():
+    """Symbolic strides: the order in which the strides are contiguous for every value
+    of the sizes, found without guarding (no SymInt compared)."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv()
+
+    def size(n, name):
+        src = ConstantSource(name)
+        return env.create_symintnode(env.create_symbol(n, src, dynamic_dim=DimDynamic.DYNAMIC),
+                                     hint=n, source=src)
+    with FakeTensorMode(shape_env=env):
+        t = torch.empty(size(4, "a"), size(6, "b"), size(5, "c"))
+        assert not isinstance(t.stride(0), int)
+        assert _memory_order(t) is None
+        assert _memory_order(t.permute(2, 0, 1)) == (1, 2, 0)
+        assert _memory_order(t.transpose(0, 1)) == (1, 0, 2)
+        assert _memory_order(t[:, ::2]) is None
+    assert not env.guards

@@ -16,7 +16,8 @@ import torch
 
 from ..runtime.torch_ops import KernelEntry, constant_key, handle
 from .inductor import dense_layout
-from .symbolic import dim, hint, is_scalar_value, shape_of, static
+from .refused import Refused
+from .symbolic import dim, hint, hints_of, is_scalar_value, same, shape_of, static
 
 
 def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
@@ -82,21 +83,60 @@ def output_orders(region) -> tuple:
     that order, ``value.permute(order)``, and the graph returns it permuted back: the
     strides eager PyTorch gives it (and Inductor keeps a graph's traced output strides).
     A value read only inside the graph keeps the kernel's contiguous rows; a non-dense
-    one (a slice, a broadcast) comes back contiguous."""
+    one (a slice, a broadcast) comes back contiguous. Dynamic graphs too: their strides
+    are compared as expressions of the size symbols (:func:`_memory_order`)."""
     return tuple(_memory_order(n.meta.get("val"))
                  if any(u.op == "output" for u in n.users) else None
                  for n in region.outputs)
 
 
 def _memory_order(v) -> tuple | None:
-    if not isinstance(v, torch.Tensor) or v.dim() < 2 or 0 in v.shape:
+    if not isinstance(v, torch.Tensor) or v.dim() < 2:
         return None
-    shape, stride = tuple(v.shape), tuple(v.stride())
-    if not all(isinstance(x, int) for x in (*shape, *stride)):
-        return None   # symbolic: comparing would guard
-    if v.is_contiguous() or not dense_layout(shape, stride):
+    shape, stride = shape_of(v), tuple(_at_least_one(dim(s)) for s in v.stride())
+    if any(static(n) and n == 0 for n in shape):
         return None
-    return tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
+    if all(static(x) for x in (*shape, *stride)):
+        if v.is_contiguous() or not dense_layout(shape, stride):
+            return None
+        return tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
+    # symbolic strides (a dynamic graph): never compared as SymInts (that would guard);
+    # the example's values order the dimensions, and the order is kept only where the
+    # strides are that order's contiguous strides for every value of the symbols
+    hints = hints_of((v,))
+    try:
+        order = tuple(sorted(range(len(shape)),
+                             key=lambda d: (-hint(stride[d], hints), d)))
+    except Refused:   # a symbol without an example value: the contiguous default
+        return None
+    if _dense_in(tuple(range(len(shape))), shape, stride) \
+            or not _dense_in(order, shape, stride):
+        return None
+    return order
+
+
+def _at_least_one(e):
+    """A symbolic stride with torch's ``Max(1, n)`` (the stride past a dimension ``n``
+    that could be 0) read as ``n``: equal wherever the tensor has an element."""
+    if static(e):
+        return e
+    return e.replace(lambda a: type(a).__name__ == "Max" and len(a.args) == 2
+                     and 1 in a.args,
+                     lambda a: a.args[0] if a.args[1] == 1 else a.args[1])
+
+
+def _dense_in(order, shape, stride) -> bool:
+    """Whether ``stride`` is the contiguous layout of ``shape`` permuted by ``order``
+    (outermost first) for every value of the sizes' symbols; an extent-1 dimension's
+    stride is free (a dynamic size is never 1: Dynamo specialises 0 and 1)."""
+    want = 1
+    for d in reversed(order):
+        if static(shape[d]) and shape[d] == 1:
+            continue
+        if not same(stride[d], want):
+            return False
+        want = want * shape[d]
+    return True
 
 
 def _strided_rows(node) -> bool:
