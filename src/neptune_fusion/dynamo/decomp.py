@@ -232,10 +232,22 @@ def _batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, own):
 
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-          enable_gqa=False):
+          enable_gqa=False, layout=None):
+    """SDPA's math; ``layout`` (set by :func:`swap_sdpa`): None, or the order of the
+    output's dimensions in memory, outermost first, where the kernel SDPA would call
+    returns a permuted layout (the CPU's flash kernel allocates its output like the
+    query: a query ``x.view(B, L, H, E).transpose(1, 2)`` gives a ``(B, L, H, E)``
+    layout, as CUDA's efficient kernel always does). The math's product is contiguous;
+    the result is laid out so, ``out.permute(layout).contiguous()`` permuted back, which
+    the fused kernel writes in that order directly (rewrite.output_orders) and a
+    ``transpose(1, 2).reshape(B, L, H * E)`` after it reads as a view, as in eager."""
     if dropout_p:
         return NotImplemented
-    return _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa)[0]
+    out = _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa)[0]
+    if layout is None:
+        return out
+    return out.permute(layout).contiguous().permute([layout.index(d)
+                                                     for d in range(len(layout))])
 
 
 def _attention(q, k, v, attn_mask, is_causal, scale, enable_gqa):
@@ -324,14 +336,21 @@ def _cudnn_cuda(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal
 def swap_sdpa(gm) -> None:
     """Replace ``scaled_dot_product_attention`` in a Dynamo graph by :func:`_sdpa` (its
     math: matmul, mask, softmax, matmul), before AOTAutograd picks a fused attention
-    kernel per device that no decomposition opens. Calls with dropout stay."""
+    kernel per device that no decomposition opens. Calls with dropout stay. The math
+    keeps the layout of the output Dynamo traced (the device's kernel's: its fake
+    value's strides), so the graph returns eager's strides."""
     import torch.nn.functional as F
+
+    from .rewrite import _memory_order
     targets = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in targets and \
                 not node.kwargs.get("dropout_p") and not (len(node.args) > 4 and node.args[4]):
             node.target, changed = _sdpa, True
+            layout = _memory_order(node.meta.get("example_value"))
+            if layout is not None:
+                node.kwargs = {**node.kwargs, "layout": layout}
     if changed:
         gm.recompile()
 
