@@ -27,12 +27,13 @@ from ..ir.nodes import Reduce
 from ..ir.traverse import walk
 from .refused import Refused
 from .rules import RULES
-from .symbolic import is_scalar_value
+from .symbolic import is_float_scalar, is_scalar_value
 from .translate import meta_of
 
 aten = torch.ops.aten
 LINEAR_PRODUCTS = (aten.mm.default, aten.addmm.default)   # a Linear layer's product
 _COPIES = (aten.clone.default, aten.alias.default)   # a layout copy: trimmed like a view
+_CASTS = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 _FUSED = "neptune_fusion.fused.default"   # the op of a region fused already (by name:
 # it is defined when the first region is replaced)
 
@@ -67,6 +68,9 @@ def why_not_fusible(node) -> str | None:
     rule = RULES.get(node.target)
     if rule is None:
         return f"{_op_name(node)} has no translation rule"
+    if _float_scalar(node):
+        return "a float64 scalar (a Python float of a dynamic graph): computed with the " \
+               "rest, the kernel reads its float32 cast at each call"
     if rule.check is not None:
         why = rule.check(node)
         if why:
@@ -76,6 +80,16 @@ def why_not_fusible(node) -> str | None:
     except Refused as err:
         return str(err)
     return None
+
+
+def _float_scalar(node) -> bool:
+    """A 0-d float64 value (:func:`~.symbolic.is_float_scalar`), or a cast of one (to the
+    kernel's float32): arithmetic on a dynamic graph's Python floats stays outside, exact
+    in float64 as in eager PyTorch, and the region's input is the cast value."""
+    if is_float_scalar(node.meta.get("val")):
+        return True
+    return node.target in _CASTS and bool(node.args) and hasattr(node.args[0], "meta") \
+        and is_float_scalar(node.args[0].meta.get("val"))
 
 
 def regions(graph) -> list[Region]:
@@ -394,9 +408,10 @@ def boundaries(region: Region) -> list:
     near = [a for n in region.nodes for a in n.all_input_nodes if a not in inside]
     near += [u for n in region.nodes for u in n.users if u not in inside]
     for n in near:
-        # arithmetic on a dynamic graph's symbolic ints (``s69 - 1``) is read as a value;
-        # a region fused already (its op and the getitems of its results) cuts nothing
-        if n.op == "call_function" and n not in out \
+        # arithmetic on a dynamic graph's symbolic ints (``s69 - 1``) is read as a value,
+        # its Python floats (and their casts) as inputs; a region fused already (its op
+        # and the getitems of its results) cuts nothing
+        if n.op == "call_function" and n not in out and not _float_scalar(n) \
                 and not is_scalar_value(n.meta.get("val")) and not _fused_result(n):
             why = why_not_fusible(n)
             if why is not None:

@@ -31,8 +31,7 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
     last = max(region.nodes, key=order.__getitem__)
     with graph.inserting_before(last.next):   # in creation order, after the region
         args = []
-        device = next((n.meta["val"].device for n in inputs
-                       if not is_scalar_value(n.meta["val"])), None)
+        device = _device(inputs)
         for node in inputs:
             n = node
             if n.op == "get_attr":   # a tensor constant of the function (torch.tensor(.2))
@@ -49,6 +48,11 @@ def replace_region(graph, region, inputs, casts, kernel, packed=None) -> None:
             elif _strided_rows(n):   # kernels read rows with unit stride
                 n = graph.call_function(torch.ops.aten.clone.default, (n,),
                                         {"memory_format": torch.contiguous_format})
+            elif n.meta["val"].dim() == 0 and n.meta["val"].device != device:
+                # a 0-d CPU tensor (a Python float of a dynamic graph, cast) beside
+                # device tensors: eager reads it as a scalar, a kernel through a pointer
+                n = graph.call_function(torch.ops.aten._to_copy.default, (n,),
+                                        {"device": device})
             # the region's node, not its cast or copy: a packed bool mask per query head
             # or a strided query was passed unpacked, failing the op's input check
             # (FeedError; a fuzzing find, 2026-12-04)
@@ -200,10 +204,17 @@ def trial(kernel, inputs, casts, packed=None, hints=None) -> None:
         KernelEntry(kernel).run(_random_like(inputs, casts, packed, hints or {}))
 
 
+def _device(inputs):
+    """The device of a region's kernel: its first input tensor's with a dimension (a 0-d
+    one may be a CPU scalar beside CUDA tensors), else its first tensor's."""
+    tensors = [n.meta["val"] for n in inputs if not is_scalar_value(n.meta["val"])]
+    return next((v.device for v in tensors if v.dim() > 0),
+                tensors[0].device if tensors else None)
+
+
 def _random_like(inputs, casts, packed, hints) -> list:
     out = []
-    device = next((n.meta["val"].device for n in inputs
-                   if not is_scalar_value(n.meta["val"])), None)
+    device = _device(inputs)
     for n in inputs:
         v = n.meta["val"]
         if is_scalar_value(v):   # a symbolic int passed as a 0-d tensor: its example value
@@ -212,9 +223,10 @@ def _random_like(inputs, casts, packed, hints) -> list:
         shape = tuple(hint(d, hints) for d in shape_of(v))
         if packed is not None and n in packed.queries:
             shape = packed.input_shape(shape)
+        at = device if v.dim() == 0 else v.device   # as replace_region passes it
         if v.dtype.is_floating_point:
-            t = torch.randn(shape, dtype=v.dtype, device=v.device)
+            t = torch.randn(shape, dtype=v.dtype, device=at)
         else:
-            t = torch.randint(0, 2, shape, device=v.device).to(v.dtype)
+            t = torch.randint(0, 2, shape, device=at).to(v.dtype)
         out.append(t.to(getattr(torch, casts[n])) if n in casts else t)
     return out

@@ -53,6 +53,16 @@ def is_scalar_value(val) -> bool:
     return isinstance(val, int) or type(val).__name__ == "SymInt"
 
 
+def is_float_scalar(val) -> bool:
+    """Whether a graph value is a 0-d float64 tensor: a Python float of a dynamic graph
+    (Dynamo passes a ``SymFloat`` argument -- a scale, a shift -- as one, and computes on
+    it in float64 before casting it to the tensor's dtype). Kernels compute in float32 at
+    most, so such values and their casts run with the rest; the kernel reads the cast
+    result, a 0-d tensor, at each call (partition.why_not_fusible)."""
+    import torch
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype == torch.float64
+
+
 _SPELL = (("**", "_pow_"), ("*", "_x_"), ("+", "_p_"), ("-", "_m_"), ("/", "_d_"))
 
 
@@ -95,7 +105,8 @@ def hints_of(values) -> dict:
             env = getattr(getattr(x, "node", None), "shape_env", None)
             if env is not None:   # backed_var_to_val: torch 2.13's name of var_to_val
                 table = getattr(env, "backed_var_to_val", None) or env.var_to_val
-                return {s: int(n) for s, n in table.items()}
+                # a Python float's symbol (``zf69``) is no size
+                return {s: int(n) for s, n in table.items() if not n.is_Float}
     return {}
 
 
