@@ -290,7 +290,7 @@ def test_last_row_of_a_symbolic_dimension_is_read_masked(schedule):
 
 def test_the_exp2_domain_reaches_through_float_casts():
     """A traced half-precision graph scores in float16 and casts to float32 around the
-    exponential (``exp(float(half(x * c)) - float(m))``, as SDPA's decomposition under the
+    exponential (``exp(float(half(q.k * c)) - float(m))``, as SDPA's decomposition under the
     torch.compile backend reads): the kernels compute every float in float32, so the
     rule still keeps the maximum in the exp2 domain and folds ``log2 e`` into ``c`` --
     one multiply per element fewer than ``x * c * log2 e - m * log2 e``."""
@@ -298,16 +298,20 @@ def test_the_exp2_domain_reaches_through_float_casts():
 
     import neptune_fusion as nf
     n = nf.size("N")
-    x = nf.placeholder((n, 50), dtype="float16", name="x")
-    k = nf.reduce_axis(50, "k")
-    s = nf.compute((n, 50), lambda i, j: x[i, j] * 0.3, name="s")
+    q = nf.placeholder((n, 16), dtype="float16", name="q")
+    kk = nf.placeholder((50, 16), dtype="float16", name="k")
+    c, k = nf.reduce_axis(16, "c"), nf.reduce_axis(50, "j")
+    s = nf.compute((n, 50), lambda i, j: nf.cast(
+        nf.sum(q[i, c] * kk[j, c], c) * 0.3, "float16"), name="s")
     m = nf.compute((n,), lambda i: nf.max(s[i, k], k), name="m")
     l = nf.compute((n,), lambda i: nf.sum(nf.exp(  # noqa: E741
         nf.cast(s[i, k], "float32") - nf.cast(m[i], "float32")), k), name="l")
-    kern = nf.compile(l, schedule=Schedule(block_m=1, block_n=16, num_warps=1), cache=False)
+    kern = nf.compile(l, schedule=Schedule(block_m=16, block_n=16, num_warps=1),
+                      cache=False)
     assert any("m kept in the exp2" in r for r in kern.program.rules)
     assert repr(LOG2E) not in kern.source and repr(0.3 * LOG2E) in kern.source
-    xs = (torch.randn(64, 50, generator=torch.Generator().manual_seed(3)) * 3).half()
-    sd = xs.double() * 0.3
+    gen = torch.Generator().manual_seed(3)
+    qs, ks = (torch.randn(64, 16, generator=gen).half(), torch.randn(50, 16, generator=gen).half())
+    sd = (qs.double() @ ks.double().T * 0.3).half().double()
     want = torch.exp(sd - sd.amax(1, keepdim=True)).sum(1)
-    torch.testing.assert_close(kern(xs).double(), want, rtol=1e-3, atol=0)
+    torch.testing.assert_close(kern(qs, ks).double(), want, rtol=2e-3, atol=0)

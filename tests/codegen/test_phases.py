@@ -46,12 +46,18 @@ def tanh_sum(n=None, m=None):
                        name="t")]
 
 
-def scaled_then_tanh(n=None, m=None):
-    """Phase 0 fuses a softmax denominator (its max kept in the exp2 domain); phase 1
-    reads both through tanh: ``sum_j tanh(exp(x - m) / l)``."""
+def scaled_then_tanh(n=None, m=None, dot=False):
+    """Phase 0 fuses a softmax denominator; phase 1 reads both through tanh: ``sum_j
+    tanh(exp(x - m) / l)``. With ``dot``, ``x = a . b`` (scores of a contraction, whose
+    max the exp2 rule keeps scaled); else ``x`` is an input (its max stays natural)."""
     N, M = _sizes(n, m)
-    x = nf.placeholder((N, M), name="x")
     j = nf.reduce_axis(M, "j")
+    if dot:
+        a, b = nf.placeholder((N, 4), name="a"), nf.placeholder((M, 4), name="b")
+        c = nf.reduce_axis(4, "c")
+        x = nf.compute((N, M), lambda i, t: nf.sum(a[i, c] * b[t, c], c) * 0.5, name="x")
+    else:
+        x = nf.placeholder((N, M), name="x")
     mx = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
     lv = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, j] - mx[i]), j), name="l")
     return [nf.compute((N,), lambda i: nf.sum(nf.tanh(nf.exp(x[i, j] - mx[i]) / lv[i]), j),
@@ -151,9 +157,9 @@ def test_golden_phased_source(golden):
 @pytest.mark.parametrize("shape", [(1, 1), (5, 29), (40, 33)])
 @pytest.mark.parametrize("static", [False, True], ids=["symbolic", "static"])
 def test_scaled_producer_read_by_a_later_phase(shape, static, rng):
-    """The max kept as m * log2(e) in phase 0 is read by phase 1 as m2 / log2(e), which
-    the exp2 rewrite cancels inside the exponential."""
-    outs = scaled_then_tanh(*shape) if static else scaled_then_tanh()
+    """The max kept as m * log2(e) in phase 0 (scores of a contraction) is read by
+    phase 1 as m2 / log2(e), which the exp2 rewrite cancels inside the exponential."""
+    outs = scaled_then_tanh(*shape, dot=True) if static else scaled_then_tanh(dot=True)
     prog = _program(outs)
     assert any("m kept in the exp2 domain" in r for r in prog.rules)
     for seg in prog.segments:
@@ -162,7 +168,21 @@ def test_scaled_producer_read_by_a_later_phase(shape, static, rng):
                         and isinstance(x.a, Param) and x.a.name == "state:m"), \
                 "m2 / log2(e) was not cancelled inside exp2"
     assert LOG2E > 1
-    _run(outs, SMALL, rng.standard_normal(shape))
+    a, b = rng.standard_normal((shape[0], 4)), rng.standard_normal((shape[1], 4))
+    kernel = nf.compile(outs[0], placeholders(outs), schedule=SMALL, cache=False)
+    got = kernel(*(torch.tensor(v, dtype=torch.float32) for v in (a, b)))
+    want = nf.evaluate(outs[0], {"a": a, "b": b})
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 29), (40, 33)])
+def test_natural_producer_read_by_a_later_phase(shape, rng):
+    """Without a contraction phase 0's max stays natural, and phase 1's exponential of
+    ``x - m`` is factored, ``exp2((x - m) * log2 e)``."""
+    outs = scaled_then_tanh(*shape)
+    assert any(r.startswith("m kept natural") for r in _program(outs).rules)
+    x = (rng.standard_normal(shape) * 4.0 + 1e4).astype(np.float32)   # far from 0
+    _run(outs, SMALL, x.astype(np.float64))
 
 
 @pytest.mark.parametrize("n", [1, 29, 33, None])
@@ -224,8 +244,8 @@ def test_a_phase_with_a_contraction(rows, keys, rng):
 @pytest.mark.parametrize("block_n", [16, 64])
 def test_a_later_phase_fuses_its_own_chain(block_n, rng):
     """Phase 1 is an online softmax of y = 3 tanh(x - max x): its max and sum fused with
-    a repair (its max kept in the exp2 domain), reading phase 0's max as a final value;
-    the output reads x again (or the one tile)."""
+    a repair (its max kept natural: the output reads y - m2), reading phase 0's max as a
+    final value; the output reads x again (or the one tile)."""
     N, M = nf.sizes("N M")
     x = nf.placeholder((N, M), name="x")
     j = nf.reduce_axis(M, "j")
@@ -237,7 +257,7 @@ def test_a_later_phase_fuses_its_own_chain(block_n, rng):
     prog = _program([o], replace(SMALL, block_n=block_n))
     assert [a.phase for a in prog.accumulators] == [0, 1, 1]
     assert prog.accumulators[2].producers == (1,)
-    assert "m2 kept in the exp2 domain (m2 * log2(e))" in prog.rules
+    assert any(r.startswith("m2 kept natural") for r in prog.rules)
     for shape in ((3, 1), (5, 29), (6, 33), (2, 70)):
         _run([o], replace(SMALL, block_n=block_n), rng.standard_normal(shape))
 

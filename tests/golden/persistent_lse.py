@@ -34,11 +34,11 @@ def persistent_lse(
     # one tile: k < 33 <= BLOCK_N, masked
     offs_k = tl.arange(0, BLOCK_N)
     x = tl.load(x_ptr + (t[:, None] + offs_k[None, :]), mask=i_in[:, None] & (offs_k < 33)[None, :], other=0.0)
-    s = tl.where((offs_k < 33)[None, :], x * 1.4426950408889634, float("-inf"))
+    s = tl.where((offs_k < 33)[None, :], x, float("-inf"))
     lse_max0_new = _nf_max(s, 1, INTERPRET)
-    p = tl.exp2(s - tl.where(lse_max0_new == float("-inf"), 0.0, lse_max0_new)[:, None])
-    lse_sum1_new = tl.sum(p, 1)
+    s_2 = (s - tl.where(lse_max0_new == float("-inf"), 0.0, lse_max0_new)[:, None]) * 1.4426950408889634
+    lse_sum1_new = tl.sum(tl.exp2(s_2), 1)
     lse_max0, lse_sum1 = lse_max0_new, lse_sum1_new
     # epilogue: outputs from the final state
     t_2 = tl.log(tl.where(lse_max0 == float("-inf"), lse_sum1 * float("inf"), lse_sum1))
-    tl.store(lse_ptr + offs_i, (lse_max0 * 0.6931471805599453 + t_2).to(tl.float32), mask=i_in)
+    tl.store(lse_ptr + offs_i, (lse_max0 + t_2).to(tl.float32), mask=i_in)

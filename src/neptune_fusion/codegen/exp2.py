@@ -16,6 +16,16 @@ occurrence must cancel). Outputs that read the producer's final value get ``m2 /
 within an ulp of ``m``; a producer that is itself an output is not scaled, so that
 output is the exact maximum.
 
+**Natural maxima.** The scaled form is exact only up to an offset: ``m2 / L`` is ``m``
+within an ulp of ``m``, which cancels where outputs read only ratios of the sums or
+``m + log l`` (attention, a log-sum-exp), and shows where an output subtracts ``m`` from
+the data (log-softmax's ``x - m``: 0.05 off at ``x ~ 1e6``) or reads a sum alone. So a
+maximum stays *natural* where an output adds it to a term that reads a tensor, and in
+every program without a contraction (bound by memory: the one FMA an element the scaled
+form saves buys nothing there). An exponential that reads a natural maximum is
+*factored*, ``exp2((x - m) * L)`` (:func:`factored`): ``x - m`` is exact where ``x`` is
+near ``m``, as in eager PyTorch, and the one rounding is relative to the difference.
+
 In a phased program the rule applies to every phase's templates; a later phase reads a
 producer kept in the scaled domain as ``m2 / L`` (the final value, like an output), which
 the rewrite cancels inside an ``exp``.
@@ -134,18 +144,45 @@ def canonical_arg(e: Expr) -> Expr:
     return e if out == e or out.dtype != e.dtype else out
 
 
-def exp_to_exp2(e: Expr, markers: frozenset = frozenset()) -> Expr:
+def factored(e: Expr, exact: frozenset) -> Expr:
+    """``e * log2(e)`` as ``(x - m) * log2(e)``: the difference with the natural maximum
+    ``m`` (a leaf of ``exact``) taken before the product, so that ``x - m`` is exact
+    where ``x`` is near ``m`` (Sterbenz) and the one rounding is relative to the
+    difference. ``m``'s coefficient ``k`` goes into the factor, ``(x / T - m / T) =
+    (x - m) * (1 / T)``; the difference itself is in canonical form
+    (:func:`canonical_arg`), so equal math is one node."""
+    terms, _ = linear(e)
+    ks = [abs(c) for t, c in terms.items() if _bare(t) in exact and c != 0.0]
+    k = ks[0] if ks and math.isfinite(ks[0]) else 1.0
+    inner = canonical_arg(fold(Binary("mul", e, fconst(1.0 / k))) if k != 1.0 else e)
+    return Binary("mul", inner, fconst(k * LOG2E))
+
+
+def exp_to_exp2(e: Expr, markers: frozenset = frozenset(),
+                exact: frozenset = frozenset()) -> Expr:
     """Every ``exp(x)`` in ``e`` as ``exp2(x * log2(e))`` with the factor pushed in, and
-    every ``exp2`` argument in its canonical form (:func:`canonical_arg`)."""
+    every ``exp2`` argument in its canonical form (:func:`canonical_arg`). An argument
+    that reads a leaf of ``exact`` (a maximum kept in its natural domain) is
+    :func:`factored` instead: ``exp2((x - m) * log2(e))``."""
+    def reads_exact(x: Expr) -> bool:
+        return bool(exact) and any(p in exact for p in walk(x) if isinstance(p, Param))
+
     def fn(x: Expr) -> Expr | None:
         if isinstance(x, Unary) and x.op == "exp":
+            if reads_exact(x.x) and not _marked(x.x, markers):
+                return Unary("exp2", factored(fold(x.x), exact))
             return Unary("exp2", scale(x.x, LOG2E, markers))
         return None
 
     def canon(x: Expr) -> Expr | None:
         if isinstance(x, Unary) and x.op == "exp2":
-            got = canonical_arg(x.x)
-            return None if got is x.x else Unary("exp2", got)
+            arg = x.x
+            if isinstance(arg, Binary) and arg.op == "mul" and isinstance(arg.b, Const) \
+                    and reads_exact(arg.a):   # factored: the difference stays together
+                got = canonical_arg(arg.a)
+                return None if got is arg.a else Unary("exp2", Binary("mul", got, arg.b))
+            got = canonical_arg(arg)
+            return None if got is arg else Unary("exp2", got)
         return None
     return rewrite(fold(rewrite(e, fn)), canon)
 
@@ -160,9 +197,12 @@ def _cancelled(e: Expr, markers: frozenset) -> bool:
     return True
 
 
-def _consumer(acc: Accumulator, scaled: set[int]) -> tuple[Accumulator, bool] | None:
-    """``acc`` with its exps in base 2 and its scaled producers' values in the scaled
-    domain; the flag says whether every scaled producer cancelled."""
+def _consumer(acc: Accumulator, scaled: set[int], natural: set[int],
+              exact: frozenset) -> tuple[Accumulator, bool] | None:
+    """``acc`` with its exps in base 2, its scaled producers' values in the scaled
+    domain and the exps reading its ``natural`` producers (maxima not scaled) or the
+    ``exact`` final values factored; the flag says whether every scaled producer
+    cancelled."""
     mark: dict[Expr, Expr] = {}
     back: dict[Expr, Expr] = {}
     for n, p in enumerate(acc.producers):
@@ -171,9 +211,12 @@ def _consumer(acc: Accumulator, scaled: set[int]) -> tuple[Accumulator, bool] | 
                 m = Param(f"__scaled_{leaf.name}", leaf.dtype)
                 mark[leaf] = Binary("div", m, fconst(LOG2E))
                 back[m] = leaf
+        elif p in natural:
+            exact = exact | {running(n), moved(n)}
     markers = frozenset(back)
-    terms = tuple(exp_to_exp2(substitute(t, mark), markers) for t in acc.terms)
-    updates = tuple(exp_to_exp2(substitute(u, mark), markers) for u in acc.updates)
+    terms = tuple(exp_to_exp2(substitute(t, mark), markers, exact) for t in acc.terms)
+    updates = tuple(exp_to_exp2(substitute(u, mark), markers, exact)
+                    for u in acc.updates)
     ok = all(_cancelled(x, markers) for x in terms + updates)
     terms = tuple(substitute(t, back) for t in terms)
     updates = tuple(substitute(u, back) for u in updates)
@@ -187,25 +230,44 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
     # a maximum that is itself an output stays exact: read back from the scaled domain
     # (m2 / log2 e) it is off by an ulp, and a reader comparing it with the input --
     # amax's backward counts the elements equal to it -- finds none (0 / 0: NaN)
+    extremes = set(candidates)
     candidates -= {p for p in candidates if any(
         _bare(o.body) == accs[p].state[0].param for o in outputs)}
+    # a maximum an output subtracts from (or adds to) a value of the data stays natural:
+    # log-softmax's ``x - m`` is exact as in eager PyTorch, where ``x - m2 * ln 2`` is off
+    # by an ulp of ``m`` (0.05 at 1e6; a fuzzing find, 2026-12-04)
+    exact_reads = {p for p in candidates if any(
+        _cancels_data(o.body, accs[p].state[0].param) for o in outputs)}
+    candidates -= exact_reads
+    # without a contraction the kernel is bound by memory, and the scaled form's one
+    # saved operation an element buys nothing; natural, no output can see the offset
+    # an ulp of m leaves between m2 / L and m (an output of the sum l alone is off by
+    # 2 ** (ulp(m2) / 2): 4 % at m = 1e6)
+    if not _contracts(accs):
+        exact_reads |= candidates
+        candidates = set()
     while True:
         # a later phase reads a scaled producer's final value: m2 / L, like an output
         src = _finals_read(accs, _finals(accs, candidates))
+        natural = extremes - candidates
+        exact = frozenset(accs[p].state[0].param for p in natural)
         new = list(src)
         failed = set()
         for k, a in enumerate(src):
             if a.producers or a.updates:
-                got, ok = _consumer(a, candidates)
+                got, ok = _consumer(a, candidates, natural, exact)
                 new[k] = got
                 if not ok:
                     failed |= {p for p in a.producers if p in candidates}
             else:
-                new[k] = replace(a, terms=tuple(exp_to_exp2(t) for t in a.terms))
+                new[k] = replace(a, terms=tuple(exp_to_exp2(t, exact=exact)
+                                                for t in a.terms))
         if not failed:
             break
         candidates -= failed
     notes = ["exp -> exp2 (log2(e) folded into constants)"]
+    notes += [f"{accs[p].name} kept natural: exp2((x - {accs[p].name}) * log2(e))"
+              for p in sorted(exact_reads)]
     for p in sorted(candidates):
         a = new[p]
         new[p] = replace(a, terms=tuple(fold(scale(t, LOG2E)) for t in a.terms),
@@ -214,6 +276,25 @@ def to_exp2(accs: tuple[Accumulator, ...], outputs: tuple[Output, ...]
     finals = _finals(accs, candidates)
     outs = tuple(replace(o, body=fold(_read_finals(o.body, finals))) for o in outputs)
     return tuple(new), outs, tuple(notes)
+
+
+def _contracts(accs: tuple[Accumulator, ...]) -> bool:
+    """Whether a term reduces over an axis of its own (``sum_c q[i, c] * k[j, c]``)."""
+    return any(isinstance(x, Reduce) for a in accs for t in a.terms for x in walk(t))
+
+
+def _cancels_data(body: Expr, param: Param) -> bool:
+    """Whether ``body`` adds ``param`` (a maximum's final value) to a term that reads a
+    tensor, ``x - m`` or ``m + log(l) - x[t]``: a sum whose result may be far smaller
+    than ``m``, so ``m``'s own rounding would show."""
+    for node in walk(body):
+        if isinstance(node, Binary) and node.op in ("add", "sub") and node.dtype.is_float:
+            terms, _ = linear(node)
+            if any(_bare(t) == param for t, c in terms.items() if c != 0.0) and any(
+                    isinstance(x, Load) for t, c in terms.items()
+                    if c != 0.0 and _bare(t) != param for x in walk(t)):
+                return True
+    return False
 
 
 def _bare(e: Expr) -> Expr:
@@ -281,8 +362,8 @@ def _huge_scores(prog: TileProgram) -> bool:
     masked everywhere gave NaN or 0 where torch gives a uniform row (a fuzzing find,
     2026-12-04); in base e the difference is taken first. A computed score (``q . k``,
     ALiBi's ``slope[h] * (j - i)``) stays in base 2, and so does a softmax of one input
-    (its values are the scores: a row of nothing but ``finfo.min`` is left to give NaN
-    there, for the speed of every softmax chain)."""
+    (its values are the scores; its maximum is natural, so the difference is taken
+    first there too: a row of nothing but ``finfo.min`` gives the uniform row)."""
     pair = {prog.row.var, prog.loop.var}
     for a in prog.accumulators:
         for t in a.terms + a.updates:

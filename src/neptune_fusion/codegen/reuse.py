@@ -56,10 +56,11 @@ def share_exponentials(outputs, finals: dict, ops: dict, body_exprs, mask: Expr 
             return None
         terms, const = linear(x.x)
         for param, (arg, rest) in shared.items():
-            if terms.get(param) != -1.0:
+            k = -terms.get(param, 0.0)
+            if not k > 0.0:
                 continue
-            others = {t: c for t, c in terms.items() if t != param}
-            if (others, const) == rest:
+            others = {t: c / k for t, c in terms.items() if t != param}
+            if (others, const / k) == rest:
                 op = ops[param]
                 hits.append(param)
                 # exp2(g(m) - m): inf (max) or 0 (min) at the identity, else 1
@@ -91,15 +92,16 @@ def _update_exponentials(finals: dict, ops: dict, body_exprs, mask: Expr | None)
                 continue
             terms, const = linear(x.x)
             for t, c in terms.items():
-                if c != -1.0:
+                if not c < 0.0:
                     continue
                 param = guards.get(t)
                 if param is None:
                     continue
-                rest = [(u, k) for u, k in terms.items() if u != t]
+                # per unit of m: exp2(a - m2) (scaled) and exp2((a - m) * L) alike
+                rest = [(u, k / -c) for u, k in terms.items() if u != t]
                 plain = _unmasked(rest, mask)
                 if plain is not None:
-                    out.setdefault(param, (x.x, (plain, const)))
+                    out.setdefault(param, (x.x, (plain, const / -c)))
     return out
 
 

@@ -133,11 +133,15 @@ def separate_expr(e: Expr, loop: IndexVar, row: IndexVar) -> Expr:
             inner = total(a) if select is None else Where(select.cond, total(a), select.b)
             return Binary("add", Reduce(node.op, inner, node.axes), total(r))
         if isinstance(node, Unary) and node.op in ("exp", "exp2"):
+            arg, factor = node.x, None
+            if isinstance(arg, Binary) and arg.op == "mul" and isinstance(arg.b, Const):
+                arg, factor = arg.a, arg.b   # exp2's factored (x - m) * c: kept whole
             sp = _Split(loop, row)
-            a, r = sp.terms(node.x)
+            a, r = sp.terms(arg)
             if not a or not r or not (sp.moved or len(r) > 1):
                 return None
-            return Unary(node.op, Binary("add", total(a), total(r)))
+            got = Binary("add", total(a), total(r))
+            return Unary(node.op, got if factor is None else Binary("mul", got, factor))
         return None
     return rewrite(e, fn)
 

@@ -31,6 +31,7 @@ from .lower import dot_roles, kernel_sizes
 from .program import BLOCK_N, I_FIRST, I_LAST, Segment, StateVar, TileProgram
 
 NINF = -float("inf")
+INF = float("inf")
 
 
 def _loadish(e: Expr) -> bool:
@@ -62,6 +63,12 @@ def _push_rules(loop: IndexVar):
                 return Binary("mul", Where(c, a.a, b), a.b)
             if not _loadish(a.b):
                 return Binary("mul", a.a, Where(c, a.b, b))
+        # where(c, (x - y) * k, -inf) = where(c, x - y, -inf) * k  (k > 0: exp2's
+        # factored difference, which the rule below then masks at x)
+        if is_const(b, NINF) and isinstance(a, Binary) and a.op == "mul" and \
+                isinstance(a.a, Binary) and a.a.op in ("add", "sub") and \
+                isinstance(a.b, Const) and a.b.dtype.is_float and 0.0 < a.b.value < INF:
+            return Binary("mul", Where(c, a.a, b), a.b)
         if is_const(b, NINF) and isinstance(a, Binary) and a.op in ("add", "sub"):
             # where(c, x - y, -inf) = where(c, x, -inf) - y   (y finite, free of j)
             if free(a.b) and not free(a.a):
