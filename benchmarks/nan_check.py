@@ -13,7 +13,9 @@ dtype's tolerance of float64. Usage (GPU): ``PYTHONPATH=src python
 benchmarks/nan_check.py`` (``--smoke``: tiny shapes on the CPU, under the interpreter);
 prints one JSON line per case and exits 1 if any case differs. Also infinities: rows
 holding +inf, -inf or only -inf through a softmax and a log-sum-exp written out, and
-attention with an infinite key (as the float64 reference gives them).
+attention with an infinite key (as the float64 reference gives them). And data far
+from 0: softmax and log-softmax of rows around 1e4 and 1e6 within a few times eager
+float32's own error.
 """
 
 from __future__ import annotations
@@ -166,6 +168,34 @@ def infinity_cases(dev, small: bool) -> bool:
     return ok
 
 
+def far_cases(dev, small: bool) -> bool:
+    """Data far from 0 (a check of the natural maxima, codegen/exp2.py): softmax,
+    log-softmax and a log-sum-exp of float32 rows around 1e4 and 1e6, through
+    ``nf.compile`` and the torch.compile backend, within eager float32's error of
+    float64 (the GPU's ``exp2`` and ``log2`` are approximations; eager's are not exact
+    either: the tolerances are a few times eager's own error)."""
+    ok = True
+    N, D = nf.size("N"), 64 if small else 4096
+    x = nf.placeholder((N, D), name="x")
+    kk = nf.reduce_axis(D, "k")
+    m = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="m")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, kk] - m[i]), kk), name="s")
+    outs = {"softmax": (nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / s[i],
+                                   name="y"), lambda t: torch.softmax(t, -1)),
+            "log_softmax": (nf.compute(x.shape, lambda i, j: x[i, j] - m[i] - nf.log(s[i]),
+                                       name="y"), lambda t: torch.log_softmax(t, -1))}
+    for offset in (1e4, 1e6):
+        xs = torch.randn(16 if small else 1024, D, device=dev) * 2 + offset
+        for name, (out, eager) in outs.items():
+            want = eager(xs.double())
+            tol = 4 * (eager(xs) - want).abs().max().item() + 1e-6
+            got = nf.compile(out, placeholders([out]), cache=False)(xs)
+            ok &= _compare(f"chain {name} near {offset:g}", got, want, tol)
+            jit = torch.compile(eager, backend="neptune_fusion")
+            ok &= _compare(f"jit {name} near {offset:g}", jit(xs), want, tol)
+    return ok
+
+
 def main() -> None:
     small = "--smoke" in sys.argv   # tiny shapes on the CPU (TRITON_INTERPRET=1)
     dev = torch.device("cpu" if small else "cuda")
@@ -173,6 +203,7 @@ def main() -> None:
     ok &= ragged_cases(dev, small)
     ok &= chain_cases(dev, small)
     ok &= infinity_cases(dev, small)
+    ok &= far_cases(dev, small)
     print(json.dumps({"all_ok": ok, "device": "cpu" if small else torch.cuda.get_device_name(),
                       "torch": torch.__version__}), flush=True)
     sys.exit(0 if ok else 1)
