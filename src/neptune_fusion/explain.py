@@ -237,6 +237,11 @@ def choose(t: Target) -> Choice:
     tensors = stand_ins(t, "cuda" if on_gpu else "cpu")
     try:
         kernel = nf_compile(list(t.outputs), list(t.inputs), cache=False)
+        if not hasattr(kernel, "space_for"):   # a StagedKernel: a schedule per pass
+            raise ShowError(
+                f"{t.label}: the plan runs as {len(kernel.passes)} kernels one after "
+                "another (a staged plan, see --plan); --schedule and --source show one "
+                "kernel's choice, and each pass here is scheduled at its first call")
         problem, device, space = kernel.space_for(*tensors)
         ranked = tuple(rank(problem, space, device))
         if not ranked:
