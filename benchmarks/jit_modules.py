@@ -1,5 +1,6 @@
 """PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention``,
-``nn.GroupNorm`` (also at batch 1: ``group-norm-b1``) and ``nn.InstanceNorm2d`` (issue 19).
+``nn.GroupNorm`` (also at batch 1: ``group-norm-b1``), ``nn.InstanceNorm2d`` and a batch
+norm's training statistics (``batch-norm-stats``) (issue 19).
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
@@ -71,10 +72,24 @@ def _instance_norm(big: bool, dtype, dev, gen):
     return m, (x,), lambda mod, x: mod(x)
 
 
+def _batch_norm(big: bool, dtype, dev, gen):
+    """A batch norm's training statistics (``F.batch_norm(..., training=True)``, no
+    running statistics) over ``(0, 2, 3)``: axes that are not adjacent, fused since
+    2026-12-04 (late) as one reduction over their merge read by index arithmetic."""
+    n, c, hw = (32, 64, 56) if big else (3, 4, 5)
+    m = torch.nn.BatchNorm2d(c, device=dev)
+    with torch.no_grad():
+        m.weight.normal_(generator=gen)
+        m.bias.normal_(generator=gen)
+    x = torch.randn(n, c, hw, hw, device=dev, generator=gen) * 2.0 + 1.0
+    return m, (x,), lambda mod, x: torch.nn.functional.batch_norm(
+        x, None, None, mod.weight, mod.bias, training=True, eps=mod.eps)
+
+
 WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(False),
         "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm,
         # a diffusion model's decoder at batch 1: 32 groups, fewer rows than multiprocessors
-        "group-norm-b1": _group_norm(False, batch=1)}
+        "group-norm-b1": _group_norm(False, batch=1), "batch-norm-stats": _batch_norm}
 
 
 def run(name: str, device: str, profile: bool = False) -> list[dict]:

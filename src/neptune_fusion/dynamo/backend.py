@@ -28,7 +28,7 @@ import time
 import torch
 
 from .. import settings
-from .decomp import decompositions, over, swap_sdpa
+from .decomp import decompositions, over, sdpa_calls, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches
 from .memo import Compiled, region_key
@@ -333,7 +333,15 @@ class Backend:
         from torch._dynamo.backends.common import aot_autograd
         report = GraphReport(len(self.reports))
         self.reports.append(report)
-        swap_sdpa(gm)
+        if _inference(example_inputs):
+            swap_sdpa(gm)
+        elif sdpa_calls(gm):
+            # a training graph keeps SDPA's device kernel and its own backward (flash,
+            # cuDNN): opened, the math left a softmax whose probabilities the backward
+            # saved, (B, H, L, S) of them, in a region with no chain to fuse
+            report.left.append(Left(("scaled_dot_product_attention",) * sdpa_calls(gm),
+                                    "a training graph keeps SDPA's own kernel and its "
+                                    "backward", self.rest))
         # what Inductor is told about each graph (none for rest="eager": no Inductor import)
         graph = GraphArgs(len(example_inputs)) if self.rest != "eager" else None
 

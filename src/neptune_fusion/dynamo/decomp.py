@@ -55,24 +55,29 @@ def _std(x, dim=None, *, correction=None, keepdim=False):
 
 def _merged(x, dim):
     """``(x with the reduced dimensions merged into one, that dimension, the result's
-    shape with keepdim, without)`` when ``dim`` names two or more dimensions that are
-    adjacent once those of extent 1 are left out (an instance norm's batch norm over
-    ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view), and not all of them; else None. The rule
-    table reduces over one axis: ``mean((2, 3))`` is one reduction over ``H * W``."""
+    shape with keepdim, without)`` when ``dim`` names two or more dimensions, not all of
+    them; else None. The rule table reduces over one axis: ``mean((2, 3))`` is one
+    reduction over ``H * W``. Dimensions adjacent once those of extent 1 are left out (an
+    instance norm's batch norm over ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view) merge in
+    place; others are moved last first (a batch norm's statistics over ``(0, 2, 3)`` of
+    ``(N, C, H, W)``: ``x.permute(1, 0, 2, 3).reshape(C, -1)``), which the translation
+    reads as index arithmetic on ``x``, ``x[r // (H*W), c, r // W % H, r % W]``: no copy."""
     if dim is None or isinstance(dim, int):
         return None
     dims = sorted(_dims(x, dim))
     real = [d for d in dims if not (static(x.shape[d]) and x.shape[d] == 1)]
-    if len(dims) < 2 or len(dims) >= x.dim() or not real \
-            or real != list(range(real[0], real[-1] + 1)):
+    if len(dims) < 2 or len(dims) >= x.dim() or not real:
         return None
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
+    dropped = tuple(n for d, n in enumerate(x.shape) if d not in dims)
+    if real != list(range(real[0], real[-1] + 1)):
+        rest = [d for d in range(x.dim()) if d not in dims]
+        return x.permute(*rest, *dims).reshape(*dropped, -1), len(rest), kept, dropped
     a, b = real[0], real[-1]
     ones = set(dims) - set(real)
     merged = x.reshape(*(n for d, n in enumerate(x.shape[:a]) if d not in ones), -1,
                        *(n for d, n in enumerate(x.shape) if d > b and d not in ones))
-    kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
-    return merged, a - sum(d < a for d in ones), kept, tuple(
-        n for d, n in enumerate(x.shape) if d not in dims)
+    return merged, a - sum(d < a for d in ones), kept, dropped
 
 
 def _over_merged(reduce):
@@ -333,16 +338,25 @@ def _cudnn_cuda(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal
             *_seed_offset(), None)
 
 
+def _sdpa_targets() -> set:
+    import torch.nn.functional as F
+    return {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+
+def sdpa_calls(gm) -> int:
+    """How many ``scaled_dot_product_attention`` calls a Dynamo graph makes."""
+    targets = _sdpa_targets()
+    return sum(n.op == "call_function" and n.target in targets for n in gm.graph.nodes)
+
+
 def swap_sdpa(gm) -> None:
     """Replace ``scaled_dot_product_attention`` in a Dynamo graph by :func:`_sdpa` (its
     math: matmul, mask, softmax, matmul), before AOTAutograd picks a fused attention
     kernel per device that no decomposition opens. Calls with dropout stay. The math
     keeps the layout of the output Dynamo traced (the device's kernel's: its fake
     value's strides), so the graph returns eager's strides."""
-    import torch.nn.functional as F
-
     from .rewrite import _memory_order
-    targets = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+    targets = _sdpa_targets()
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in targets and \
@@ -362,7 +376,10 @@ def decompositions(inference: bool = True) -> dict:
     kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm,
-                                aten._native_batch_norm_legit.no_stats])
+                                aten._native_batch_norm_legit.no_stats,
+                                # nn.BatchNorm in training (running statistics): its
+                                # statistics over (0, 2, 3) are a chain (_merged)
+                                aten._native_batch_norm_legit_functional])
     no_stats = aten._native_batch_norm_legit.no_stats
     table[no_stats] = functools.partial(_batch_norm_no_stats, own=table[no_stats])
     table[aten.logsumexp.default] = _logsumexp

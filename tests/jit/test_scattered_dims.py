@@ -1,0 +1,66 @@
+"""Reductions over dimensions that are not adjacent, fused through the backend.
+
+A batch norm's statistics reduce ``(N, C, H, W)`` over ``(0, 2, 3)``; the rule table
+reduces over one axis, and until 2026-12-04 (late) such a reduction was refused, the
+whole chain left to the rest without a word in the report. The decomposition now moves
+the reduced dimensions last and merges them (``decomp._merged``), which the translation
+reads as index arithmetic on the input (``x[r // (H*W), c, r // W % H, r % W]``), so
+the chain is one kernel with no copy. Against float64 and eager, static and dynamic (a
+dynamic graph's merged axis, a product of sizes, is refused with that reason)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neptune_fusion.dynamo import Backend
+
+CASES = {
+    "var_mean (0, 2, 3)": lambda x: torch.var_mean(x, dim=(0, 2, 3), keepdim=True),
+    "batch-norm statistics": lambda x: (x - x.mean((0, 2, 3), keepdim=True))
+    / x.std((0, 2, 3), keepdim=True),
+    "F.batch_norm, training": lambda x: F.batch_norm(x, None, None, training=True),
+    "logsumexp (0, 2)": lambda x: torch.logsumexp(x, dim=(0, 2)),
+    "softmax over (1, 3)": lambda x: torch.exp(x - x.amax((1, 3), keepdim=True)).sum((1, 3)),
+}
+
+
+def _tuple(t):
+    return t if isinstance(t, tuple) else (t,)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scattered_reductions_fuse_and_match_float64(name, dynamic):
+    fn = CASES[name]
+    x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(4)) * 2 + 0.5
+    torch._dynamo.reset()
+    backend = Backend(rest="eager")
+    with torch.no_grad():
+        got = _tuple(torch.compile(fn, backend=backend, dynamic=dynamic)(x))
+    want = _tuple(fn(x.double()))
+    for g, w, e in zip(got, want, _tuple(fn(x))):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+    (report,) = backend.reports
+    if dynamic:   # the merged axis is a product of sizes no input has: said, not fused
+        assert "an expression of dynamic sizes" in str(report), str(report)
+    else:
+        assert len(report.fused) == 1, str(report)
+
+
+def test_batch_norm_module_in_training_updates_its_running_statistics():
+    gen = torch.Generator().manual_seed(5)
+    ours, eager = torch.nn.BatchNorm2d(6), torch.nn.BatchNorm2d(6)
+    x = torch.randn(3, 6, 5, 4, generator=gen) * 3 + 1
+    torch._dynamo.reset()
+    backend = Backend(rest="eager")
+    with torch.no_grad():
+        got = torch.compile(ours, backend=backend)(x)
+        want = eager(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours.running_mean, eager.running_mean)
+    torch.testing.assert_close(ours.running_var, eager.running_var)
+    assert any(f.ops.count("permute") for f in backend.reports[0].fused), \
+        str(backend.reports[0])
