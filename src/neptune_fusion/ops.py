@@ -240,13 +240,16 @@ def run(name: str, q, k, v, *, cache: AttentionCache | None = None, schedule=Non
 
     Decode operators take the query as the last position (``q_offset = M - N``). The
     ALiBi slopes follow the heads of ``q``. ``kv_lens`` and ``block_table``: a ragged or
-    paged cache, as for :func:`neptune_fusion.frontend.attention.attention`.
+    paged cache, as for :func:`neptune_fusion.frontend.attention.attention`; with
+    ``kv_lens`` every operator's queries are the last ones of each sequence (a chunked
+    prefill for the PF operators).
     """
     op = operator(name)
     alibi = Alibi(q.shape[1]) if op.alibi else None
     return _attention(q, k, v, score_mod=score_mod_of(op.softcap, alibi),
                       mask_mod=op.mask_mod(), enable_gqa=q.shape[1] != k.shape[1],
-                      q_offset="end" if op.phase == "DC" else 0, cache=cache,
+                      q_offset=None if kv_lens is not None else
+                      "end" if op.phase == "DC" else 0, cache=cache,
                       schedule=schedule, kv_lens=kv_lens, block_table=block_table)
 
 

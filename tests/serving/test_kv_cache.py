@@ -361,3 +361,28 @@ def test_one_prepared_call_serves_every_step():
 class _Causal:
     """The reference's view of a causal operator (no soft-cap, no ALiBi)."""
     softcap, alibi, causal = None, False, True
+
+
+@pytest.mark.parametrize("name", ops.PREFILL)
+@pytest.mark.parametrize("layout", ["ragged", "paged"])
+def test_prefill_operators_take_a_ragged_or_paged_cache(name, layout):
+    """Every prefill operator with ``kv_lens``: a chunked prefill, its 4 queries the last
+    positions of each sequence (those before position 0 see no key: zeros). ``ops.run``
+    passed ``q_offset=0`` beside ``kv_lens``, which attention refuses (a fuzzing find,
+    2026-12-04)."""
+    op = ops.operator(name)
+    hq, hkv = (4, 2) if op.q_heads != op.kv_heads else (2, 2)
+    lens = LENS + [3 * PS]
+    cache = AttentionCache(store=False)
+    if layout == "ragged":
+        q, k, v, kl = _contiguous(lens, hq, hkv, 4, 3 * PS, torch.float32, seed=len(name))
+        out = ops.run(name, q, k, v, kv_lens=kl, cache=cache, schedule=ROLL)
+        keys, vals = list(k), list(v)
+    else:
+        q, k, v, kl, table, keys, vals = _paged(lens, hq, hkv, 4, 3, torch.float32,
+                                                seed=len(name))
+        out = ops.run(name, q, k, v, kv_lens=kl, block_table=table, cache=cache,
+                      schedule=ROLL)
+    want = _reference(q, keys, vals, lens, op, window=op.window)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
