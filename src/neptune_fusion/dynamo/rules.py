@@ -84,9 +84,27 @@ def _binary(f):
 
         def load(idx):
             a, b = (_at(tr, x, idx, out) for x in node.args[:2])
+            if f in _ARITHMETIC:
+                a, b = _promoted(a, b), _promoted(b, a)
             return f(a, b if alpha == 1 else b * alpha)
         return load
     return fn
+
+
+_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, nf.maximum,
+               nf.minimum}
+
+
+def _promoted(x, other):
+    """A boolean operand of arithmetic with a number, as torch promotes it (``x * mask``,
+    ``softmax(x) * any(...)``): 1 where true, else 0, of the other's kind."""
+    if not (getattr(getattr(x, "dtype", None), "is_bool", False)):
+        return x
+    kind = getattr(other, "dtype", None)
+    if kind is not None and kind.is_bool:
+        return x
+    exact = kind is not None and not kind.is_float or isinstance(other, int)
+    return nf.where(x, 1, 0) if exact else nf.where(x, 1.0, 0.0)
 
 
 def _silu(x):
@@ -398,7 +416,11 @@ def _one_dim(node):
     return None
 
 
-def _reduction(op: str, mean: bool = False):
+def _reduction(op: str, mean: bool = False, logical: bool = False):
+    """``op`` (sum, max, min) over one axis; ``mean`` divides by its extent; ``logical``
+    (``any`` as max, ``all`` as min): the elements read as 1.0 where true (nonzero) and
+    0.0 where not, the result compared with 0.5 -- a float reduction, so ``_safe_softmax``'s
+    ``all(x == -inf)`` joins the softmax's loop instead of cutting the chain."""
     def fn(tr, node, out):
         x = tr.arg(node.args[0])
         dims = node.args[1]
@@ -425,11 +447,13 @@ def _reduction(op: str, mean: bool = False):
                 else:
                     src.insert(d, at)
                 e = x.load(tuple(src))
+                if logical:
+                    e = nf.where(e if e.dtype.is_bool else e != 0, 1.0, 0.0)
                 parts.append(e if r is None else red(e, r))
             e = parts[0]
             for p in parts[1:]:
                 e = join(e, p)
-            return e / tr.size_expr(n) if mean else e
+            return e > 0.5 if logical else e / tr.size_expr(n) if mean else e
         return load
     return fn
 
@@ -518,6 +542,9 @@ def _table() -> dict:
                      (aten.sum.dim_IntList, "sum")):
         t[op] = Rule("reduction", _reduction(kind), _one_dim)
     t[aten.mean.dim] = Rule("reduction", _reduction("sum", mean=True), _one_dim)
+    for op, kind in ((aten.any.dim, "max"), (aten.any.dims, "max"), (aten.all.dim, "min"),
+                     (aten.all.dims, "min")):
+        t[op] = Rule("reduction", _reduction(kind, logical=True), _one_dim)
     t[aten.mm.default] = Rule("contraction", _mm)
     t[aten.bmm.default] = Rule("contraction", _mm)
     t[aten.addmm.default] = Rule("contraction", _addmm)
