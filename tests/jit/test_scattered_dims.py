@@ -64,3 +64,19 @@ def test_batch_norm_module_in_training_updates_its_running_statistics():
     torch.testing.assert_close(ours.running_var, eager.running_var)
     assert any(f.ops.count("permute") for f in backend.reports[0].fused), \
         str(backend.reports[0])
+
+
+@pytest.mark.parametrize("dims", [(0, 3), (1, 2)], ids=["scattered", "adjacent"])
+def test_an_empty_input_merges_without_an_ambiguous_extent(dims):
+    """A reduction over two dimensions of an empty tensor: the merge's ``-1`` extent was
+    ambiguous (reshape raised inside the compile, where eager gives an empty result)."""
+    x = torch.randn(5, 4, 1, 5, 0, generator=torch.Generator().manual_seed(6))
+    fns = {"mean": lambda t: t.mean(dims), "var": lambda t: t.var(dims, keepdim=True)}
+    for name, fn in fns.items():
+        torch._dynamo.reset()
+        with torch.no_grad():
+            got = torch.compile(fn, backend=Backend(rest="eager"))(x)
+        want = fn(x.double())
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got.double(), want, equal_nan=True)
+

@@ -70,12 +70,15 @@ def _merged(x, dim):
         return None
     kept = tuple(1 if d in dims else n for d, n in enumerate(x.shape))
     dropped = tuple(n for d, n in enumerate(x.shape) if d not in dims)
+    # the merged extent spelled out, not -1: an empty tensor's -1 is ambiguous (reshape
+    # raised at the compile, where eager gives the empty or NaN result; a fuzzing find)
+    extent = math.prod(x.shape[d] for d in real)
     if real != list(range(real[0], real[-1] + 1)):
         rest = [d for d in range(x.dim()) if d not in dims]
-        return x.permute(*rest, *dims).reshape(*dropped, -1), len(rest), kept, dropped
+        return x.permute(*rest, *dims).reshape(*dropped, extent), len(rest), kept, dropped
     a, b = real[0], real[-1]
     ones = set(dims) - set(real)
-    merged = x.reshape(*(n for d, n in enumerate(x.shape[:a]) if d not in ones), -1,
+    merged = x.reshape(*(n for d, n in enumerate(x.shape[:a]) if d not in ones), extent,
                        *(n for d, n in enumerate(x.shape) if d > b and d not in ones))
     return merged, a - sum(d < a for d in ones), kept, dropped
 
