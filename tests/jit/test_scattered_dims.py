@@ -80,3 +80,26 @@ def test_an_empty_input_merges_without_an_ambiguous_extent(dims):
         assert got.shape == want.shape, name
         torch.testing.assert_close(got.double(), want, equal_nan=True)
 
+
+def test_a_staged_maximum_returned_twice_is_two_tensors():
+    """A training graph returns a scattered amax and its detach (saved for the backward):
+    one intermediate of a staged kernel, returned twice as the same tensor, which
+    AOTAutograd refused as an aliasing op (RuntimeError at the first call)."""
+    def fn(x):
+        x = x.transpose(0, -1)
+        m = x.amax((0, 1, 3), keepdim=True)
+        return x.amax((0, 1, 3)), torch.exp(x - m).sum((0, 1, 3))
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 5, 4, 1, generator=gen) * 2 + 0.5
+    cots = [torch.randn(4, generator=gen) for _ in range(2)]
+    torch._dynamo.reset()
+    leaf = x.clone().requires_grad_()
+    got = torch.compile(fn, backend=Backend(rest="eager"))(leaf)
+    sum((g * c).sum() for g, c in zip(got, cots)).backward()
+    ref = x.double().requires_grad_()
+    want = fn(ref)
+    sum((w * c.double()).sum() for w, c in zip(want, cots)).backward()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(leaf.grad.double(), ref.grad, rtol=1e-5, atol=1e-5)

@@ -126,7 +126,15 @@ class StagedKernel:
             out = [views.get((k, n)) for n in range(n_out)]
             got = kern(*args, out=out) if any(o is not None for o in out) else kern(*args)
             results.append(got if isinstance(got, list) else [got])
-        return [results[k][n] for k, n in self.staging.results]
+        # two outputs that are one intermediate (an amax and its detach in a training
+        # graph) are two tensors: the same one twice was an aliasing op's result, which
+        # AOTAutograd refused (RuntimeError at the first call; a fuzzing find, 2026-12-04)
+        seen: set = set()
+        outs = []
+        for k, n in self.staging.results:
+            outs.append(results[k][n] if (k, n) not in seen else results[k][n].clone())
+            seen.add((k, n))
+        return outs
 
     def _layout(self, sizes: dict, device) -> tuple:
         """``(device, bytes, slots)``: the one workspace of a call with these sizes; each
