@@ -313,8 +313,17 @@ def _row_reads(accs: tuple[Accumulator, ...], loop) -> frozenset:
 
 
 def _contracts(accs: tuple[Accumulator, ...]) -> bool:
-    """Whether a term reduces over an axis of its own (``sum_c q[i, c] * k[j, c]``)."""
-    return any(isinstance(x, Reduce) for a in accs for t in a.terms for x in walk(t))
+    """Whether a term holds a contraction, a sum over an axis of its own of a product of
+    two tensors' values (``sum_c q[i, c] * k[j, c]``); an inner reduction of one tensor
+    (a row's ``max_k x[i, k]`` under a maximum over rows) is none."""
+    def product(e: Expr) -> bool:
+        e = _bare(e)
+        if not (isinstance(e, Binary) and e.op == "mul"):
+            return False
+        reads = [{x.tensor for x in walk(f) if isinstance(x, Load)} for f in (e.a, e.b)]
+        return all(reads) and reads[0] != reads[1]
+    return any(isinstance(x, Reduce) and x.op == "sum" and product(x.body)
+               for a in accs for t in a.terms for x in walk(t))
 
 
 def _cancels_data(body: Expr, param: Param) -> bool:
