@@ -290,3 +290,29 @@ def test_merge_partials_reads_infinities_as_the_kernels_do():
     got = merge_partials(p, parts).states[member.name][0] / D
     _same(got, nf.evaluate(var, {"x": x}), 1e-9)
     assert _nan_rows(got) == NAN_ROWS["variance"]
+
+
+def test_a_float_division_by_a_zero_constant_folds_as_ieee(rng):
+    """A settled state's guard reads a minimum at its identity, ``+inf``; a repair
+    ``|p' |p'/p| / p|`` there became ``inf / 0.0`` in the kernel's source, which Python
+    raised (ZeroDivisionError in the interpreter; at compile time on a GPU). Float
+    division by a zero constant now folds to +-inf or NaN (a CPU fuzzing find,
+    2026-12-04); an integer floor division by zero stays unfolded."""
+    from neptune_fusion.ir.fold import fconst, fold, iconst
+    from neptune_fusion.ir.nodes import Binary
+    inf = float("inf")
+    for a, b, want in ((inf, 0.0, inf), (-2.0, 0.0, -inf), (3.0, -0.0, -inf)):
+        assert fold(Binary("div", fconst(a), fconst(b))) == fconst(want)
+    assert np.isnan(fold(Binary("div", fconst(0.0), fconst(0.0))).value)
+    assert isinstance(fold(Binary("floordiv", iconst(3), iconst(0))), Binary)
+    n, d = nf.size("N"), 9
+    x, y = nf.placeholder((n, d), name="x"), nf.placeholder((n, d), name="y")
+    k1, k2 = nf.reduce_axis(d, "k"), nf.reduce_axis(d, "k")
+    p = nf.compute((n,), lambda i: nf.min(x[i, k1], k1), name="p")
+    out = nf.compute((n,), lambda i: nf.sum(nf.abs(nf.abs(p[i]) * (p[i] * y[i, k2])), k2),
+                     name="out")
+    xs, ys = rng.uniform(0.5, 1.5, (3, d)), rng.uniform(-1.0, 1.0, (3, d))
+    got = nf.compile(out)(torch.tensor(xs, dtype=torch.float32),
+                          torch.tensor(ys, dtype=torch.float32))
+    want = nf.evaluate(out, {"x": xs, "y": ys})
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5)

@@ -105,7 +105,15 @@ def _fold_binary(e: Expr) -> Expr | None:
         if e.op in ("floordiv", "mod") and e.b.value == 0:
             return None
         if e.op == "div" and e.b.value == 0:
-            return None
+            if not e.dtype.is_float:
+                return None
+            # IEEE: +-inf by the signs (of a signed zero too), NaN for 0 / 0 and NaN / 0
+            # (left unfolded, Python's ZeroDivisionError raised in the kernel's source:
+            # ``inf / 0.0`` of a settled state's guard, a fuzzing find)
+            a = float(e.a.value)
+            if a == 0 or math.isnan(a):
+                return fconst(math.nan)
+            return fconst(math.copysign(INF, a) * math.copysign(1.0, float(e.b.value)))
         return _make(_ieee(BINARY[e.op], e.a.value, e.b.value), e.dtype)
     return None
 
