@@ -132,20 +132,26 @@ def chain_cases(dev, small: bool) -> bool:
     return ok
 
 
+def _softmax_rows(small: bool):
+    """``(x, m, s, softmax)``: a row maximum and the sum of ``exp(x - m)`` over rows of
+    64 (smoke) or 4096, and the softmax they give."""
+    N, D = nf.size("N"), 64 if small else 4096
+    x = nf.placeholder((N, D), name="x")
+    kk = nf.reduce_axis(D, "k")
+    m = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="m")
+    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, kk] - m[i]), kk), name="s")
+    return x, m, s, nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / s[i], name="y")
+
+
 def infinity_cases(dev, small: bool) -> bool:
     """Rows holding +inf (softmax: a NaN row, as torch gives it), a row of -inf (the
     denominator and log-sum-exp written out: NaN) and a -inf element (the softmax
     finite), through ``nf.compile``; attention with a +inf score (that row NaN) and a
     causal row that sees one key (finite)."""
     ok = True
-    N, D = nf.size("N"), 64 if small else 4096
-    x = nf.placeholder((N, D), name="x")
-    kk = nf.reduce_axis(D, "k")
-    m = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="m")
-    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, kk] - m[i]), kk), name="s")
-    soft = nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / s[i], name="y")
-    lse = nf.compute((N,), lambda i: m[i] + nf.log(s[i]), name="y")
-    xs = torch.randn(16 if small else 1024, D, device=dev) * 3
+    x, m, s, soft = _softmax_rows(small)
+    lse = nf.compute(m.shape, lambda i: m[i] + nf.log(s[i]), name="y")
+    xs = torch.randn(16 if small else 1024, x.shape[1], device=dev) * 3
     xs[3, 11] = float("inf")
     xs[6, :] = float("-inf")
     xs[8, 2] = float("-inf")
@@ -169,23 +175,18 @@ def infinity_cases(dev, small: bool) -> bool:
 
 
 def far_cases(dev, small: bool) -> bool:
-    """Data far from 0 (a check of the natural maxima, codegen/exp2.py): softmax,
-    log-softmax and a log-sum-exp of float32 rows around 1e4 and 1e6, through
+    """Data far from 0 (a check of the natural maxima, codegen/exp2.py): softmax and
+    log-softmax of float32 rows around 1e4 and 1e6, through
     ``nf.compile`` and the torch.compile backend, within eager float32's error of
     float64 (the GPU's ``exp2`` and ``log2`` are approximations; eager's are not exact
     either: the tolerances are a few times eager's own error)."""
     ok = True
-    N, D = nf.size("N"), 64 if small else 4096
-    x = nf.placeholder((N, D), name="x")
-    kk = nf.reduce_axis(D, "k")
-    m = nf.compute((N,), lambda i: nf.max(x[i, kk], kk), name="m")
-    s = nf.compute((N,), lambda i: nf.sum(nf.exp(x[i, kk] - m[i]), kk), name="s")
-    outs = {"softmax": (nf.compute(x.shape, lambda i, j: nf.exp(x[i, j] - m[i]) / s[i],
-                                   name="y"), lambda t: torch.softmax(t, -1)),
+    x, m, s, soft = _softmax_rows(small)
+    outs = {"softmax": (soft, lambda t: torch.softmax(t, -1)),
             "log_softmax": (nf.compute(x.shape, lambda i, j: x[i, j] - m[i] - nf.log(s[i]),
                                        name="y"), lambda t: torch.log_softmax(t, -1))}
     for offset in (1e4, 1e6):
-        xs = torch.randn(16 if small else 1024, D, device=dev) * 2 + offset
+        xs = torch.randn(16 if small else 1024, x.shape[1], device=dev) * 2 + offset
         for name, (out, eager) in outs.items():
             want = eager(xs.double())
             tol = 4 * (eager(xs) - want).abs().max().item() + 1e-6
