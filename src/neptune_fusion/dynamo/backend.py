@@ -335,11 +335,11 @@ class Backend:
         self.reports.append(report)
         if _inference(example_inputs):
             swap_sdpa(gm)
-        elif sdpa_calls(gm):
+        elif calls := sdpa_calls(gm):
             # a training graph keeps SDPA's device kernel and its own backward (flash,
             # cuDNN): opened, the math left a softmax whose probabilities the backward
             # saved, (B, H, L, S) of them, in a region with no chain to fuse
-            report.left.append(Left(("scaled_dot_product_attention",) * sdpa_calls(gm),
+            report.left.append(Left(("scaled_dot_product_attention",) * calls,
                                     "a training graph keeps SDPA's own kernel and its "
                                     "backward", self.rest))
         # what Inductor is told about each graph (none for rest="eager": no Inductor import)
