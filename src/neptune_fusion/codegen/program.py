@@ -450,8 +450,12 @@ def _check_split(prog: TileProgram) -> None:
     if prog.segments or prog.bounds or prog.inner:
         _fail(prog, "split-k", "the combine kernel has no loop over the fused axis")
     c = prog.col
-    if len(prog.inputs) > len(ws) and (c is None or c.chunk is None):
-        _fail(prog, "split-k", "a combine kernel that reads inputs cuts a chunked column")
+    loads = [x for o in prog.outputs for x in walk(o.body) if isinstance(x, Load)]
+    if {t.tensor for t in prog.inputs[len(ws):]} - {x.tensor for x in loads}:
+        _fail(prog, "split-k", "a combine kernel reads only the inputs its outputs load")
+    if c is not None and c.chunk is None and any(c.var in x.free_vars for x in loads):
+        _fail(prog, "split-k", "a combine kernel that reads inputs along its column cuts "
+              "a chunked column")
     if sp.col_blocks > 1 and (c is None or (c.chunk is None and
                                             c.block_size * sp.col_blocks != c.extent)):
         _fail(prog, "split-k", f"{sp.col_blocks} column programs do not cover the column "

@@ -89,7 +89,7 @@ def _check(prog: TileProgram, splits: int) -> None:
             f"schedule strategy 'split': {prog.name} reads a running sum in a loop whose "
             "bounds depend on the row or on data (a mask partition); the combine could "
             "not tell the elements each split has seen")
-    reads = _epilogue_reads(prog)
+    reads = _epilogue_reads(prog, wide=True)
     if reads and (prog.col is None or prog.col.chunk is None):
         raise UnschedulableError(
             f"schedule strategy 'split': the outputs read "
@@ -97,10 +97,13 @@ def _check(prog: TileProgram, splits: int) -> None:
             "no output column is written in chunks to cut among the combine programs")
 
 
-def _epilogue_reads(prog: TileProgram) -> tuple:
+def _epilogue_reads(prog: TileProgram, wide: bool = False) -> tuple:
     """The inputs of ``prog`` its outputs load after the loop (softmax's or a norm's
-    ``x``), in input order."""
-    read = {x.tensor for o in prog.outputs for x in walk(o.body) if isinstance(x, Load)}
+    ``x``), in input order; ``wide``: only those loaded along the output column (a value
+    per row, such as a centred mean's pivot ``x[i, 0]``, is one load per row anywhere)."""
+    col = prog.col.var if prog.col is not None else None
+    read = {x.tensor for o in prog.outputs for x in walk(o.body) if isinstance(x, Load)
+            and (not wide or col in x.free_vars)}
     return tuple(a for a in prog.inputs if a.tensor in read)
 
 
@@ -249,9 +252,9 @@ def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
     group norm at batch 1 has 32 rows of 65536 elements)."""
     reads = _epilogue_reads(prog)
     inputs = tuple(replace(arg, kind="input") for _, arg in part.split.workspace) + reads
-    blocks = part.split.splits if reads else _col_blocks(prog)
+    blocks = part.split.splits if _epilogue_reads(prog, wide=True) else _col_blocks(prog)
     info = replace(part.split, stage="combine", col_blocks=blocks)
-    col = prog.col if blocks == 1 or reads else \
+    col = prog.col if blocks == 1 or _epilogue_reads(prog, wide=True) else \
         replace(prog.col, block_size=COMBINE_COL_BLOCK)
     rule = f"split-k: {info.splits} splits, combine" + \
         (f" ({blocks} programs per row block over {prog.col.name})" if blocks > 1 else "")
