@@ -321,12 +321,20 @@ class TileOps:
                     return Val(name, axes, kind)
                 return Val(f"tl.trans({name})", axes, kind)
         base, offset, mask = self.address(e.tensor, e.indices, axes)
-        if where is not None:
-            mask = where if mask is None else Binary("and", mask, where)
         off = self.value(offset, axes)
+        mask_code = None if mask is None else self.expand(self.value(mask, axes), axes)
+        if where is not None:
+            w = self.value(where, axes)
+            if w.axes:
+                mask_code = self.expand(w if mask is None else self.value(
+                    Binary("and", mask, where), axes), axes)
+            else:
+                # a scalar condition (``extent > 0``) selects the mask: the interpreter's
+                # ``tl.load`` refuses a Python bool, or ``t & c`` of one (an int32 tensor)
+                mask_code = f"tl.where({w.code}, {mask_code or 'True'}, False)"
         code = f"tl.load({base} + {self.operand(off, axes, ADD + 1)}"
-        if mask is not None:
-            code += f", mask={self.expand(self.value(mask, axes), axes)}, other=0.0"
+        if mask_code is not None:
+            code += f", mask={mask_code}, other=0.0"
         val = Val(code + ")", axes, KIND[e.tensor.dtype.name])
         by_desc = descriptor_load(self, e, axes) if where is None else None
         if by_desc is not None:   # both loads, chosen by the kernel's constexpr TMA

@@ -416,6 +416,12 @@ def _one_dim(node):
     return None
 
 
+def _count(tr, n, pieces):
+    """A mean's divisor: the reduced axis's extent where one axis covers ``n``, else
+    ``n`` as a value of the program."""
+    return tr.extent(n) if len(pieces) == 1 and static(n) else tr.size_expr(n)
+
+
 def _reduction(op: str, mean: bool = False, logical: bool = False):
     """``op`` (sum, max, min) over one axis; ``mean`` divides by its extent; ``logical``
     (``any`` as max, ``all`` as min): the elements read as 1.0 where true (nonzero) and
@@ -453,7 +459,9 @@ def _reduction(op: str, mean: bool = False, logical: bool = False):
             e = parts[0]
             for p in parts[1:]:
                 e = join(e, p)
-            return e > 0.5 if logical else e / tr.size_expr(n) if mean else e
+            # a mean divides by its axis's extent as the axis has it (``s<n>`` for a
+            # long static one): analysis/centre.py recognises the mean by that
+            return e > 0.5 if logical else e / _count(tr, n, pieces) if mean else e
         return load
     return fn
 

@@ -2,7 +2,7 @@
 
 ``plan(outputs)`` runs a flat pipeline of named passes::
 
-    inline+canonicalise -> normalise -> reduction graph -> repair synthesis
+    inline+canonicalise -> normalise -> centre -> reduction graph -> repair synthesis
     -> pass assignment (stages) -> groups
 
 and returns an immutable :class:`FusionPlan`. A *group* is one loop over a reduction axis
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..algebra.budget import TimedOut
 from ..algebra.synth import Repair, synthesize
 from ..analysis.canon import SpatialVars, canonical_binders, canonical_output
+from ..analysis.centre import centre
 from ..analysis.chains import (
     ReductionGraph,
     maximal_hoistable,
@@ -132,8 +133,10 @@ class FusionPlan:
 
 
 def _canonicalise(outputs: list[Compute], memo: dict):
-    """Every output's body inlined on shared canonical axes, then normalised; with
-    verification on, the IR verifier checks the bodies after each of the two passes."""
+    """Every output's body inlined on shared canonical axes, normalised, then centred
+    (``analysis/centre.py``: the sums a variance subtracts as means, with the map from
+    each to its centred form); with verification on, the IR verifier checks the bodies
+    after each pass."""
     sv = SpatialVars()
     bodies, axes = [], []
     check = verify_enabled()
@@ -148,15 +151,22 @@ def _canonicalise(outputs: list[Compute], memo: dict):
             verify_body(b, ax, f"after normalize: output {o.name!r}")
         bodies.append(b)
         axes.append(ax)
-    return bodies, axes, sv
+    bodies, centred = centre(bodies)
+    if centred:
+        _dump("centre", lambda: "\n".join(f"{o.name} = {b}" for o, b in zip(outputs, bodies)))
+        if check:
+            for o, b, ax in zip(outputs, bodies, axes):
+                verify_body(b, ax, f"after centre: output {o.name!r}")
+    return bodies, axes, sv, centred
 
 
 def _names(outputs: list[Compute], graph: ReductionGraph, sv: SpatialVars,
-           outer: frozenset, memo: dict) -> dict:
+           outer: frozenset, memo: dict, centred: dict) -> dict:
     names: dict[Reduce, str] = {}
     taken: set[str] = set()
 
     def give(r: Reduce, n: str) -> None:
+        r = centred.get(r, r)
         if r in names or r not in graph.deps:
             return
         while n in taken:
@@ -302,11 +312,11 @@ def plan(outputs, require_single_pass: bool = False, *,
     from ..reference.evaluate import as_outputs
     outs, _ = as_outputs(outputs)
     memo: dict = {}
-    bodies, out_axes, sv = _canonicalise(outs, memo)
+    bodies, out_axes, sv, centred = _canonicalise(outs, memo)
     context = sv.context
     outer = frozenset(context)
     graph = reduction_graph(bodies, outer)
-    names = _names(outs, graph, sv, outer, memo)
+    names = _names(outs, graph, sv, outer, memo, centred)
     _dump("graph", lambda: "\n".join(
         f"{names[r]} <- {', '.join(names[p] for p in graph.deps[r]) or '(inputs)'}"
         for r in graph.order))

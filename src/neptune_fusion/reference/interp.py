@@ -196,6 +196,9 @@ class Interpreter:
                 bad = out if bad is None else (bad | out)
                 ix = np.clip(ix, 0, max(n - 1, 0))
             clipped.append(ix)
+        if arr.size == 0:   # nothing to read: every index is out of range
+            shape = np.broadcast_shapes(*(i.shape for i in clipped)) if clipped else ()
+            return np.full(shape, np.nan if arr.dtype.kind == "f" else 0, dtype=arr.dtype)
         val = arr[tuple(clipped)] if clipped else arr[()]
         if bad is not None:
             val = np.where(bad, np.nan if val.dtype.kind == "f" else 0, val)
