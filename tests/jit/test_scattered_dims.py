@@ -1,12 +1,13 @@
-"""Reductions over dimensions that are not adjacent, fused through the backend.
+"""Reductions over dimensions that are not adjacent stay with the rest, said.
 
 A batch norm's statistics reduce ``(N, C, H, W)`` over ``(0, 2, 3)``; the rule table
-reduces over one axis, and until 2026-12-04 (late) such a reduction was refused, the
-whole chain left to the rest without a word in the report. The decomposition now moves
-the reduced dimensions last and merges them (``decomp._merged``), which the translation
-reads as index arithmetic on the input (``x[r // (H*W), c, r // W % H, r % W]``), so
-the chain is one kernel with no copy. Against float64 and eager, static and dynamic (a
-dynamic graph's merged axis, a product of sizes, is refused with that reason)."""
+reduces over one axis. From 2026-12-04 (late) to 2026-12-05 the decomposition moved the
+reduced dimensions last and merged them, read as index arithmetic on the input; on the
+H200 that ran at 0.07x of Inductor for ``F.batch_norm`` in training (the normalised
+output written over the merged axis by 64 programs) and 0.80x for ``var_mean`` alone
+(docs/jit.md), so such reductions are left to the rest again: the report names each with
+the reason, and the results are eager's. Adjacent dimensions (an instance norm's
+``(0, 2, 3)`` of ``(1, N*C, H, W)``) still merge (test_reduction_dims.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ CASES = {
     "var_mean (0, 2, 3)": lambda x: torch.var_mean(x, dim=(0, 2, 3), keepdim=True),
     "batch-norm statistics": lambda x: (x - x.mean((0, 2, 3), keepdim=True))
     / x.std((0, 2, 3), keepdim=True),
-    "F.batch_norm, training": lambda x: F.batch_norm(x, None, None, training=True),
     "logsumexp (0, 2)": lambda x: torch.logsumexp(x, dim=(0, 2)),
     "softmax over (1, 3)": lambda x: torch.exp(x - x.amax((1, 3), keepdim=True)).sum((1, 3)),
 }
@@ -30,11 +30,7 @@ def _tuple(t):
     return t if isinstance(t, tuple) else (t,)
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_scattered_reductions_fuse_and_match_float64(name, dynamic):
-    fn = CASES[name]
-    x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(4)) * 2 + 0.5
+def _run(fn, x, dynamic=False):
     torch._dynamo.reset()
     backend = Backend(rest="eager")
     with torch.no_grad():
@@ -43,11 +39,24 @@ def test_scattered_reductions_fuse_and_match_float64(name, dynamic):
     for g, w, e in zip(got, want, _tuple(fn(x))):
         assert g.shape == e.shape and g.dtype == e.dtype
         torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
-    (report,) = backend.reports
-    if dynamic:   # the merged axis is a product of sizes no input has: said, not fused
-        assert "an expression of dynamic sizes" in str(report), str(report)
-    else:
-        assert len(report.fused) == 1, str(report)
+    return backend.reports
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scattered_reductions_are_left_out_with_the_reason(name, dynamic):
+    x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(4)) * 2 + 0.5
+    (report,) = _run(CASES[name], x, dynamic)
+    assert not report.fused, str(report)
+    assert any("not adjacent" in left.reason for left in report.left), str(report)
+
+
+def test_batch_norm_in_training_keeps_its_op():
+    """``F.batch_norm(training=True)`` of a batch of several: its op stays whole for the
+    rest (the statistics are over (0, 2, 3)); nothing fused, eager's results."""
+    x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(4)) * 2 + 0.5
+    (report,) = _run(lambda t: F.batch_norm(t, None, None, training=True), x)
+    assert not report.fused, str(report)
 
 
 def test_batch_norm_module_in_training_updates_its_running_statistics():
@@ -62,8 +71,7 @@ def test_batch_norm_module_in_training_updates_its_running_statistics():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.running_mean, eager.running_mean)
     torch.testing.assert_close(ours.running_var, eager.running_var)
-    assert any(f.ops.count("permute") for f in backend.reports[0].fused), \
-        str(backend.reports[0])
+    assert not backend.reports[0].fused, str(backend.reports[0])
 
 
 @pytest.mark.parametrize("dims", [(0, 3), (1, 2)], ids=["scattered", "adjacent"])

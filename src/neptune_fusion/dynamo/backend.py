@@ -42,6 +42,7 @@ from .partition import (
     without_prologue,
     without_trailing_matmuls,
     without_views,
+    why_not_fusible,
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
@@ -74,6 +75,13 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     changed, seen, memo = False, set(), {}
     if sink_views(gm.graph):   # maps after a reshape join the chain before it (sink.py)
         propagate(gm, example_inputs)
+    for node in gm.graph.nodes:   # a reduction no rule takes: no region says why
+        rule = RULES.get(node.target) if node.op == "call_function" else None
+        why = why_not_fusible(node) if rule is not None and rule.kind == "reduction" \
+            else None
+        if why is not None:
+            seen.add(node.name)
+            report.left.append(Left((node.name,), f"a reduction left out: {why}", rest))
     for k, region in enumerate(regions(gm.graph)):
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
             continue

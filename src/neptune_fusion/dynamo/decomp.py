@@ -56,12 +56,15 @@ def _std(x, dim=None, *, correction=None, keepdim=False):
 def _merged(x, dim):
     """``(x with the reduced dimensions merged into one, that dimension, the result's
     shape with keepdim, without)`` when ``dim`` names two or more dimensions, not all of
-    them; else None. The rule table reduces over one axis: ``mean((2, 3))`` is one
-    reduction over ``H * W``. Dimensions adjacent once those of extent 1 are left out (an
-    instance norm's batch norm over ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view) merge in
-    place; others are moved last first (a batch norm's statistics over ``(0, 2, 3)`` of
-    ``(N, C, H, W)``: ``x.permute(1, 0, 2, 3).reshape(C, -1)``), which the translation
-    reads as index arithmetic on ``x``, ``x[r // (H*W), c, r // W % H, r % W]``: no copy."""
+    them, adjacent once those of extent 1 are left out (an instance norm's batch norm over
+    ``(0, 2, 3)`` of a ``(1, N*C, H, W)`` view); else None. The rule table reduces over
+    one axis: ``mean((2, 3))`` is one reduction over ``H * W``.
+
+    Dimensions that are not adjacent (a batch norm's statistics over ``(0, 2, 3)`` of
+    ``(N, C, H, W)``) stay with the rest: moved last and merged (read as index arithmetic,
+    ``x[r // (H*W), c, r // W % H, r % W]``) they ran at 0.07x of Inductor with the
+    normalised output and 0.80x for ``var_mean`` alone on the H200 (2026-12-05,
+    ``benchmarks/bn_probe.py``; docs/jit.md)."""
     if dim is None or isinstance(dim, int):
         return None
     dims = sorted(_dims(x, dim))
@@ -74,8 +77,7 @@ def _merged(x, dim):
     # raised at the compile, where eager gives the empty or NaN result; a fuzzing find)
     extent = math.prod(x.shape[d] for d in real)
     if real != list(range(real[0], real[-1] + 1)):
-        rest = [d for d in range(x.dim()) if d not in dims]
-        return x.permute(*rest, *dims).reshape(*dropped, extent), len(rest), kept, dropped
+        return None
     a, b = real[0], real[-1]
     ones = set(dims) - set(real)
     merged = x.reshape(*(n for d, n in enumerate(x.shape[:a]) if d not in ones), extent,
@@ -221,9 +223,12 @@ def _batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, own):
     reshaped back, so a region without the views writes rows of ``H*W`` (a 4-d result
     runs ``H`` as a loop of the kernel's epilogue, 4x slower than Inductor on the H200,
     2026-12-04). Statistics, dtypes and the extra outputs are torch's (``own``: its
-    decomposition, used for larger batches)."""
-    if x.dim() < 3 or not static(x.shape[0]) or x.shape[0] != 1:
+    decomposition, for a 2-d input). A larger batch keeps the op whole for the rest: its
+    statistics over ``(0, 2, 3)`` are over dimensions that are not adjacent (_merged)."""
+    if x.dim() < 3:
         return own(x, weight, bias, training, momentum, eps)
+    if not static(x.shape[0]) or x.shape[0] != 1:
+        return NotImplemented
     c = x.shape[1]
     rows = x.reshape(c, -1)
     var, mean = _var_mean(_wide(rows), [1], correction=0, keepdim=True)
@@ -379,10 +384,7 @@ def decompositions(inference: bool = True) -> dict:
     kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm,
-                                aten._native_batch_norm_legit.no_stats,
-                                # nn.BatchNorm in training (running statistics): its
-                                # statistics over (0, 2, 3) are a chain (_merged)
-                                aten._native_batch_norm_legit_functional])
+                                aten._native_batch_norm_legit.no_stats])
     no_stats = aten._native_batch_norm_legit.no_stats
     table[no_stats] = functools.partial(_batch_norm_no_stats, own=table[no_stats])
     table[aten.logsumexp.default] = _logsumexp

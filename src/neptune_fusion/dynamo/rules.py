@@ -407,7 +407,8 @@ def _one_dim(node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
         return (f"{node.name}: a reduction over several axes that are not adjacent (or over "
-                "all of them)")
+                "all of them); fused over their merge it ran at 0.07-0.80x of Inductor "
+                "(docs/jit.md)")
     val = node.meta.get("val")
     if getattr(val, "ndim", None) == 0:
         # a loss's mean over rows of each row's chain: inside the chain's kernel it
