@@ -57,6 +57,7 @@ def test_batch_norm_in_training_keeps_its_op():
     x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(4)) * 2 + 0.5
     (report,) = _run(lambda t: F.batch_norm(t, None, None, training=True), x)
     assert not report.fused, str(report)
+    assert any("batch norm" in left.reason for left in report.left), str(report)
 
 
 def test_batch_norm_module_in_training_updates_its_running_statistics():
@@ -72,6 +73,8 @@ def test_batch_norm_module_in_training_updates_its_running_statistics():
     torch.testing.assert_close(ours.running_mean, eager.running_mean)
     torch.testing.assert_close(ours.running_var, eager.running_var)
     assert not backend.reports[0].fused, str(backend.reports[0])
+    assert any("batch norm" in left.reason for left in backend.reports[0].left), \
+        str(backend.reports[0])
 
 
 @pytest.mark.parametrize("dims", [(0, 3), (1, 2)], ids=["scattered", "adjacent"])

@@ -28,7 +28,7 @@ import time
 import torch
 
 from .. import settings
-from .decomp import decompositions, over, sdpa_calls, swap_sdpa
+from .decomp import KEPT_WHOLE, decompositions, over, sdpa_calls, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches
 from .memo import Compiled, region_key
@@ -78,7 +78,7 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
     for node in gm.graph.nodes:   # a reduction no rule takes: no region says why
         rule = RULES.get(node.target) if node.op == "call_function" else None
         why = why_not_fusible(node) if rule is not None and rule.kind == "reduction" \
-            else None
+            else KEPT_WHOLE.get(node.target) if node.op == "call_function" else None
         if why is not None:
             seen.add(node.name)
             report.left.append(Left((node.name,), f"a reduction left out: {why}", rest))

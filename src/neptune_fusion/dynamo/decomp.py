@@ -217,6 +217,15 @@ def _group_norm(x, weight, bias, n, c, hw, group, eps):
             rstd.reshape(n, group).to(x.dtype))
 
 
+_BATCH_NORM = ("a batch norm's statistics over (0, 2, 3): dimensions that are not "
+               "adjacent, left to the rest with the op (fused over their merge it ran at "
+               "0.07x of Inductor, docs/jit.md)")
+KEPT_WHOLE = {aten._native_batch_norm_legit.no_stats: _BATCH_NORM,
+              aten._native_batch_norm_legit.default: _BATCH_NORM,
+              aten._native_batch_norm_legit_functional.default: _BATCH_NORM}
+"""Ops the decompositions leave whole for the rest, with the reason the report gives."""
+
+
 def _batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, own):
     """``_native_batch_norm_legit.no_stats`` of a batch of one (``F.instance_norm``'s
     ``(1, N*C, H, W)`` view) on the ``(C, H*W)`` view: a row chain whose result is
