@@ -92,7 +92,7 @@ def main() -> None:
             with torch.no_grad():
                 got = f(*a)
                 emit({"work": name, "provider": prov, "rel_err": _err(got, want),
-                      "gpu_ms": timer(lambda: f(*a))})
+                      "gpu_ms": timer(lambda f=f, a=a: f(*a))})
     xd = x.double().permute(1, 0, 2, 3).reshape(C, -1)
     want = (xd.mean(1), xd.var(1, correction=0))
     for contiguous in (False, True):
@@ -105,7 +105,7 @@ def main() -> None:
                 f = nf.compile(outs, inputs=ins, schedule=s)
                 got = f(xin)
                 row = {"work": f"{kind}:{sname}", "rel_err": _err(got, want),
-                       "gpu_ms": timer(lambda: f(xin))}
+                       "gpu_ms": timer(lambda f=f, xin=xin: f(xin))}
                 if s == "auto":
                     row["chosen"] = str(f.schedule_for(xin))
             except Exception as e:   # noqa: BLE001 - a probe reports and goes on

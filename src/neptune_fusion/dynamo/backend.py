@@ -39,10 +39,10 @@ from .partition import (
     has_chain,
     prologue_with_unit_rows,
     regions,
+    why_not_fusible,
     without_prologue,
     without_trailing_matmuls,
     without_views,
-    why_not_fusible,
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
