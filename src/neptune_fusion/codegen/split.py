@@ -250,11 +250,11 @@ def combine_program(prog: TileProgram, part: TileProgram) -> TileProgram:
     per split: ``splits`` combine programs per row block, each merging the same states
     and writing its piece, so the second pass over ``x`` is spread like the first (a
     group norm at batch 1 has 32 rows of 65536 elements)."""
-    reads = _epilogue_reads(prog)
+    reads, wide = _epilogue_reads(prog), _epilogue_reads(prog, wide=True)
     inputs = tuple(replace(arg, kind="input") for _, arg in part.split.workspace) + reads
-    blocks = part.split.splits if _epilogue_reads(prog, wide=True) else _col_blocks(prog)
+    blocks = part.split.splits if wide else _col_blocks(prog)
     info = replace(part.split, stage="combine", col_blocks=blocks)
-    col = prog.col if blocks == 1 or _epilogue_reads(prog, wide=True) else \
+    col = prog.col if blocks == 1 or wide else \
         replace(prog.col, block_size=COMBINE_COL_BLOCK)
     rule = f"split-k: {info.splits} splits, combine" + \
         (f" ({blocks} programs per row block over {prog.col.name})" if blocks > 1 else "")
