@@ -13,6 +13,17 @@ coefficients ``dG/dr = A G`` it is ``expm((r' - r) A)``). Because the state
 
 For ``g = (c - r/n)^2`` (variance) the family is ``[(c - r/n)^2, c - r/n, 1]``: the state
 is Welford's (centred sum of squares, centred sum, count) and ``M`` is its shift rule.
+
+**Shared components.** The closure may add a member that a producer already accumulates.
+Entropy's ``g = (c - r0 - log r1) exp(c - r0)`` (``r0`` the maximum, ``r1`` the sum
+``l = sum exp(c - r0)``) closes as ``[g, g + exp(c - r0)]``; the same span has the basis
+``[g, exp(c - r0)]``, whose second member is the producer ``l``'s own term at the same
+running maximum, so its sum *is* ``l``'s state and costs nothing to carry
+(:func:`prefer_known`; the lowering reads ``l``'s state for it). The known terms offered
+are those of sum producers that are themselves repaired (they read a running value, so
+their state is centred like the member it replaces); a plain producer's raw sum is never
+offered: the variance's centred ``c - r/n`` replaced by the mean's raw ``c`` would make
+the shift rule cancel catastrophically.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ class Augmented:
     basis: tuple[sp.Expr, ...]
     matrix: sp.Matrix
     proof: str
+    # (member i, producer k): basis[i] is producer k's own term, its sum k's state
+    shared: tuple[tuple[int, int], ...] = ()
 
 
 def deltas(n: int) -> tuple[sp.Symbol, ...]:
@@ -116,6 +129,32 @@ def close_family(g: sp.Expr, r: tuple, c_syms: list) -> list[sp.Expr] | str:
     return basis
 
 
+def prefer_known(fam: list[sp.Expr], known: tuple[tuple[int, sp.Expr], ...],
+                 c_syms: list) -> tuple[list[sp.Expr], tuple[tuple[int, int], ...]]:
+    """``fam`` with members replaced by ``known`` producer terms that span the same space
+    (see the module docstring), and which member is which producer's term. Member 0, the
+    consumer's own term, is never replaced."""
+    fam, shared = list(fam), []
+    for k, term in known:
+        if any(j == k for _, j in shared):
+            continue
+        same = [i for i, f in enumerate(fam) if sp.expand(f - term) == 0]
+        if same:
+            if same[0] > 0 and all(i != same[0] for i, _ in shared):
+                shared.append((same[0], k))
+            continue
+        if len(fam) < 2 or not _in_span(term, fam, c_syms):
+            continue
+        for i in range(len(fam) - 1, 0, -1):
+            if any(i == s for s, _ in shared):
+                continue
+            if _in_span(fam[i], fam[:i] + fam[i + 1:] + [term], c_syms):
+                fam[i] = term
+                shared.append((i, k))
+                break
+    return fam, tuple(sorted(shared))
+
+
 def _coefficients(fam: list[sp.Expr], c_syms: list) -> tuple[sp.Matrix, list]:
     """``C`` with ``fam[i] = sum_k C[i, k] * atom_k(c)``: the family in ``c``-only atoms."""
     rows = []
@@ -129,8 +168,11 @@ def _coefficients(fam: list[sp.Expr], c_syms: list) -> tuple[sp.Matrix, list]:
     return sp.Matrix([[row.get(a, 0) for a in atoms] for row in rows]), atoms
 
 
-def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
-    """The augmented state and its repair matrix for a sum consumer with term ``g``.
+def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list,
+            known: tuple[tuple[int, sp.Expr], ...] = ()) -> Augmented | str:
+    """The augmented state and its repair matrix for a sum consumer with term ``g``;
+    ``known`` are ``(k, term)`` of producers whose state is the sum of ``term`` (offered
+    to :func:`prefer_known`).
 
     Writing the family over ``c``-only atoms, ``G(r, c) = C(r) phi(c)``, the repair is any
     ``M`` with ``M C(r) = C(r')``: solved on ``n`` independent columns, then checked on all
@@ -139,6 +181,7 @@ def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
     fam = close_family(g, r, c_syms)
     if isinstance(fam, str):
         return fam
+    fam, shared = prefer_known(fam, known, c_syms)
     n = len(fam)
     sub = dict(zip(r, rn))
     coef, atoms = _coefficients(fam, c_syms)
@@ -167,4 +210,4 @@ def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list) -> Augmented | str:
             m = shifted
     return Augmented(tuple(fam), m,
                      f"G(r') = M(r, r') G(r) proved for G = [{', '.join(map(str, fam))}]; "
-                     "M is linear, so it distributes over +")
+                     "M is linear, so it distributes over +", shared)

@@ -58,6 +58,9 @@ class Repair:
     sym_update: tuple[sp.Expr, ...]
     meaning: dict
     proof: str
+    # (component i, producer k): component i is the sum producer k accumulates, at the
+    # same running values; its state is k's (augmented.py, "Shared components")
+    shared: tuple[tuple[int, int], ...] = ()
 
 
 def _guarded(attempt):
@@ -76,15 +79,17 @@ MEMO_SIZE = 1024
 
 
 def derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
-           signs: tuple[str, ...] = (), budget: float = math.inf) -> Derived:
+           signs: tuple[str, ...] = (), budget: float = math.inf,
+           known: tuple[tuple[int, sp.Expr], ...] = ()) -> Derived:
     """The memoised derivation: a proved repair, the reasons none exists, or
     :class:`TimedOut` when it did not finish within ``budget`` seconds. A derivation
-    stopped by a budget is tried again only under a larger one."""
-    key = (op, branches, nprod, signs)
+    stopped by a budget is tried again only under a larger one. ``known``: the terms
+    of repaired sum producers, ``(k, term)``, that an augmented state may share."""
+    key = (op, branches, nprod, signs, known)
     got = _MEMO.get(key)
     if got is not None and not (isinstance(got, TimedOut) and budget > got.seconds):
         return got
-    got = within(budget, lambda: _derive(op, branches, nprod, signs))
+    got = within(budget, lambda: _derive(op, branches, nprod, signs, known))
     with _MEMO_LOCK:
         if len(_MEMO) >= MEMO_SIZE:
             _MEMO.pop(next(iter(_MEMO)))   # the oldest
@@ -99,7 +104,8 @@ def clear_memo() -> None:
 
 
 def _derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
-            signs: tuple[str, ...]) -> Inverted | Augmented | str:
+            signs: tuple[str, ...],
+            known: tuple[tuple[int, sp.Expr], ...] = ()) -> Inverted | Augmented | str:
     r, rn = producer_symbols(nprod, signs)
     t = sp.Symbol("t0", real=True)
     c_syms = sorted({s for b in branches for s in b.free_symbols if s.name[0] == "c"},
@@ -113,7 +119,7 @@ def _derive(op: str, branches: tuple[sp.Expr, ...], nprod: int,
     elif len(branches) > 1:
         reasons.append("augmented state: a producer inside a where-branch is not supported")
     else:
-        aug = _guarded(lambda: augment(branches[0], r, rn, c_syms))
+        aug = _guarded(lambda: augment(branches[0], r, rn, c_syms, known))
         if isinstance(aug, Augmented):
             return aug
         reasons.append(f"augmented state: {aug}")
@@ -134,13 +140,40 @@ def synthesize(consumer: Reduce, producers: list[Reduce], outer: frozenset[Index
         branches = tuple(ab.to_sympy(b) for b in branches_ir)
     except Unsupported as err:
         return str(err)
-    got = derive(consumer.op, branches, len(producers), signs, budget)
+    known = _known_terms(consumer, producers, params, ab, branches) \
+        if consumer.op == "sum" and len(branches) == 1 else ()
+    got = derive(consumer.op, branches, len(producers), signs, budget, known)
     if isinstance(got, (str, TimedOut)):
         return got
     try:
         return _repair(got, producers, ab, body, branches, signs)
     except Unsupported as err:   # a proved repair that has no IR form
         return f"the derived repair has no IR form: {err}"
+
+
+def _known_terms(consumer: Reduce, producers: list[Reduce], params: tuple, ab: Abstraction,
+                 branches: tuple) -> tuple[tuple[int, sp.Expr], ...]:
+    """``(k, term)`` for each producer ``k`` that is a sum reading other producers of the
+    consumer (so its state is centred by its own repair), its term in the consumer's
+    symbols: what an augmented state may share instead of carrying it again. Only terms
+    written in the consumer's own loop operands (no new ``c`` symbol) are offered."""
+    mine = set().union(*(b.free_symbols for b in branches))
+    out = []
+    for k, p in enumerate(producers):
+        if p.op != "sum" or len(p.axes) != 1 or len(consumer.axes) != 1:
+            continue
+        body = substitute(p.body, {p.axes[0]: consumer.axes[0]}) \
+            if p.axes[0] is not consumer.axes[0] else p.body
+        body = substitute(body, dict(zip(producers, params)))
+        if not ab.has_producer(body):
+            continue            # plain: its raw sum would undo a centring (variance)
+        try:
+            term = ab.to_sympy(body)
+        except Unsupported:
+            continue
+        if term.free_symbols <= mine:
+            out.append((k, term))
+    return tuple(out)
 
 
 def _repair(got: Inverted | Augmented, producers: list[Reduce], ab: Abstraction,
@@ -162,4 +195,4 @@ def _repair(got: Inverted | Augmented, producers: list[Reduce], ab: Abstraction,
     terms = tuple(to_ir(b, env) for b in got.basis)
     return Repair("augmented", tuple(producers), terms,
                   tuple(to_ir(u, env) for u in sym_update), got.basis, sym_update, env,
-                  got.proof)
+                  got.proof, got.shared)

@@ -370,7 +370,8 @@ def _accumulator(plan, m, loop, grid, row, col, taken, index, finals, phase):
                            f"({', '.join(REDUCE_OPS)} are)")
     svars = tuple(StateVar(n, Param(f"state:{n}", float32), roles, reducer(op).identity)
                   for n in (ident(s, taken) for s in m.state_names[:len(terms)]))
-    return Accumulator(m.name, op, prods, terms, updates, svars, phase=phase)
+    shared = tuple((i, prods[k]) for i, k in m.repair.shared) if m.repair else ()
+    return Accumulator(m.name, op, prods, terms, updates, svars, phase=phase, shared=shared)
 
 
 def _vanishes(accs: tuple[Accumulator, ...], a: Accumulator, i: int) -> bool:
@@ -429,8 +430,14 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar, phase: int = 0):
                 if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
                     hints.append((u.b if u.a is o else u.a, "alpha"))
             comps = [Binary(reducer(a.op).combine, u, p) for u, p in zip(ups, parts)]
+            for i, p in a.shared:   # the producer's own state: no tile reduced for it
+                if accs[p].phase != phase or accs[p].op != a.op or accs[p].scaled != 1.0:
+                    raise CodegenError(f"{a.name}'s component {i} shares {accs[p].name}'s "
+                                       "state, which another phase, reducer or scale keeps")
+                comps[i] = new[p][0]
         new[k] = [fold(c) for c in comps]
-        for s, c, p in zip(a.state, new[k], parts):
+        mine = [n for n in range(len(a.state)) if all(n != i for i, _ in a.shared)]
+        for s, c, p in ((a.state[n], new[k][n], parts[n]) for n in mine):
             hints.append((c, f"{s.name}_new"))
             hints.append((p, f"{s.name}_tile"))
     body = tuple((s, new[k][i]) for k, a in enumerate(accs) if a.phase == phase

@@ -139,6 +139,10 @@ class Accumulator:
     state: tuple[StateVar, ...]
     scaled: float = 1.0                # state kept as value * scaled (exp2 domain)
     phase: int = 0                     # the phase whose loop reduces it (module docstring)
+    # (component i, accumulator p): component i equals p's state, the same sum at the same
+    # running values (algebra/augmented.py, "Shared components"): it takes p's new value
+    # instead of reducing its own terms
+    shared: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,12 @@ def member_rules(plan, member, legend: _Legend, group_axes=None) -> list[str]:
              if s.name.startswith("r") and s.name[1:].isdigit()}
     formula = reducer(combined_with(op, rep.method)).formula
     lines = []
+    shared = dict(rep.shared)
     for i, name in enumerate(member.state_names):
+        if i in shared:
+            lines.append(f"{name} = {plan.name(rep.producers[shared[i]])}    "
+                         "(that sum's own state, shared)")
+            continue
         h = str(rep.sym_update[i].xreplace(env))
         term = str(rep.sym_terms[i].xreplace(moved).xreplace(env))
         lines.append(f"{name}' = " + formula.format(a=h, b=f"{op}_tile({term})"))
