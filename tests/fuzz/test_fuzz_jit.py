@@ -28,6 +28,12 @@ MAPS = {
     "F.silu": F.silu,
     "softplus": lambda t: F.softplus(t) - 1.0,
     "gelu-tanh": lambda t: F.gelu(t, approximate="tanh"),
+    # torch's decompositions (decomp.ACTIVATIONS): where, clamp, expm1, softplus, log1p
+    "elu": F.elu,
+    "mish": F.mish,
+    "hardswish": F.hardswish,
+    "logsigmoid": F.logsigmoid,
+    "leaky_relu": lambda t: F.leaky_relu(t, 0.05),
 }
 # the chain over dimension d (each reads a reduction's final value, or is torch's own)
 CHAINS = {

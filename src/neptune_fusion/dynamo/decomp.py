@@ -135,25 +135,28 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     was the fused chain's output, read again by the loss). Ignored targets read class 0
     (a valid index in any PyTorch) and weigh nothing. Returns ``(output, total_weight)``
     as the op does. One sample (a 1-d input, a 0-d target) is a batch of one, its
-    ``total_weight`` the target's weight whatever the reduction, as torch gives it;
-    other ranks use torch's own decomposition."""
+    ``total_weight`` the target's weight whatever the reduction, as torch gives it.
+    ``nll_loss2d`` (classes in dimension 1 of ``(N, C, d...)``, a segmentation loss) is
+    the same gather along dimension 1; other ranks use torch's own decomposition."""
     if x.dim() == 1 and target.dim() == 0:
         # its sum is its one loss, for every reduction but the mean
         loss, total = _nll_loss_forward(x.unsqueeze(0), target.unsqueeze(0), weight, 2,
                                         ignore_index)
         return (loss / total if reduction == 1 else loss), total
-    if x.dim() != 2 or target.dim() != 1:
+    if x.dim() < 2 or target.dim() != x.dim() - 1:
         return NotImplemented
     keep = target != ignore_index
     safe = torch.where(keep, target, torch.zeros_like(target))
     picked = x.gather(1, safe.unsqueeze(1)).squeeze(1)
-    w = torch.ones_like(picked) if weight is None else weight.gather(0, safe)
+    w = torch.ones_like(picked) if weight is None else \
+        weight.gather(0, safe) if safe.dim() == 1 else weight[safe]
     w = torch.where(keep, w, torch.zeros_like(w))
     loss = torch.where(keep, -picked * w, torch.zeros_like(picked))
     if reduction == 0:   # none
         return loss, x.new_zeros(())
-    total = w.sum(0)
-    return (loss.sum(0) / total if reduction == 1 else loss.sum(0)), total
+    dims = list(range(loss.dim()))
+    total = w.sum(dims)
+    return (loss.sum(dims) / total if reduction == 1 else loss.sum(dims)), total
 
 
 def _max_dim(x, dim, keepdim=False):
@@ -386,6 +389,17 @@ def swap_sdpa(gm) -> None:
         gm.recompile()
 
 
+# activations a chain may start or end with, as torch decomposes them (``where``,
+# ``clamp``, ``expm1``, ``softplus``, ``log1p``...): translated, they join the chain's
+# kernel instead of a kernel of their own writing the whole tensor in between
+# (``log_sigmoid_forward``'s decomposition computes the buffer its backward reads on the
+# CPU, and a zero one on CUDA, whose backward does not read it: tested with gradients)
+ACTIVATIONS = (aten.leaky_relu, aten.elu, aten.celu, aten.selu, aten.hardswish,
+               aten.hardsigmoid, aten.hardtanh, aten.relu6, aten.mish,
+               aten.log_sigmoid_forward, aten.special_entr, aten.special_xlog1py,
+               aten.logaddexp)
+
+
 def decompositions(inference: bool = True) -> dict:
     """The table handed to AOTAutograd. SDPA's per-device kernels are opened only for
     an ``inference`` graph: in a training graph autograd records such a kernel before
@@ -393,7 +407,7 @@ def decompositions(inference: bool = True) -> dict:
     kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm,
-                                aten._native_batch_norm_legit.no_stats])
+                                aten._native_batch_norm_legit.no_stats, *ACTIVATIONS])
     no_stats = aten._native_batch_norm_legit.no_stats
     table[no_stats] = functools.partial(_batch_norm_no_stats, own=table[no_stats])
     table[aten.logsumexp.default] = _logsumexp
@@ -404,6 +418,7 @@ def decompositions(inference: bool = True) -> dict:
     table[aten.native_group_norm.default] = _group_norm
     table[aten.scaled_dot_product_attention.default] = _sdpa
     table[aten.nll_loss_forward.default] = _nll_loss_forward
+    table[aten.nll_loss2d_forward.default] = _nll_loss_forward
     if inference:
         table[aten._scaled_dot_product_flash_attention_for_cpu.default] = _flash_cpu
         table[aten._scaled_dot_product_flash_attention.default] = _flash_cuda

@@ -23,7 +23,7 @@ import torch
 
 from ..frontend import lang as nf
 from ..ir import build
-from ..ir.nodes import Binary, Cast, Const, IndexVar, Size
+from ..ir.nodes import Binary, Cast, Const, IndexVar, Load, Size
 from .refused import Refused
 from .symbolic import static
 from .views import broadcast, view_index
@@ -52,6 +52,21 @@ def _at(tr, a, idx, out):
 
 # -- elementwise ----------------------------------------------------------------------
 
+def _log1p(x):
+    """``log(1 + x)`` to a few ulps near 0, where the plain form rounds ``1 + x`` to 1
+    (Kahan's: ``log(u) * x / (u - 1)`` with ``u = 1 + x``, whose rounding cancels)."""
+    u = 1.0 + x
+    return nf.where(u == 1.0, x, nf.where(u == math.inf, u, nf.log(u) * (x / (u - 1.0))))
+
+
+def _expm1(x):
+    """``exp(x) - 1`` to a few ulps near 0 (Kahan's: ``(u - 1) * x / log(u)`` with
+    ``u = exp(x)``); ``-1`` where ``u - 1`` is, ``u`` where it is infinite."""
+    u = nf.exp(x)
+    return nf.where(u == 1.0, x, nf.where((u - 1.0 == -1.0) | (u == math.inf), u - 1.0,
+                                          (u - 1.0) * (x / nf.log(u))))
+
+
 _UNARY = {
     aten.exp.default: nf.exp, aten.exp2.default: nf.exp2, aten.log.default: nf.log,
     aten.log2.default: nf.log2, aten.sqrt.default: nf.sqrt, aten.rsqrt.default: nf.rsqrt,
@@ -60,6 +75,9 @@ _UNARY = {
     aten.reciprocal.default: lambda x: 1.0 / x,
     aten.relu.default: lambda x: nf.maximum(x, 0.0),
     aten.bitwise_not.default: operator.invert, aten.logical_not.default: operator.invert,
+    aten.log1p.default: _log1p, prims.log1p.default: _log1p,
+    aten.expm1.default: _expm1, prims.expm1.default: _expm1,
+    aten.isnan.default: lambda x: x != x,
 }
 _BINARY = {
     "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
@@ -125,15 +143,16 @@ def _gelu(tr, node, out):
 
 
 def _softplus(tr, node, out):
-    """``softplus(x, beta, threshold)``: ``log(1 + exp(beta x)) / beta``, and ``x`` where
-    ``beta x > threshold`` (as torch computes it)."""
+    """``softplus(x, beta, threshold)``: ``log1p(exp(beta x)) / beta``, and ``x`` where
+    ``beta x > threshold`` (as torch computes it; ``log(1 + exp(z))`` was 0 below
+    ``z = -17`` in float32, where the value is ``exp(z)``)."""
     beta = node.args[1] if len(node.args) > 1 else node.kwargs.get("beta", 1)
     limit = node.args[2] if len(node.args) > 2 else node.kwargs.get("threshold", 20)
 
     def load(idx):
         x = _at(tr, node.args[0], idx, out)
         z = x * beta if beta != 1 else x
-        soft = nf.log(1.0 + nf.exp(z))
+        soft = _log1p(nf.exp(z))
         return nf.where(z > limit, x, soft / beta if beta != 1 else soft)
     return load
 
@@ -153,13 +172,14 @@ def _pow(tr, node, out):
 def _clamp(tr, node, out):
     lo = node.args[1] if len(node.args) > 1 else node.kwargs.get("min")
     hi = node.args[2] if len(node.args) > 2 else node.kwargs.get("max")
-    if node.target is aten.clamp_max.default:
+    if node.target in (aten.clamp_max.default, aten.clamp_max.Tensor):
         lo, hi = None, node.args[1]
 
     def load(idx):
         x = _at(tr, node.args[0], idx, out)
-        x = x if lo is None else nf.maximum(x, lo)
-        return x if hi is None else nf.minimum(x, hi)
+        lo_, hi_ = (None if b is None else _at(tr, b, idx, out) for b in (lo, hi))
+        x = x if lo_ is None else nf.maximum(x, lo_)
+        return x if hi_ is None else nf.minimum(x, hi_)
     return load
 
 
@@ -193,10 +213,13 @@ def _gather(tr, node, out):
 
 def _index(tr, node, out):
     """``x[i0, i1, ...]``: index tensors for ``x``'s leading dimensions (advanced
-    indexing, as transformers' mask builders read positions: ``cache_position[kv_idx]``).
-    Indices computed from the shapes (``arange`` and sums of them) become index
-    arithmetic, so a causal mask built this way keeps its structure; an index that may be
-    negative, or is read from a tensor, is refused (PyTorch wraps negative indices)."""
+    indexing, as transformers' mask builders read positions: ``cache_position[kv_idx]``,
+    or a hand-written cross-entropy: ``logp[arange(n), target]``). Indices computed from
+    the shapes (``arange`` and sums of them) become index arithmetic, so a causal mask
+    built this way keeps its structure. An index read from a tensor is wrapped as PyTorch
+    wraps it, ``where(t < 0, t + n, t)``, and the kernel clamps it into the dimension as
+    any gathered index (PyTorch raises on one outside ``[-n, n)``; the kernel reads an
+    element of the tensor, never past it). Other indices that may be negative are refused."""
     x, idxs = tr.arg(node.args[0]), node.args[1]
     if any(getattr(tr.arg(i), "dtype", "bool") == "bool" for i in idxs):
         raise Refused(f"{node.name}: indexing with a None (slice) or a boolean mask")
@@ -206,13 +229,27 @@ def _index(tr, node, out):
 
     def load(idx):
         picks = []
-        for v in vals:
+        for d, v in enumerate(vals):
             e = build.as_expr(v.load(broadcast(idx[:nb], v.shape, bshape)))
             if not _nonnegative(e):
-                raise Refused(f"{node.name}: an index {e} that may be negative or is read from "
-                              "a tensor (PyTorch wraps negative indices)")
+                if not isinstance(e.x if isinstance(e, Cast) else e, Load):
+                    raise Refused(f"{node.name}: an index {e} that may be negative (PyTorch "
+                                  "wraps negative indices)")
+                n = x.shape[d]
+                e = build.where(e < 0, e + (n if isinstance(n, Size) else int(n)), e)
             picks.append(e)
         return x.load((*picks, *idx[nb:]))
+    return load
+
+
+def _remainder(tr, node, out):
+    """``torch.remainder`` of integers: the IR's ``%`` rounds toward minus infinity as
+    torch's does (``take_along_dim`` wraps its indices so); floats are refused."""
+    def load(idx):
+        a, b = (build.as_expr(_at(tr, x, idx, out)) for x in node.args[:2])
+        if not (a.dtype.is_int and b.dtype.is_int):
+            raise Refused(f"{node.name}: remainder of floats")
+        return a % b
     return load
 
 
@@ -405,11 +442,12 @@ def _tri(lower: bool):
 
 def _one_dim(node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
-        return (f"{node.name}: a reduction over several axes that are not adjacent (or over "
-                "all of them); fused over their merge it ran at 0.07-0.80x of Inductor "
-                "(docs/jit.md)")
     val = node.meta.get("val")
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
+        if getattr(val, "ndim", None) == 0:
+            return f"{node.name}: a reduction to one value (it runs with the rest)"
+        return (f"{node.name}: a reduction over several axes that are not adjacent; fused "
+                "over their merge it ran at 0.07-0.80x of Inductor (docs/jit.md)")
     if getattr(val, "ndim", None) == 0:
         # a loss's mean over rows of each row's chain: inside the chain's kernel it
         # would be one program over every row; with the rest, a sum of N values
@@ -511,7 +549,10 @@ def _table() -> dict:
     t[aten.where.self] = Rule("elementwise", _where)
     t[aten.gather.default] = Rule("elementwise", _gather)
     t[aten.index.Tensor] = Rule("elementwise", _index)
-    for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default):
+    for op in (aten.remainder.Tensor, aten.remainder.Scalar):
+        t[op] = Rule("elementwise", _remainder)
+    for op in (aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+               aten.clamp.Tensor, aten.clamp_min.Tensor, aten.clamp_max.Tensor):
         t[op] = Rule("elementwise", _clamp)
     for op in (aten.masked_fill.Scalar, aten.masked_fill.Tensor):
         t[op] = Rule("elementwise", _masked_fill)
