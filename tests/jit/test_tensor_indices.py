@@ -61,3 +61,4 @@ def test_take_along_dim_wraps_its_indices_with_remainder():
     [report] = backend.reports
     assert report.fused and not report.left, report
     assert "remainder" in report.fused[0].ops, report
+

@@ -521,12 +521,18 @@ def _mm(tr, node, out):
 
 
 def _addmm(tr, node, out):
+    """``addmm``/``baddbmm``: ``beta * input + alpha * (a @ b)`` (Bloom's attention scores
+    add its ALiBi bias so); ``beta = 0`` ignores ``input``, NaN included, as torch does."""
     bias, a, b = node.args[:3]
     beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
     mm = _contract(tr, a, b)
 
     def load(idx):
-        return _at(tr, bias, idx, out) * beta + mm(idx) * alpha
+        prod = mm(idx) if alpha == 1 else mm(idx) * alpha
+        if beta == 0:
+            return prod
+        return _at(tr, bias, idx, out) * beta + prod if beta != 1 else \
+            _at(tr, bias, idx, out) + prod
     return load
 
 
@@ -598,6 +604,7 @@ def _table() -> dict:
     t[aten.mm.default] = Rule("contraction", _mm)
     t[aten.bmm.default] = Rule("contraction", _mm)
     t[aten.addmm.default] = Rule("contraction", _addmm)
+    t[aten.baddbmm.default] = Rule("contraction", _addmm)
     return t
 
 
