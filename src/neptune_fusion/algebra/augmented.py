@@ -181,7 +181,17 @@ def augment(g: sp.Expr, r: tuple, rn: tuple, c_syms: list,
     fam = close_family(g, r, c_syms)
     if isinstance(fam, str):
         return fam
-    fam, shared = prefer_known(fam, known, c_syms)
+    preferred, shared = prefer_known(fam, known, c_syms)
+    if shared:   # the swap is chosen numerically: where it does not prove, the family as closed
+        got = _repair_matrix(preferred, r, rn, c_syms, shared)
+        if isinstance(got, Augmented):
+            return got
+    return _repair_matrix(fam, r, rn, c_syms, ())
+
+
+def _repair_matrix(fam: list[sp.Expr], r: tuple, rn: tuple, c_syms: list,
+                   shared: tuple[tuple[int, int], ...]) -> Augmented | str:
+    """The proved repair matrix of the family ``fam`` (see :func:`augment`)."""
     n = len(fam)
     sub = dict(zip(r, rn))
     coef, atoms = _coefficients(fam, c_syms)

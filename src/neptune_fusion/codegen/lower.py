@@ -430,19 +430,24 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar, phase: int = 0):
                 if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
                     hints.append((u.b if u.a is o else u.a, "alpha"))
             comps = [Binary(reducer(a.op).combine, u, p) for u, p in zip(ups, parts)]
-            for i, p in a.shared:   # the producer's own state: no tile reduced for it
-                if accs[p].phase != phase or accs[p].op != a.op or accs[p].scaled != 1.0:
-                    raise CodegenError(f"{a.name}'s component {i} shares {accs[p].name}'s "
-                                       "state, which another phase, reducer or scale keeps")
+            for i, p in _shared(accs, a):   # the producer's own state: no tile for it
                 comps[i] = new[p][0]
         new[k] = [fold(c) for c in comps]
-        mine = [n for n in range(len(a.state)) if all(n != i for i, _ in a.shared)]
+        mine = [n for n in range(len(a.state)) if all(n != i for i, _ in _shared(accs, a))]
         for s, c, p in ((a.state[n], new[k][n], parts[n]) for n in mine):
             hints.append((c, f"{s.name}_new"))
             hints.append((p, f"{s.name}_tile"))
     body = tuple((s, new[k][i]) for k, a in enumerate(accs) if a.phase == phase
                  for i, s in enumerate(a.state))
     return body, hints
+
+
+def _shared(accs: tuple[Accumulator, ...], a: Accumulator) -> list[tuple[int, int]]:
+    """``a``'s components that take a producer's state: those whose producer keeps it in
+    ``a``'s phase, with ``a``'s reducer and unscaled (otherwise the component is reduced
+    as any other, which is always correct)."""
+    return [(i, p) for i, p in a.shared
+            if accs[p].phase == a.phase and accs[p].op == a.op and accs[p].scaled == 1.0]
 
 
 def _loops(accs: tuple[Accumulator, ...], loop: IndexVar) -> tuple[Segment, ...]:
