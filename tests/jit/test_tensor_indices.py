@@ -62,3 +62,19 @@ def test_take_along_dim_wraps_its_indices_with_remainder():
     assert report.fused and not report.left, report
     assert "remainder" in report.fused[0].ops, report
 
+
+
+def test_tensor_indices_under_dynamic_shapes():
+    """One graph for every size: the wrap adds the dimension's symbolic extent."""
+    def ce(x, t):
+        return -torch.log_softmax(x, -1)[torch.arange(x.shape[0]), t]
+    torch._dynamo.reset()
+    backend = Backend()
+    fn = torch.compile(ce, backend=backend, dynamic=True)
+    gen = torch.Generator().manual_seed(8)
+    for n, v in ((6, 40), (9, 33)):
+        x = torch.randn(n, v, generator=gen)
+        t = torch.randint(-v, v, (n,), generator=gen)
+        torch.testing.assert_close(fn(x, t).double(), ce(x.double(), t), rtol=1e-5, atol=1e-5)
+    [report] = backend.reports
+    assert report.dynamic and report.fused and not report.left, report

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
-from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Size, Where
+from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Reduce, Where
 from ..ir.reducers import reducer
 from ..ir.traverse import factors, product, substitute, walk
 from .patterns import loaded, match_contraction
@@ -57,7 +57,8 @@ def gatherable(idx: Expr) -> bool:
     variables, ``//`` and ``%`` by positive constants, casts and loads (an index read from
     another tensor), and choices among such (``where(t[i] != -100, t[i], 0)``: a
     cross-entropy's ignored targets; ``minimum``/``maximum``: a clamp), and a loaded index
-    plus a constant extent (a negative index wrapped as PyTorch does). ``x[i + 1]`` is
+    plus an extent free of the tile axes (a negative index wrapped as PyTorch does, the
+    extent static or symbolic). ``x[i + 1]`` is
     not: a shifted tile would need its own bounds."""
     if isinstance(idx, (IndexVar, Load, Const)):
         return True
@@ -71,8 +72,8 @@ def gatherable(idx: Expr) -> bool:
         # an index read from a tensor shifted by a dimension's extent: PyTorch's wrap of
         # a negative index, ``where(t < 0, t + n, t)`` (clamped like any gathered index)
         for a, b in ((idx.a, idx.b), (idx.b, idx.a)):
-            if isinstance(b, (Const, Size)) and gatherable(a) \
-                    and any(isinstance(x, Load) for x in walk(a)):
+            if not b.free_vars and not any(isinstance(x, Load) for x in walk(b)) \
+                    and gatherable(a) and any(isinstance(x, Load) for x in walk(a)):
                 return True
     return (isinstance(idx, Binary) and idx.op in ("floordiv", "mod")
             and isinstance(idx.b, Const) and isinstance(idx.b.value, int)

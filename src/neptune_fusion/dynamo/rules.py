@@ -235,8 +235,8 @@ def _index(tr, node, out):
                 if not isinstance(e.x if isinstance(e, Cast) else e, Load):
                     raise Refused(f"{node.name}: an index {e} that may be negative (PyTorch "
                                   "wraps negative indices)")
-                n = x.shape[d]
-                e = build.where(e < 0, e + (n if isinstance(n, Size) else int(n)), e)
+                n = tr.size_expr(x.shape[d])
+                e = build.where(e < 0, e + (int(n) if isinstance(n, int) else n), e)
             picks.append(e)
         return x.load((*picks, *idx[nb:]))
     return load
