@@ -1,6 +1,8 @@
 """PyTorch modules through the torch.compile backend: ``nn.MultiheadAttention``,
-``nn.GroupNorm`` (also at batch 1: ``group-norm-b1``), ``nn.InstanceNorm2d`` and a batch
-norm's training statistics (``batch-norm-stats``) (issue 19).
+``nn.GroupNorm`` (also at batch 1: ``group-norm-b1``), ``nn.InstanceNorm2d``, a batch
+norm's training statistics (``batch-norm-stats``), Bloom's eager attention
+(``bloom-attention``), a per-pixel cross-entropy (``pixel-cross-entropy``) and an
+activation before a log-softmax (``mish-log-softmax``) (issue 19).
 
 Usage:
     PYTHONPATH=src python benchmarks/jit_modules.py [--work mha,mha-causal,group-norm,...] \
@@ -87,10 +89,53 @@ def _batch_norm(big: bool, dtype, dev, gen):
         x, None, None, mod.weight, mod.bias, training=True, eps=mod.eps)
 
 
+def _wide(x):
+    """16-bit data computed in float32 (the float64 reference stays float64)."""
+    return x.float() if x.element_size() < 4 else x
+
+
+def _bloom_attention(big: bool, dtype, dev, gen):
+    """Bloom's eager attention: ``baddbmm`` of its ALiBi bias and the scaled scores, a
+    causal ``masked_fill`` with ``finfo.min`` (not -inf: every tile is visited), a float32
+    softmax, ``bmm`` with the values (``baddbmm`` had no rule before 2026-12-05)."""
+    bh, n, d = (32, 2048, 128) if big else (4, 9, 16)
+    q, k, v = (torch.randn(bh, n, d, device=dev, generator=gen) for _ in range(3))
+    bias = torch.randn(bh, 1, n, device=dev, generator=gen)
+    keep_out = torch.triu(torch.ones(n, n, dtype=torch.bool, device=dev), 1)
+
+    def fn(mod, q, k, v, bias):
+        s = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=d ** -0.5)
+        s = s.masked_fill(keep_out, torch.finfo(s.dtype).min)
+        p = torch.nn.functional.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.bmm(p, v)
+    return torch.nn.Identity(), (q, k, v, bias), fn
+
+
+def _pixel_cross_entropy(big: bool, dtype, dev, gen):
+    """A segmentation loss: ``F.cross_entropy`` over ``(N, C, H, W)`` per pixel
+    (``nll_loss2d``, a gather along the classes since 2026-12-05)."""
+    n, c, hw = (8, 19, 256) if big else (2, 5, 4)
+    x = torch.randn(n, c, hw, hw, device=dev, generator=gen) * 3.0
+    t = torch.randint(0, c, (n, hw, hw), device=dev, generator=gen)
+    return torch.nn.Identity(), (x, t), lambda mod, x, t: torch.nn.functional.cross_entropy(
+        _wide(x), t, reduction="none")
+
+
+def _activation_softmax(big: bool, dtype, dev, gen):
+    """``log_softmax(mish(x))``: the activation joins the chain's kernel (2026-12-05;
+    before, a kernel of its own wrote ``mish(x)`` whole)."""
+    n, v = (4096, 8192) if big else (3, 40)
+    x = torch.randn(n, v, device=dev, generator=gen) * 2.0
+    return torch.nn.Identity(), (x,), lambda mod, x: torch.log_softmax(
+        torch.nn.functional.mish(_wide(x)), -1)
+
+
 WORK = {"mha": _mha(False), "mha-causal": _mha(True), "group-norm": _group_norm(False),
         "group-norm-silu": _group_norm(True), "instance-norm": _instance_norm,
         # a diffusion model's decoder at batch 1: 32 groups, fewer rows than multiprocessors
-        "group-norm-b1": _group_norm(False, batch=1), "batch-norm-stats": _batch_norm}
+        "group-norm-b1": _group_norm(False, batch=1), "batch-norm-stats": _batch_norm,
+        "bloom-attention": _bloom_attention, "pixel-cross-entropy": _pixel_cross_entropy,
+        "mish-log-softmax": _activation_softmax}
 
 
 def run(name: str, device: str, profile: bool = False) -> list[dict]:
@@ -102,9 +147,9 @@ def run(name: str, device: str, profile: bool = False) -> list[dict]:
     mod = mod.eval()
     ref_mod = copy.deepcopy(mod).double()
     mod = mod.to(dtype)
-    args = tuple(a.to(dtype) for a in args)
+    args = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
     with torch.no_grad():
-        ref = fn(ref_mod, *(a.double() for a in args))
+        ref = fn(ref_mod, *(a.double() if a.is_floating_point() else a for a in args))
     torch._dynamo.reset()
     providers = {"eager": lambda *a: fn(mod, *a),
                  "inductor": torch.compile(lambda *a: fn(mod, *a)),

@@ -1,0 +1,35 @@
+#!/bin/bash
+# One device call that measures what landed without a GPU (docs/results.md, "Waiting for
+# a device"). Usage on the device, from the repository root, with the "before" tree
+# unpacked beside it (`.gpu/` is ignored by git; carry it):
+#
+#     git archive 99c2943 src | tar -x -C .gpu/before     # on this machine, first
+#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src
+#
+# Writes under $OUT: gpu.txt, chain reports A/B (bf16 and fp32: the shared augmented
+# component of softmax entropy and KL divergence), the jit modules of the session before,
+# and the backend's new ops against Inductor.
+set -u
+before=${1:?give the src directory of the tree to compare against}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
+python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
+date -u >> "$OUT/gpu.txt"
+bench() { # name src extra-args...
+  local name=$1 src=$2; shift 2
+  echo "== $name"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-$name PYTHONPATH=$src timeout 200 python -m \
+    neptune_fusion.bench --suite chains --providers neptune,torch-compile --timer graph \
+    --no-plots --out "/tmp/$name" "$@" > "/tmp/$name.log" 2>&1; echo "rc $?"
+  tail -3 "/tmp/$name.log"
+  cp "$(find "/tmp/$name" -name report.md | head -1)" "$OUT/$name-report.md"
+}
+bench bf16-before "$before" --dtype bfloat16 --ops softmax-entropy,kl-divergence,logsumexp
+bench bf16-after src --dtype bfloat16 --ops softmax-entropy,kl-divergence,logsumexp
+bench f32-before "$before" --dtype float32 --ops softmax-entropy,kl-divergence
+bench f32-after src --dtype float32 --ops softmax-entropy,kl-divergence,variance,layer-stats
+echo "== jit_modules"; date -u
+(cd benchmarks && NEPTUNE_FUSION_CACHE_DIR=/tmp/jc PYTHONPATH=$PWD/../src:. timeout 150 \
+  python jit_modules.py --work batch-norm-stats,group-norm,instance-norm,bloom-attention,pixel-cross-entropy,mish-log-softmax \
+  --out "$OUT/jit_modules.jsonl" 2>&1 | tail -12)
+date -u
