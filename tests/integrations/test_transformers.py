@@ -533,3 +533,30 @@ def test_bert_encoder_through_the_backend(impl):
     fused = [f.ops for r in backend.reports for f in r.fused]
     assert sum("bmm" in ops and "amax" in ops for ops in fused) == 2, fused
     assert sum("rsqrt" in ops for ops in fused) >= 4, fused
+
+
+def test_bloom_eager_attention_through_the_backend():
+    """Bloom's eager attention: ``baddbmm`` of the ALiBi bias and the scores, its mask
+    built from the padding mask by an index read from a tensor, a float32 softmax, the
+    ``bmm``: one fused chain per layer, the hidden states as eager's. Its mask builder
+    concatenates a 1-d empty piece beside 4-d ones, which the backend's check of ``cat``
+    indexed past the empty piece's rank and raised (found 2026-12-05)."""
+    from neptune_fusion.dynamo import Backend
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.BloomModel(cfg).eval()
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(1, VOCAB, (2, 9), generator=g)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert _rel(got, want) <= 1e-5
+    fused = [f.ops for r in backend.reports for f in r.fused]
+    assert sum("baddbmm" in ops and "amax" in ops and "bmm" in ops for ops in fused) == 2, \
+        fused

@@ -72,7 +72,10 @@ def why_not_fusible(node) -> str | None:
         return "a float64 scalar (a Python float of a dynamic graph): computed with the " \
                "rest, the kernel reads its float32 cast at each call"
     if rule.check is not None:
-        why = rule.check(node)
+        try:
+            why = rule.check(node)
+        except Exception as err:   # noqa: BLE001 -- a check's bug leaves the op out, named
+            why = f"{_op_name(node)}: its rule's check raised {type(err).__name__}: {err}"
         if why:
             return why
     try:

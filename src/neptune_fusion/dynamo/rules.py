@@ -255,13 +255,16 @@ def _remainder(tr, node, out):
 
 def _nonnegative(e) -> bool:
     """Whether an index expression is >= 0 by its form: index variables, sizes and
-    non-negative int constants under sums, products and casts."""
+    non-negative int constants under sums, products, casts, and ``//`` and ``%`` by
+    positive constants."""
     if isinstance(e, (IndexVar, Size)):
         return True
     if isinstance(e, Const):
         return isinstance(e.value, int) and not isinstance(e.value, bool) and e.value >= 0
     if isinstance(e, Cast):
         return _nonnegative(e.x)
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod"):   # a merged index split
+        return _nonnegative(e.a) and isinstance(e.b, Const) and e.b.value > 0
     return isinstance(e, Binary) and e.op in ("add", "mul") \
         and _nonnegative(e.a) and _nonnegative(e.b)
 
@@ -394,6 +397,9 @@ def _cat_check(node):
     sizes = [getattr(x.meta.get("val"), "shape", None) for x in xs]
     if any(s is None for s in sizes):
         return f"{node.name}: no tensor metadata"
+    if any(len(s) != val.ndim for s in sizes):
+        # torch.cat skips a 1-d empty piece beside pieces of any rank (Bloom's mask)
+        return f"{node.name}: a concatenation of pieces of different ranks"
     big = [s for s in sizes if not (isinstance(s[d], int) and s[d] == 1)]
     if len(big) > 1:
         return (f"{node.name}: a concatenation of several pieces longer than one entry "
