@@ -505,21 +505,12 @@ def test_plain_attention_of_each_model_is_fused_through_the_backend(name, impl):
         assert sum("amax" in f.ops and "bmm" in f.ops for f in report.fused) == 2, str(report)
 
 
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_bert_encoder_through_the_backend(impl):
-    """A BERT encoder (bidirectional, a padding mask as data) under ``torch.compile``
-    with the backend: each layer's attention and both LayerNorms (with their residual
-    adds) are fused, and the hidden states match eager. With eager attention the additive
-    mask is expanded from the padding mask by an index read from a tensor: the region is
-    fused without that prologue (partition.without_prologue)."""
+def _padded_batch_through_the_backend(model, seed: int) -> list:
+    """``model`` on two sequences of 9 tokens, the second padded after 6, compiled with
+    the backend (the rest eager): its hidden states against eager's; the fused chains'
+    ops."""
     from neptune_fusion.dynamo import Backend
-    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, intermediate_size=128,
-                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    cfg._attn_implementation = impl
-    torch.manual_seed(0)
-    model = transformers.BertModel(cfg).eval()
-    g = torch.Generator().manual_seed(11)
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, VOCAB, (2, 9), generator=g)
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 6:] = 0
@@ -530,7 +521,22 @@ def test_bert_encoder_through_the_backend(impl):
         got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
         want = model(input_ids=ids, attention_mask=mask).last_hidden_state
     assert _rel(got, want) <= 1e-5
-    fused = [f.ops for r in backend.reports for f in r.fused]
+    return [f.ops for r in backend.reports for f in r.fused]
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_bert_encoder_through_the_backend(impl):
+    """A BERT encoder (bidirectional, a padding mask as data) under ``torch.compile``
+    with the backend: each layer's attention and both LayerNorms (with their residual
+    adds) are fused, and the hidden states match eager. With eager attention the additive
+    mask is expanded from the padding mask by an index read from a tensor, gathered in
+    the attention's kernel (until 2026-12-05 it was left out as the region's prologue)."""
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=128,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg._attn_implementation = impl
+    torch.manual_seed(0)
+    fused = _padded_batch_through_the_backend(transformers.BertModel(cfg).eval(), seed=11)
     assert sum("bmm" in ops and "amax" in ops for ops in fused) == 2, fused
     assert sum("rsqrt" in ops for ops in fused) >= 4, fused
 
@@ -538,25 +544,12 @@ def test_bert_encoder_through_the_backend(impl):
 def test_bloom_eager_attention_through_the_backend():
     """Bloom's eager attention: ``baddbmm`` of the ALiBi bias and the scores, its mask
     built from the padding mask by an index read from a tensor, a float32 softmax, the
-    ``bmm``: one fused chain per layer, the hidden states as eager's. Its mask builder
-    concatenates a 1-d empty piece beside 4-d ones, which the backend's check of ``cat``
-    indexed past the empty piece's rank and raised (found 2026-12-05)."""
-    from neptune_fusion.dynamo import Backend
+    ``bmm``: one fused chain per layer, the hidden states as eager's. Its cache's first
+    update concatenates a 1-d empty piece beside 4-d ones, which the backend's check of
+    ``cat`` indexed past the empty piece's rank and raised (found 2026-12-05)."""
     cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = transformers.BloomModel(cfg).eval()
-    g = torch.Generator().manual_seed(12)
-    ids = torch.randint(1, VOCAB, (2, 9), generator=g)
-    mask = torch.ones(2, 9, dtype=torch.long)
-    mask[1, 6:] = 0
-    backend = Backend(rest="eager")
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
-    with torch.no_grad():
-        got = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
-        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert _rel(got, want) <= 1e-5
-    fused = [f.ops for r in backend.reports for f in r.fused]
+    fused = _padded_batch_through_the_backend(transformers.BloomModel(cfg).eval(), seed=12)
     assert sum("baddbmm" in ops and "amax" in ops and "bmm" in ops for ops in fused) == 2, \
         fused
