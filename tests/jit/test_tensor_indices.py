@@ -78,3 +78,22 @@ def test_tensor_indices_under_dynamic_shapes():
         torch.testing.assert_close(fn(x, t).double(), ce(x.double(), t), rtol=1e-5, atol=1e-5)
     [report] = backend.reports
     assert report.dynamic and report.fused and not report.left, report
+
+
+def test_an_embedding_joins_its_layer_norm():
+    """``embedding`` is a gather of the table's rows (the kernel clamps an id into the
+    table): BERT's embeddings, summed and normalised, are one kernel."""
+    gen = torch.Generator().manual_seed(9)
+    words, pos = torch.randn(50, 32, generator=gen), torch.randn(12, 32, generator=gen)
+
+    def embed(ids, words, pos):
+        at = torch.arange(ids.shape[1])
+        x = torch.nn.functional.embedding(ids, words) + torch.nn.functional.embedding(at, pos)
+        return torch.nn.functional.layer_norm(x, (32,))
+    ids = torch.randint(0, 50, (3, 12), generator=gen)
+    fn, backend = _compile(embed)
+    torch.testing.assert_close(fn(ids, words, pos).double(),
+                               embed(ids, words.double(), pos.double()), rtol=1e-5, atol=1e-5)
+    [report] = backend.reports
+    assert len(report.fused) == 1 and not report.left, report
+    assert report.fused[0].ops.count("embedding") == 2, report

@@ -242,6 +242,19 @@ def _index(tr, node, out):
     return load
 
 
+def _embedding(tr, node, out):
+    """``embedding(weight, ids)``: row ``ids[...]`` of ``weight``, a gather the kernel
+    clamps into the table (PyTorch raises on an id outside it); an embedding followed by
+    its LayerNorm (BERT's, Bloom's) is then one kernel. ``padding_idx`` and the other
+    arguments only change the backward."""
+    weight, ids = tr.arg(node.args[0]), tr.arg(node.args[1])
+    lead = len(out) - 1
+
+    def load(idx):
+        return weight.load((ids.load(tuple(idx[:lead])), idx[lead]))
+    return load
+
+
 def _remainder(tr, node, out):
     """``torch.remainder`` of integers: the IR's ``%`` rounds toward minus infinity as
     torch's does (``take_along_dim`` wraps its indices so); floats are refused."""
@@ -560,6 +573,7 @@ def _table() -> dict:
         t[op] = Rule("elementwise", _pow)
     t[aten.where.self] = Rule("elementwise", _where)
     t[aten.gather.default] = Rule("elementwise", _gather)
+    t[aten.embedding.default] = Rule("elementwise", _embedding)
     t[aten.index.Tensor] = Rule("elementwise", _index)
     for op in (aten.remainder.Tensor, aten.remainder.Scalar):
         t[op] = Rule("elementwise", _remainder)
