@@ -1109,3 +1109,13 @@ def test_repeat_reads_its_input_modulo_the_extent():
     ex = _check(lambda x, w, b: torch.softmax(x * w.repeat(2, 3) + b.repeat(4, 1), -1),
                 (x, w, b))
     assert ex.fused[0].ops.count("repeat") == 2, str(ex)
+
+
+def test_a_sum_of_everything_is_named_a_reduction_to_one_value():
+    """``x.sum()`` / ``x.mean()`` (a label-smoothed cross-entropy's smoothing term) said
+    "sum has no translation rule"; they are reductions to one value, run with the rest."""
+    def fn(z):
+        return torch.log_softmax(z, -1).mean() + torch.softmax(z, -1).sum()
+    ex = _check(fn, (_x((6, 40)),), fused=2)
+    assert all("no translation rule" not in x.reason for x in ex.left), str(ex)
+    assert any("a reduction to one value" in x.reason for x in ex.left), str(ex)

@@ -459,18 +459,22 @@ def _tri(lower: bool):
 
 # -- reductions and contractions ------------------------------------------------------
 
+def _to_one_value(node):
+    return f"{node.name}: a reduction to one value (it runs with the rest)"
+
+
 def _one_dim(node):
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     val = node.meta.get("val")
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) != 1):
         if getattr(val, "ndim", None) == 0:
-            return f"{node.name}: a reduction to one value (it runs with the rest)"
+            return _to_one_value(node)
         return (f"{node.name}: a reduction over several axes that are not adjacent; fused "
                 "over their merge it ran at 0.07-0.80x of Inductor (docs/jit.md)")
     if getattr(val, "ndim", None) == 0:
         # a loss's mean over rows of each row's chain: inside the chain's kernel it
         # would be one program over every row; with the rest, a sum of N values
-        return f"{node.name}: a reduction to one value (it runs with the rest)"
+        return _to_one_value(node)
     return None
 
 
@@ -618,6 +622,8 @@ def _table() -> dict:
                      (aten.sum.dim_IntList, "sum")):
         t[op] = Rule("reduction", _reduction(kind), _one_dim)
     t[aten.mean.dim] = Rule("reduction", _reduction("sum", mean=True), _one_dim)
+    for op in (aten.sum.default, aten.mean.default):   # to one value: named, with the rest
+        t[op] = Rule("reduction", _reduction("sum"), _to_one_value)
     for op, kind in ((aten.any.dim, "max"), (aten.any.dims, "max"), (aten.all.dim, "min"),
                      (aten.all.dims, "min")):
         t[op] = Rule("reduction", _reduction(kind, logical=True), _one_dim)
