@@ -567,18 +567,16 @@ MORE_MODELS = {
         vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=96, num_local_experts=4,
         num_experts_per_tok=2), transformers.MixtralModel),
-    "t5-encoder": lambda: (transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16,
-                                                 d_ff=96, num_layers=2, num_heads=4),
-                           transformers.T5EncoderModel),
 }
 
 
 @pytest.mark.parametrize("name", list(MORE_MODELS))
 def test_more_architectures_through_the_backend(name):
     """A robustness sweep (2026-12-05: a tiny Bloom had raised out of torch.compile):
-    GPT-2, Falcon, Mixtral (its router's softmax too) and T5's encoder (relative position
-    bias), eager attention, a padded batch: never an error, the hidden states as eager's
-    at the tokens that are not padding, every layer's softmax fused."""
+    GPT-2, Falcon and Mixtral (its router's softmax too), eager attention, a padded
+    batch: never an error, the hidden states as eager's at the tokens that are not
+    padding, every layer's softmax fused (T5's encoder passed too, left out of CI for
+    its 9 s: docs/jit.md)."""
     from neptune_fusion.dynamo import Backend
     cfg, cls = MORE_MODELS[name]()
     cfg._attn_implementation = "eager"
