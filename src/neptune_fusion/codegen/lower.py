@@ -404,6 +404,7 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar, phase: int = 0):
         if a.phase != phase:
             continue
         olds = [s.param for s in a.state]
+        shared = dict(_shared(accs, a))   # component -> the producer whose state it is
         if not a.producers:
             parts = [Reduce(a.op, a.terms[0], (loop,))]
             comps = [Binary(reducer(a.op).combine, olds[0], parts[0])]
@@ -430,11 +431,11 @@ def _steps(accs: tuple[Accumulator, ...], loop: IndexVar, phase: int = 0):
                 if isinstance(u, Binary) and u.op == "mul" and (u.a is o or u.b is o):
                     hints.append((u.b if u.a is o else u.a, "alpha"))
             comps = [Binary(reducer(a.op).combine, u, p) for u, p in zip(ups, parts)]
-            for i, p in _shared(accs, a):   # the producer's own state: no tile for it
+            for i, p in shared.items():   # the producer's own state: no tile for it
                 comps[i] = new[p][0]
         new[k] = [fold(c) for c in comps]
-        mine = [n for n in range(len(a.state)) if all(n != i for i, _ in _shared(accs, a))]
-        for s, c, p in ((a.state[n], new[k][n], parts[n]) for n in mine):
+        for s, c, p in ((a.state[n], new[k][n], parts[n]) for n in range(len(a.state))
+                        if n not in shared):
             hints.append((c, f"{s.name}_new"))
             hints.append((p, f"{s.name}_tile"))
     body = tuple((s, new[k][i]) for k, a in enumerate(accs) if a.phase == phase
