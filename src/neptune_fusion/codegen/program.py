@@ -422,8 +422,9 @@ def _check_outputs(prog: TileProgram) -> None:
             if not (any(v is u for u in rows) or (split and v is SPLIT_ID)):
                 _fail(prog, "outputs", f"{where} is indexed by {v}, not a grid, row or "
                       "column axis")
-        if not o.arg.tensor.dtype.is_float:
-            _fail(prog, "outputs", f"{where} is {o.arg.tensor.dtype}, not a float tensor")
+        if not (o.arg.tensor.dtype.is_float or o.arg.tensor.dtype.is_bool):
+            _fail(prog, "outputs", f"{where} is {o.arg.tensor.dtype}, not a float or "
+                  "boolean tensor")
         _reads(prog, where, [o.body], state, rows)
 
 

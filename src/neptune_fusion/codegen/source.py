@@ -716,9 +716,9 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
                      if any(prog.role_of(v) is not None and prog.role_of(v).role == a
                             for v in o.axes))
         val = low.value(o.body, axes)
-        if not o.arg.tensor.dtype.is_float:
-            raise CodegenError(f"output {o.arg.name} is {o.arg.tensor.dtype}; float outputs "
-                               "are supported")
+        if not (o.arg.tensor.dtype.is_float or o.arg.tensor.dtype.is_bool):
+            raise CodegenError(f"output {o.arg.name} is {o.arg.tensor.dtype}; float and "
+                               "boolean outputs are supported")
         base, offset, mask = at.address(o.arg.tensor, o.axes)
         off = at.value(offset, axes)
         data = low.expand(val, axes)

@@ -257,9 +257,9 @@ class Translator:
         (a permutation, rewrite.output_orders): the value's dimensions in that order,
         ``value.permute(order)``, which the graph permutes back as a view."""
         v = self.vals[node]
-        if v.dtype not in KERNEL_DTYPES:
+        if v.dtype not in KERNEL_DTYPES and v.dtype != "bool":
             raise Refused(f"output {node.name} is {v.dtype}; kernels write "
-                          f"{', '.join(KERNEL_DTYPES)}")
+                          f"{', '.join(KERNEL_DTYPES)} and bool")
         pk = self.packed
         if pk is None and order is not None:
             at = {d: k for k, d in enumerate(order)}   # value dim d is output dim at[d]
