@@ -8,7 +8,9 @@
 #
 # Writes under $OUT: gpu.txt, chain reports A/B (bf16 and fp32: the shared augmented
 # component of softmax entropy and KL divergence), the jit modules of the session before,
-# and the backend's new ops against Inductor.
+# the backend's new ops against Inductor, and training steps (the min-cut partition and
+# Inductor's joint passes, 2026-12-05 third session) against Inductor. The budget: about
+# eight minutes; if a call's 600 s run out, run the training line in a second call.
 set -u
 before=${1:?give the src directory of the tree to compare against}
 export PYTHONUNBUFFERED=1
@@ -32,4 +34,8 @@ echo "== jit_modules"; date -u
 (cd benchmarks && NEPTUNE_FUSION_CACHE_DIR=/tmp/jc PYTHONPATH=$PWD/../src:. timeout 150 \
   python jit_modules.py --work batch-norm-stats,group-norm,instance-norm,bloom-attention,pixel-cross-entropy,mish-log-softmax \
   --out "$OUT/jit_modules.jsonl" 2>&1 | tail -12)
+echo "== jit_training"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src timeout 150 python benchmarks/jit_training.py \
+  --chains softmax,log-softmax,softmax-entropy,kl-divergence,layernorm-matmul,rmsnorm-matmul \
+  --dtypes bfloat16 --out "$OUT/jit_training.jsonl" 2>&1 | tail -20
 date -u

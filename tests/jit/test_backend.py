@@ -420,7 +420,7 @@ def test_a_chain_reading_another_fused_chain():
     ("rmsnorm-matmul", True), ("log-softmax", True), ("softmax", True), ("variance", True),
     # the training forward saves x - mean and rsqrt(var) beside the projection: maps of
     # the statistics over the row's width, a pass of their own (fusion/stages.py)
-    ("layernorm-matmul", True)])
+    ("layernorm-matmul", True), ("softmax-entropy", True), ("kl-divergence", True)])
 def test_a_training_graph_fuses_its_forward_and_its_gradients_match_float64(name, fused):
     """Inputs that require grad: AOTAutograd splits forward and backward from the
     original ops; the forward's chains are fused (every value the backward saves is a
@@ -918,6 +918,26 @@ def test_transformer_encoder_layer_fast_path_stays_whole():
     x = torch.randn(2, 10, 32, generator=torch.Generator().manual_seed(6))
     ex = _check(lambda x: enc(x), (x,), ref64=lambda x: enc64(x), fused=0)
     assert not ex.graphs[0].left, str(ex)
+
+
+def test_a_training_forward_writes_what_the_min_cut_partition_saves():
+    """AOTAutograd splits a training graph with the min-cut partitioner, as Inductor's
+    entry does: softmax entropy's backward recomputes ``exp(x - m)`` and the log-softmax
+    from the saved input, maximum and sum, so the fused forward writes three tensors (the
+    entropy, ``m`` and ``l``); the default partitioner had it write five (``x - m``,
+    ``exp(x - m)`` and the log of the sum besides)."""
+    chain = bench_chains.CHAINS["softmax-entropy"]
+    (x,) = bench_chains.make_inputs(chain, chain.smoke, torch.float32, "cpu")
+    torch._dynamo.reset()
+    g = nf.jit(chain.plain, rest="eager")
+    xg = x.clone().requires_grad_()
+    g(xg).sum().backward()
+    [report] = g.backend.reports
+    [region] = report.fused
+    assert len(region.outputs) <= 3, report
+    ref = x.double().requires_grad_()
+    chain.plain(ref).sum().backward()
+    torch.testing.assert_close(xg.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_multihead_attention_training_keeps_the_device_kernel_and_its_gradient():

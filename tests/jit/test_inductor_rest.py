@@ -41,3 +41,30 @@ def test_graphs_with_fused_ops_skip_inductors_graph_cache(monkeypatch):
     torch.testing.assert_close(got.double(), torch.sin(torch.softmax(x.double(), -1)),
                                rtol=1e-5, atol=1e-6)
     assert (True, False) in seen and (True, True) not in seen, seen
+
+
+def test_written_out_attention_in_training_takes_inductors_joint_graph_patterns():
+    """A training graph's joint forward and backward go through Inductor's joint-graph
+    passes before the min-cut split (``rest="inductor"``), as under Inductor alone: the
+    attention patterns make written-out attention SDPA's kernel with its own backward
+    (not a forward that writes the probabilities for an unfused backward), and the
+    report says so. Gradients against float64."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(3))
+    d_o = torch.randn(2, 2, 16, 8, generator=g)
+
+    def attention(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
+
+    torch._dynamo.reset()
+    fused = nf.jit(attention)
+    xs = [t.clone().requires_grad_() for t in (q, k, v)]
+    fused(*xs).backward(d_o)
+    ref = [t.double().requires_grad_() for t in (q, k, v)]
+    attention(*ref).backward(d_o.double())
+    for name, t, r in zip("qkv", xs, ref):
+        torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-5, atol=1e-5,
+                                   msg=lambda m, name=name: f"d_{name}: {m}")
+    [report] = fused.backend.reports
+    assert any(x.ops == ("attention",) and "SDPA's kernel" in x.reason
+               for x in report.left), report

@@ -30,7 +30,7 @@ import torch
 from .. import settings
 from .decomp import KEPT_WHOLE, decompositions, over, sdpa_calls, swap_sdpa
 from .gqa import packing
-from .inductor import GraphArgs, compile_rest, inductor_patches
+from .inductor import GraphArgs, compile_rest, inductor_patches, partition
 from .memo import Compiled, region_key
 from .partition import (
     LINEAR_PRODUCTS,
@@ -353,7 +353,13 @@ class Backend:
         # what Inductor is told about each graph (none for rest="eager": no Inductor import)
         graph = GraphArgs(len(example_inputs)) if self.rest != "eager" else None
 
+        found: list[int] = []   # attention made SDPA's kernel by Inductor's joint passes
+
         def forward(fx, inputs, inference: bool):
+            if sum(found):
+                report.left.append(Left(("attention",) * sum(found), "Inductor's "
+                                        "joint-graph patterns made it SDPA's kernel, with "
+                                        "its own backward", self.rest))
             fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
             if not inference:
                 report.left.append(Left(("the backward graph",), "AOTAutograd derives "
@@ -367,10 +373,12 @@ class Backend:
         # one in place -- attention's d_v came out wrong even with nothing fused (a
         # fuzzing find, 2026-12-04); Inductor's own entry partitions otherwise
         with torch._functorch.config.patch(donated_buffer=False):
-            return self._aot(aot_autograd, forward, graph, example_inputs, gm)
+            return self._aot(aot_autograd, forward, graph, example_inputs, gm, found)
 
-    def _aot(self, aot_autograd, forward, graph, example_inputs, gm):
+    def _aot(self, aot_autograd, forward, graph, example_inputs, gm, found):
         return aot_autograd(fw_compiler=functools.partial(forward, inference=False),
+                            partition_fn=functools.partial(
+                                partition, joint_passes=self.rest != "eager", found=found),
                             inference_compiler=functools.partial(forward, inference=True),
                             bw_compiler=lambda fx, inputs: self._rest(
                                 fx, inputs, graph and graph.backward(fx)),

@@ -162,6 +162,42 @@ def native_random(gm, example_inputs) -> None:
             gm.recompile()
 
 
+ATTENTION_KERNELS = ("_scaled_dot_product_flash_attention",
+                     "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention",
+                     "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def attention_kernels(gm) -> int:
+    """How many of SDPA's device kernels an ATen graph calls."""
+    return sum(n.op == "call_function" and getattr(n.target, "__name__", "").split(".")[0]
+               in ATTENTION_KERNELS for n in gm.graph.nodes)
+
+
+def partition(gm, joint_inputs, *, joint_passes: bool, found: list, **kwargs):
+    """A training graph's joint forward and backward split as torch.compile's Inductor
+    entry splits it: Inductor's joint-graph passes first (``joint_passes``, for
+    ``rest="inductor"``: among them the patterns that make written-out attention SDPA's
+    kernel with its own backward; how many they made is appended to ``found``), then the
+    min-cut rematerialisation partitioner, which saves for the backward what is cheapest
+    to keep and recomputes elementwise work there. AOTAutograd's default partitioner saved
+    every intermediate the backward reads, so a fused forward had to write them all
+    (softmax entropy's kernel five outputs instead of three, docs/jit.md)."""
+    from functorch.compile import min_cut_rematerialization_partition
+    if joint_passes:
+        from torch._guards import detect_fake_mode
+        from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+        from torch._inductor.virtualized import V
+        before = attention_kernels(gm)
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        mode = detect_fake_mode(joint_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+        with V.set_fake_mode(mode):   # the random-op passes read it
+            gm = joint_graph_passes(gm)
+        found.append(attention_kernels(gm) - before)
+    return min_cut_rematerialization_partition(gm, joint_inputs, compiler="inductor",
+                                               **kwargs)
+
+
 def compile_rest(gm, example_inputs, patches: dict, kwargs: dict):
     """``gm`` (fused regions already replaced by kernel calls) compiled by Inductor under
     ``patches``, its random ops Inductor's first (:func:`native_random`); CUDA graphs,
