@@ -1,7 +1,8 @@
 """A bounded fuzz campaign of the torch.compile backend (plain PyTorch in): random chains
 written as users write them -- a map, a reduction chain over a random dimension, a map
 after it -- over random 2-d and 3-d shapes, compiled with static or dynamic shapes and
-called on two shapes, each result against float64 eager PyTorch.
+called on two shapes, each result against float64 eager PyTorch; and the same chains in
+training (an input that requires grad), the gradient against float64 autograd.
 
 The backend must never raise and never give a wrong answer: what it cannot fuse runs with
 the rest (``rest="eager"`` here, the interpreter runs the kernels). CI size: a few
@@ -186,3 +187,36 @@ def test_fuzz_repeated_layers_through_the_backend(a, b, shape, grow, dim, dynami
         if kept.numel():
             err = float((out.double()[~nan] - kept).abs().max())
             assert err <= 1e-4 * max(1.0, float(kept.abs().max())), f"{what}: {err}"
+
+
+@settings(max_examples=_examples(6, 200), **FUZZ)
+@given(pre=st.sampled_from(sorted(MAPS)), chain=st.sampled_from(sorted(CHAINS)),
+       post=st.sampled_from(sorted(POSTS)), shape=shapes, dim=st.integers(-3, 2),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_training_chains_through_the_backend(pre, chain, post, shape, dim, seed):
+    """The same chains with an input that requires grad: AOTAutograd splits forward and
+    backward with the min-cut partitioner (dynamo/inductor.partition), the forward's
+    chains are fused with whatever the backward saves among their outputs (boolean masks
+    too). The output and the input's gradient of ``sum(out * c)`` for a random ``c``,
+    against float64 autograd of the same function."""
+    d = dim % len(shape)
+    fn = _fn(pre, chain, post, d)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(*shape, generator=gen) * 2.0).requires_grad_()
+    ref = x.detach().double().requires_grad_()
+    got, want = compiled(x), fn(ref)
+    c = torch.randn(want.shape, generator=gen)
+    (got * c).sum().backward()
+    (want * c.double()).sum().backward()
+    what = f"{fn.__name__} {shape}"
+    assert got.shape == want.shape and got.dtype == x.dtype, what
+    for name, g, w, tol in (("out", got.detach(), want.detach(), 1e-4),
+                            ("grad", x.grad, ref.grad, 1e-3)):
+        nan = w.isnan()
+        assert torch.equal(g.isnan(), nan), f"{what}: {name} NaN"
+        g, w = g.double()[~nan], w[~nan]
+        if w.numel():
+            err = float((g - w).abs().max())
+            assert err <= tol * max(1.0, float(w.abs().max())), f"{what}: {name} {err}"

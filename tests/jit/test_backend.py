@@ -76,7 +76,9 @@ def _x(shape=X, mean=0.0):
     lambda x: torch.var_mean(x, -1),
     lambda x: torch.std(x, 0),              # a reduction over a leading axis
     lambda x: torch.softmax(x, 0) * 2.0 + 1.0,
-], ids=["softmax", "log_softmax", "logsumexp", "var_mean", "std-axis0", "softmax-axis0"])
+    lambda x: torch.std_mean(x, -1, correction=0),
+], ids=["softmax", "log_softmax", "logsumexp", "var_mean", "std-axis0", "softmax-axis0",
+        "std_mean"])
 def test_library_functions(fn):
     ex = _check(fn, (_x(),))
     _check(fn, (_x(X[::-1]).t(),))   # a transposed input: copied to unit-stride rows

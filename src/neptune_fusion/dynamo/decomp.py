@@ -53,6 +53,11 @@ def _std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
 
 
+def _std_mean(x, dim=None, *, correction=None, keepdim=False):
+    var, mean = _var_mean(x, dim, correction=correction, keepdim=keepdim)
+    return torch.sqrt(var), mean
+
+
 def _merged(x, dim):
     """``(x with the reduced dimensions merged into one, that dimension, the result's
     shape with keepdim, without)`` when ``dim`` names two or more dimensions, not all of
@@ -414,6 +419,7 @@ def decompositions(inference: bool = True) -> dict:
     table[aten.var.correction] = _var
     table[aten.var_mean.correction] = _var_mean
     table[aten.std.correction] = _std
+    table[aten.std_mean.correction] = _std_mean
     table[aten.native_layer_norm.default] = _layer_norm
     table[aten.native_group_norm.default] = _group_norm
     table[aten.scaled_dot_product_attention.default] = _sdpa
