@@ -594,3 +594,42 @@ def test_more_architectures_through_the_backend(name):
     assert _rel(got.last_hidden_state * keep, want.last_hidden_state * keep) <= 1e-5
     softmaxes = sum("amax" in f.ops for r in backend.reports for f in r.fused)
     assert softmaxes >= 2, [str(r) for r in backend.reports]
+
+
+def test_a_gpt2_training_step_through_the_backend_matches_float64():
+    """A training step of a tiny GPT-2 (eager attention, no dropout) through the backend:
+    AOTAutograd splits it with the min-cut partitioner; the layer norms and the loss's
+    log-softmax are fused with what the backward saves among their outputs (a layer
+    norm's result leaves for the next Linear layer and, transposed, for its weight's
+    gradient: the matmul and the views run with the rest; before 2026-12-05 every layer
+    norm before a Linear layer was refused in training). The attention's region, which
+    saves its probabilities, stays with the rest. The loss and every parameter's gradient
+    against the same model in float64 (a gradient that is 0 in exact arithmetic -- the
+    keys' bias under the softmax's shift -- is compared on the scale of the largest
+    one)."""
+    import copy
+
+    from neptune_fusion.dynamo import Backend
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
+                                  bos_token_id=1, eos_token_id=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).train()
+    ref = copy.deepcopy(model).double()
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend=backend)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    want = ref(input_ids=ids, labels=ids).loss
+    want.backward()
+    assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
+    grads = [(n, p.grad, q.grad) for (n, p), q in zip(model.named_parameters(),
+                                                      ref.parameters())]
+    scale = max(float(q.abs().max()) for _, _, q in grads)
+    for name, got, exact in grads:
+        assert float((got.double() - exact).abs().max()) <= 1e-5 * scale, name
+    fused = [f.ops for r in backend.reports for f in r.fused]
+    assert sum("rsqrt" in ops for ops in fused) >= 3, [str(r) for r in backend.reports]
+    assert any("amax" in ops and "log" in ops for ops in fused), fused

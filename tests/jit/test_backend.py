@@ -942,6 +942,33 @@ def test_a_training_forward_writes_what_the_min_cut_partition_saves():
     torch.testing.assert_close(xg.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_a_layer_norm_before_a_linear_layer_fuses_in_training():
+    """A training forward saves the layer norm's result for the Linear layer's weight
+    gradient, transposed (``t`` of its 2-d view): the region with the matmul is refused,
+    and so was the one without it while that view stayed in it. The chain without the
+    matmul and the views of its result fuses; they run with the rest. Gradients against
+    float64."""
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(2, 12, 64, generator=gen), torch.randn(64, generator=gen), \
+        torch.randn(64, generator=gen)
+    big_w = torch.randn(64, 32, generator=gen)
+
+    def fn(x, w, b, big_w):
+        return F.layer_norm(x, (64,), w, b) @ big_w
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    xs = [t.clone().requires_grad_() for t in (x, w, b, big_w)]
+    g(*xs).square().sum().backward()
+    ref = [t.double().requires_grad_() for t in (x, w, b, big_w)]
+    fn(*ref).square().sum().backward()
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-4)
+    [report] = g.backend.reports
+    assert [f for f in report.fused if "rsqrt" in f.ops and "mm" not in f.ops], report
+    assert any("a matmul after the chain and views of its results" in x.reason
+               for x in report.left), report
+
+
 def test_multihead_attention_training_keeps_the_device_kernel_and_its_gradient():
     """With a gradient wanted the kernel is recorded by autograd before the table
     applies, and its own backward reads its log-sum-exp: the graph keeps the kernel

@@ -123,6 +123,10 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
 
 # a refused region's smaller forms, tried in turn, with what the report says of the rest
 _TRIMS = ((without_trailing_matmuls, "a matmul after the chain, left out of its kernel"),
+          # a training forward: the chain's result also leaves transposed, for the
+          # product's weight gradient
+          (lambda r: (s := without_trailing_matmuls(r)) and without_views(s),
+           "a matmul after the chain and views of its results, left out of its kernel"),
           (without_views, "views of the chain's results, taken on them outside its kernel"),
           (functools.partial(without_views, leading=True, broadcasts=True),
            "views of the chain's inputs (but broadcasts) and results, taken outside its "

@@ -338,7 +338,8 @@ def without_views(region: Region, leading: bool = False,
     while grown:
         grown = False
         for n in reversed(region.nodes):
-            if n not in drop and view(n) and n.users and all(u in drop for u in n.users):
+            if n not in drop and view(n) and n.users and \
+                    all(u in drop or u not in inside for u in n.users):
                 drop.add(n)
                 grown = True
     kept_broadcast = False
