@@ -188,8 +188,8 @@ def partition(gm, joint_inputs, *, joint_passes: bool, found: list, **kwargs):
         from torch._guards import detect_fake_mode
         from torch._inductor.fx_passes.joint_graph import joint_graph_passes
         from torch._inductor.virtualized import V
-        before = attention_kernels(gm)
         from torch._subclasses.fake_tensor import FakeTensorMode
+        before = attention_kernels(gm)
         mode = detect_fake_mode(joint_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
         with V.set_fake_mode(mode):   # the random-op passes read it
             gm = joint_graph_passes(gm)
