@@ -969,6 +969,37 @@ def test_a_layer_norm_before_a_linear_layer_fuses_in_training():
                for x in report.left), report
 
 
+def test_a_saved_extremum_of_computed_values_stays_with_the_rest_in_training():
+    """The backward of ``amin(silu(x))`` finds the minimum's position by comparing
+    ``silu(x)``, recomputed by the rest, with the saved minimum; the kernel's ``silu``
+    rounded otherwise, nothing compared equal and the gradient was NaN (a fuzzing find,
+    2026-12-05). Such a region stays with the rest in a training graph (and fuses in an
+    inference one); a maximum of the input itself, exact either way, still fuses."""
+    def fn(x):
+        t = F.silu(x)
+        return (t - t.amin(0, keepdim=True)).abs().mean(0) / (t.amax(0) - t.amin(0) + 1.0)
+
+    def plain(x):
+        return torch.exp(x - x.amax(-1, keepdim=True)).sum(-1)
+    gen = torch.Generator().manual_seed(2)
+    x, y = torch.randn(2, 1, generator=gen) * 2.0, torch.randn(4, 16, generator=gen)
+    for f, a, fused in ((fn, x, False), (plain, y, True)):
+        torch._dynamo.reset()
+        g = nf.jit(f, rest="eager")
+        xg, ref = a.clone().requires_grad_(), a.double().requires_grad_()
+        g(xg).sum().backward()
+        f(ref).sum().backward()
+        torch.testing.assert_close(xg.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
+        [report] = g.backend.reports
+        assert bool(report.fused) is fused, report
+        assert fused or any("may round otherwise" in r.reason for r in report.left), report
+    with torch.no_grad():
+        torch._dynamo.reset()
+        g = nf.jit(fn, rest="eager")
+        torch.testing.assert_close(g(x), fn(x))
+        assert g.backend.reports[0].fused
+
+
 def test_multihead_attention_training_keeps_the_device_kernel_and_its_gradient():
     """With a gradient wanted the kernel is recorded by autograd before the table
     applies, and its own backward reads its log-sum-exp: the graph keeps the kernel

@@ -38,6 +38,7 @@ from .partition import (
     depends_on_itself,
     has_chain,
     prologue_with_unit_rows,
+    recomputed_extremum,
     regions,
     why_not_fusible,
     without_prologue,
@@ -67,9 +68,11 @@ def fp32_precision() -> str:
     return "tf32" if tf32 else "ieee"
 
 
-def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> None:
-    """Rewrite ``gm`` (an ATen inference graph) in place: every region with a dependent
-    chain that compiles becomes one kernel call; ``report`` gets each outcome."""
+def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str,
+         training: bool = False) -> None:
+    """Rewrite ``gm`` (an ATen inference graph, or a training forward: ``training``) in
+    place: every region with a dependent chain that compiles becomes one kernel call;
+    ``report`` gets each outcome."""
     hints = hints_of(example_inputs)   # a dynamic graph's symbols: example values
     report.dynamic = {str(sym): v for sym, v in sorted(hints.items(), key=str)}
     changed, seen, memo = False, set(), {}
@@ -90,6 +93,13 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str) -> Non
                 seen.add(node.name)
                 report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
         start, name = time.perf_counter(), f"{prefix}_{k}"
+        extremum = recomputed_extremum(region) if training else None
+        if extremum is not None:
+            report.left.append(Left(tuple(region.ops), f"a training forward saves "
+                                    f"{extremum.name} of values the backward computes "
+                                    "again, to find where it was attained: the kernel's "
+                                    "may round otherwise", rest))
+            continue
         try:
             got = _compile_once(memo, region, hints, name)
         except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
@@ -364,7 +374,8 @@ class Backend:
                 report.left.append(Left(("attention",) * sum(found), "Inductor's "
                                         "joint-graph patterns made it SDPA's kernel, with "
                                         "its own backward", self.rest))
-            fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}")
+            fuse(fx, inputs, report, self.rest, f"nf_jit_g{report.index}",
+                 training=not inference)
             if not inference:
                 report.left.append(Left(("the backward graph",), "AOTAutograd derives "
                                         "it from the original ops; it is not fused",

@@ -241,6 +241,43 @@ def _moves_last_dim(node) -> bool:
     return nd - 1 in (node.args[1] % nd, node.args[2] % nd)
 
 
+_EXTREMA = (aten.amax.default, aten.amin.default)
+
+
+def recomputed_extremum(region: Region):
+    """The first max or min of ``region`` that leaves it (through views and casts) while
+    the values it reduces are computed inside it (not views or casts of its inputs); else
+    None. A training forward saves such a maximum, and the backward finds where it was
+    attained by comparing the values, recomputed by the rest, with it: the kernel's
+    values may round otherwise (its sigmoid, its exp2), no element then equals the
+    maximum, and the gradient divided by that count of 0 was NaN (``silu`` before
+    ``amin``, a fuzzing find of 2026-12-05). Such a region stays with the rest in a
+    training graph."""
+    inside = set(region.nodes)
+
+    def passes(n) -> bool:   # a node that only moves or casts its input
+        return n.target in _CASTS or n.target in _COPIES or (
+            n.target in RULES and RULES[n.target].kind == "view")
+    for n in region.nodes:
+        if n.target not in _EXTREMA:
+            continue
+        seen, stack, leaves = set(), [n], False
+        while stack:
+            m = stack.pop()
+            for u in m.users:
+                if u not in inside:
+                    leaves = True
+                elif passes(u) and u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+        src = n.args[0]
+        while src in inside and passes(src):
+            src = src.args[0]
+        if leaves and src in inside:
+            return n
+    return None
+
+
 def _reads_inside(n, inside) -> bool:
     """Whether ``n`` reads a node of the region (``inside``: all of its nodes)."""
     return any(a in inside for a in n.all_input_nodes)
