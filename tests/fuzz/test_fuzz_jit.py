@@ -192,31 +192,39 @@ def test_fuzz_repeated_layers_through_the_backend(a, b, shape, grow, dim, dynami
 @settings(max_examples=_examples(6, 200), **FUZZ)
 @given(pre=st.sampled_from(sorted(MAPS)), chain=st.sampled_from(sorted(CHAINS)),
        post=st.sampled_from(sorted(POSTS)), shape=shapes, dim=st.integers(-3, 2),
-       seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_training_chains_through_the_backend(pre, chain, post, shape, dim, seed):
-    """The same chains with an input that requires grad: AOTAutograd splits forward and
+       weighted=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_training_chains_through_the_backend(pre, chain, post, shape, dim, weighted,
+                                                  seed):
+    """The same chains with an input that requires grad (and, ``weighted``, a weight
+    over the last dimension that does too, as a norm's): AOTAutograd splits forward and
     backward with the min-cut partitioner (dynamo/inductor.partition), the forward's
     chains are fused with whatever the backward saves among their outputs (boolean masks
-    too). The output and the input's gradient of ``sum(out * c)`` for a random ``c``,
-    against float64 autograd of the same function."""
+    too). The output and the gradients of ``sum(out * c)`` for a random ``c``, against
+    float64 autograd of the same function."""
     d = dim % len(shape)
-    fn = _fn(pre, chain, post, d)
+    chained = _fn(pre, chain, post, d)
+
+    def fn(x, w):
+        return chained(x * w)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=Backend(rest="eager"))
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(*shape, generator=gen) * 2.0).requires_grad_()
-    ref = x.detach().double().requires_grad_()
-    got, want = compiled(x), fn(ref)
+    w = (torch.rand(shape[-1], generator=gen) + 0.5).requires_grad_(weighted)
+    ref = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, w)]
+    got, want = compiled(x, w), fn(*ref)
     c = torch.randn(want.shape, generator=gen)
     (got * c).sum().backward()
     (want * c.double()).sum().backward()
-    what = f"{fn.__name__} {shape}"
+    what = f"{chained.__name__} weighted={weighted} {shape}"
     assert got.shape == want.shape and got.dtype == x.dtype, what
-    for name, g, w, tol in (("out", got.detach(), want.detach(), 1e-4),
-                            ("grad", x.grad, ref.grad, 1e-3)):
-        nan = w.isnan()
+    for name, g, e, tol in (("out", got.detach(), want.detach(), 1e-4),
+                            ("grad", x.grad, ref[0].grad, 1e-3),
+                            ("weight grad", w.grad if weighted else x.grad,
+                             ref[1].grad if weighted else ref[0].grad, 1e-3)):
+        nan = e.isnan()
         assert torch.equal(g.isnan(), nan), f"{what}: {name} NaN"
-        g, w = g.double()[~nan], w[~nan]
-        if w.numel():
-            err = float((g - w).abs().max())
-            assert err <= tol * max(1.0, float(w.abs().max())), f"{what}: {name} {err}"
+        g, e = g.double()[~nan], e[~nan]
+        if e.numel():
+            err = float((g - e).abs().max())
+            assert err <= tol * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
