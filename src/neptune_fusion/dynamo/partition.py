@@ -255,9 +255,10 @@ def recomputed_extremum(region: Region):
     training graph."""
     inside = set(region.nodes)
 
-    def passes(n) -> bool:   # a node that only moves or casts its input
-        return n.target in _CASTS or n.target in _COPIES or (
-            n.target in RULES and RULES[n.target].kind == "view")
+    def passes(n) -> bool:   # a node that only moves, casts or detaches its input
+        return n.target in _CASTS or n.target in _COPIES or \
+            n.target is aten.detach.default or (
+                n.target in RULES and RULES[n.target].kind == "view")
     for n in region.nodes:
         if n.target not in _EXTREMA:
             continue
