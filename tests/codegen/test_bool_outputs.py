@@ -12,13 +12,7 @@ import pytest
 import torch
 
 import neptune_fusion as nf
-from neptune_fusion.schedule.schedule import Schedule
-
-SCHEDULES = {
-    "tiles": Schedule(block_m=2, block_n=16, num_warps=1),
-    "one-tile": Schedule(block_m=2, block_n=128, num_warps=1),
-    "split": Schedule(block_m=2, block_n=16, num_warps=1, strategy="split", splits=3),
-}
+from codegen.test_shared_state import SCHEDULES  # tiles, one tile, split-k
 
 
 def _softmax_and_mask(d):
