@@ -37,6 +37,7 @@ from .partition import (
     boundaries,
     depends_on_itself,
     has_chain,
+    pieces,
     prologue_with_unit_rows,
     recomputed_extremum,
     regions,
@@ -92,43 +93,58 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str,
             if node.name not in seen:
                 seen.add(node.name)
                 report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
-        start, name = time.perf_counter(), f"{prefix}_{k}"
-        extremum = recomputed_extremum(region) if training else None
-        if extremum is not None:
-            report.left.append(Left(tuple(region.ops), f"a training forward saves "
-                                    f"{extremum.name} of values the backward computes "
-                                    "again, to find where it was attained: the kernel's "
-                                    "may round otherwise", rest))
-            continue
-        try:
-            got = _compile_once(memo, region, hints, name)
-        except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
-            smaller = _trimmed(memo, region, hints, name)
-            if smaller is None:
-                report.left.append(Left(tuple(region.ops), _reason(err), rest))
-                continue
-            got, trimmed, why = smaller
-            kept = set(trimmed.nodes)
-            report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
-                                          if n not in kept),
-                                    f"{why}; with it: {_reason(err)}", rest))
-            region = trimmed
-        else:
-            flat = _flattened(memo, region, hints, name, got)
-            if flat is not None:
-                got, trimmed = flat
-                kept = set(trimmed.nodes)
-                report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
-                                              if n not in kept), _FLAT, rest))
-                region = trimmed
-        same_as, (args, casts, kernel, packed, plan) = got
-        replace_region(gm.graph, region, args, casts, kernel, packed)
-        report.fused.append(Fused(name, tuple(region.ops), tuple(n.name for n in args),
-                                  tuple(n.name for n in region.outputs), plan, kernel,
-                                  time.perf_counter() - start, same_as))
-        changed = True
+        name, fused = f"{prefix}_{k}", len(report.fused)
+        left = _fuse_region(gm, memo, region, hints, name, report, rest, training)
+        if left is not None:   # refused: its parts joined only through copies, in turn
+            parts = [p for p in pieces(region) if p.kinds() & _CHAIN_KINDS and p.outputs]
+            lefts = [_fuse_region(gm, memo, part, hints, f"{name}_{j}", report, rest,
+                                  training) for j, part in enumerate(parts)]
+            if len(report.fused) == fused:
+                report.left.append(left)   # the whole region's reason says most
+            else:
+                report.left += [why for why in lefts if why is not None]
+        changed = changed or len(report.fused) > fused
     if changed:
         finish(gm, example_inputs)
+
+
+def _fuse_region(gm, memo: dict, region, hints: dict, name: str, report: GraphReport,
+                 rest: str, training: bool):
+    """Compile ``region`` (or the first of its smaller forms that compiles, ``_TRIMS``),
+    replace it in ``gm`` with the kernel's call and add it to ``report.fused``; None, or
+    the :class:`Left` that says why it was refused (not yet added to the report)."""
+    start = time.perf_counter()
+    extremum = recomputed_extremum(region) if training else None
+    if extremum is not None:
+        return Left(tuple(region.ops), f"a training forward saves {extremum.name} of "
+                    "values the backward computes again, to find where it was attained: "
+                    "the kernel's may round otherwise", rest)
+    try:
+        got = _compile_once(memo, region, hints, name)
+    except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
+        smaller = _trimmed(memo, region, hints, name)
+        if smaller is None:
+            return Left(tuple(region.ops), _reason(err), rest)
+        got, trimmed, why = smaller
+        kept = set(trimmed.nodes)
+        report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
+                                      if n not in kept), f"{why}; with it: {_reason(err)}",
+                                rest))
+        region = trimmed
+    else:
+        flat = _flattened(memo, region, hints, name, got)
+        if flat is not None:
+            got, trimmed = flat
+            kept = set(trimmed.nodes)
+            report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
+                                          if n not in kept), _FLAT, rest))
+            region = trimmed
+    same_as, (args, casts, kernel, packed, plan) = got
+    replace_region(gm.graph, region, args, casts, kernel, packed)
+    report.fused.append(Fused(name, tuple(region.ops), tuple(n.name for n in args),
+                              tuple(n.name for n in region.outputs), plan, kernel,
+                              time.perf_counter() - start, same_as))
+    return None
 
 
 # a refused region's smaller forms, tried in turn, with what the report says of the rest

@@ -179,6 +179,43 @@ def _region(members, copies: frozenset = frozenset()) -> Region:
     return region
 
 
+def pieces(region: Region) -> list[Region]:
+    """``region`` split where only copies join it (see :func:`regions`: a mask's positions
+    and an embedding's sum read by attention and by the layer norm after its output
+    projection, which each part computes again anyway): the parts connected through
+    nodes of their own, each with the copies it reads, in graph order; ``[]`` when the
+    region is one such part. The backend tries them when the whole region is refused (one
+    kernel cannot hold attention and the norm after a matmul of its result) -- not before,
+    since chains that share their inputs read them once in one kernel."""
+    inside = set(region.nodes)
+    parent = {n: n for n in region.nodes}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in region.nodes:
+        for a in n.all_input_nodes:
+            if a in inside and a not in region.copies and a.target not in LINEAR_PRODUCTS \
+                    and n not in region.copies:
+                parent[find(a)] = find(n)
+    groups: dict = {}
+    for n in region.nodes:
+        if n not in region.copies:
+            groups.setdefault(find(n), []).append(n)
+    if len(groups) < 2:
+        return []
+    order = {n: k for k, n in enumerate(region.nodes)}
+    out = []
+    for members in groups.values():
+        copies = _copies_read(members, lambda a: a in region.copies)
+        part = sorted(members + copies, key=order.get)
+        out.append(_region(part, frozenset(copies)))
+    return out
+
+
 def without_trailing_matmuls(region: Region) -> Region | None:
     """``region`` without the 2-d matmuls whose results leave it (a Linear layer after
     the chain: attention's output projection) and what only feeds them from outside the
