@@ -722,9 +722,12 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
         base, offset, mask = at.address(o.arg.tensor, o.axes)
         off = at.value(offset, axes)
         data = low.expand(val, axes)
-        if data == val.code and val.prec < ATOM:
-            data = f"({data})"
-        data = f"{data}.to({tl_dtype(o.arg.tensor.dtype)})"
+        if not val.axes:   # a constant (a Python number): the store broadcasts it
+            data = f"tl.cast({data}, {tl_dtype(o.arg.tensor.dtype)})"
+        else:
+            if data == val.code and val.prec < ATOM:
+                data = f"({data})"
+            data = f"{data}.to({tl_dtype(o.arg.tensor.dtype)})"
         if relayout is not None:
             data = f"gl.convert_layout({data}, {relayout[0]})"
         store = f"tl.store({base} + {at.operand(off, axes, 5)}, {data}"

@@ -468,12 +468,15 @@ def _reaches(node, inside) -> bool:
 
 
 def _cheap(members, inside) -> set:
-    """Nodes computed from constants and views of inputs only (kept in the graph)."""
+    """Nodes computed from constants and views of inputs only (kept in the graph). A
+    source reads its inputs for their shapes alone (``zeros_like(y)``): cheap whatever
+    they are (as an output of the kernel it was a constant, which no kernel writes)."""
     cheap: set = set()
     for n in members:
         kind = RULES[n.target].kind
         ins = n.all_input_nodes
-        if kind in ("view", "source") and all(a in cheap or a not in inside for a in ins):
+        if kind == "source" or kind == "view" and all(a in cheap or a not in inside
+                                                      for a in ins):
             cheap.add(n)
         elif kind == "elementwise" and ins and all(a in cheap for a in ins):
             cheap.add(n)
