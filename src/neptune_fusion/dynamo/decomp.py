@@ -164,6 +164,16 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
     return (loss.sum(dims) / total if reduction == 1 else loss.sum(dims)), total
 
 
+def _rsub(x, other, alpha=1):
+    """``other - alpha * x`` (``1 - p``, a hinge's ``margin - x``): as a ``sub`` with
+    ``other`` first, where torch's own decomposition fills a tensor of ``other`` from
+    ``empty_like``, a source no rule takes."""
+    if not isinstance(other, torch.Tensor):
+        other = torch.scalar_tensor(other, dtype=torch.result_type(x, other),
+                                    device=x.device)
+    return torch.sub(other, x, alpha=alpha)
+
+
 def _max_dim(x, dim, keepdim=False):
     """``x.max(dim)``: the values as ``amax`` (a reduction the rule table has) and the
     indices as ``argmax``, dead code when unused (gpt-oss subtracts
@@ -403,6 +413,14 @@ ACTIVATIONS = (aten.leaky_relu, aten.elu, aten.celu, aten.selu, aten.hardswish,
                aten.hardsigmoid, aten.hardtanh, aten.relu6, aten.mish,
                aten.log_sigmoid_forward, aten.special_entr, aten.special_xlog1py,
                aten.logaddexp)
+# elementwise losses and compound maps: ops of their own in a graph that no rule takes,
+# so they cut a chain (a loss on log-probabilities). Inductor's table decomposes them as
+# well; ours does too, so a graph whose rest runs eagerly fuses the same chains.
+ELEMENTWISE = (aten.binary_cross_entropy_with_logits, aten.binary_cross_entropy,
+               aten.huber_loss, aten.smooth_l1_loss, aten.mse_loss,
+               aten.soft_margin_loss, aten.hinge_embedding_loss,
+               aten.margin_ranking_loss, aten.addcmul, aten.addcdiv, aten.lerp,
+               aten.xlogy, aten.logit)
 
 
 def decompositions(inference: bool = True) -> dict:
@@ -412,7 +430,8 @@ def decompositions(inference: bool = True) -> dict:
     kernel stays the faster forward there."""
     table = get_decompositions([aten._softmax, aten._log_softmax, aten._safe_softmax,
                                 aten.linalg_vector_norm,
-                                aten._native_batch_norm_legit.no_stats, *ACTIVATIONS])
+                                aten._native_batch_norm_legit.no_stats, *ACTIVATIONS,
+                                *ELEMENTWISE])
     no_stats = aten._native_batch_norm_legit.no_stats
     table[no_stats] = functools.partial(_batch_norm_no_stats, own=table[no_stats])
     table[aten.logsumexp.default] = _logsumexp
@@ -437,6 +456,8 @@ def decompositions(inference: bool = True) -> dict:
     table[aten.amax.default] = _amax
     table[aten.amin.default] = _amin
     table[aten.max.dim] = _max_dim
+    table[aten.rsub.Scalar] = _rsub
+    table[aten.rsub.Tensor] = _rsub
     table[aten.min.dim] = _min_dim
     return table
 
