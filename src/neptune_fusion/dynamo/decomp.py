@@ -165,13 +165,13 @@ def _nll_loss_forward(x, target, weight, reduction, ignore_index):
 
 
 def _rsub(x, other, alpha=1):
-    """``other - alpha * x`` (``1 - p``, a hinge's ``margin - x``): as a ``sub`` with
-    ``other`` first, where torch's own decomposition fills a tensor of ``other`` from
-    ``empty_like``, a source no rule takes."""
-    if not isinstance(other, torch.Tensor):
-        other = torch.scalar_tensor(other, dtype=torch.result_type(x, other),
-                                    device=x.device)
-    return torch.sub(other, x, alpha=alpha)
+    """``other - alpha * x`` (``1 - p``, a hinge's ``margin - x``), where torch's own
+    decomposition fills a tensor of a Python number from ``empty_like``. A number stays
+    one (a ``scalar_tensor`` of a half-precision ``x``'s dtype would round it first):
+    ``-x + other`` rounds as ``other - x`` does."""
+    if isinstance(other, torch.Tensor):
+        return torch.sub(other, x, alpha=alpha)
+    return torch.add(torch.neg(x) if alpha == 1 else torch.mul(x, -alpha), other)
 
 
 def _max_dim(x, dim, keepdim=False):
