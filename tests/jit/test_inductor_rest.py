@@ -5,6 +5,7 @@ of another kernel). Against float64."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -43,12 +44,19 @@ def test_graphs_with_fused_ops_skip_inductors_graph_cache(monkeypatch):
     assert (True, False) in seen and (True, True) not in seen, seen
 
 
-def test_written_out_attention_in_training_takes_inductors_joint_graph_patterns():
+@pytest.mark.parametrize("ours", [False, True], ids=["joint-passes", "written_attention"])
+def test_written_out_attention_in_training_takes_inductors_joint_graph_patterns(
+        monkeypatch, ours):
     """A training graph's joint forward and backward go through Inductor's joint-graph
     passes before the min-cut split (``rest="inductor"``), as under Inductor alone: the
     attention patterns make written-out attention SDPA's kernel with its own backward
     (not a forward that writes the probabilities for an unfused backward), and the
-    report says so. Gradients against float64."""
+    report says so. Since 2026-12-05 our own rewrite (dynamo/written_attention.py) takes
+    this form first; without it (``ours=False``) Inductor's patterns still do. Gradients
+    against float64."""
+    import neptune_fusion.dynamo.backend as backend
+    if not ours:
+        monkeypatch.setattr(backend, "written_attention_to_sdpa", lambda gm: 0)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(3))
     d_o = torch.randn(2, 2, 16, 8, generator=g)
@@ -66,5 +74,5 @@ def test_written_out_attention_in_training_takes_inductors_joint_graph_patterns(
         torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-5, atol=1e-5,
                                    msg=lambda m, name=name: f"d_{name}: {m}")
     [report] = fused.backend.reports
-    assert any(x.ops == ("attention",) and "SDPA's kernel" in x.reason
-               for x in report.left), report
+    said = "made SDPA's call" if ours else "SDPA's kernel"
+    assert any(x.ops == ("attention",) and said in x.reason for x in report.left), report

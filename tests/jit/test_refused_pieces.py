@@ -16,7 +16,9 @@ def _block(x, wo, g):
     h = x + torch.arange(s_len, dtype=x.dtype)[:, None] * 0.01
     keep = torch.arange(s_len)[:, None] >= torch.arange(s_len)[None, :]
     s = (h @ h.transpose(-1, -2)) * d ** -0.5
-    p = s.masked_fill(~keep, float("-inf")).softmax(-1)
+    # a finite fill: the written form stays (it would become SDPA's call in training
+    # with -inf, dynamo/written_attention.py)
+    p = torch.where(keep, s, -1e4).softmax(-1)
     return F.layer_norm(h + (p @ h) @ wo, (d,), g)
 
 

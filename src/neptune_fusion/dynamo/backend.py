@@ -53,6 +53,7 @@ from .rules import RULES
 from .sink import sink_views
 from .symbolic import arg_shape, hints_of, is_scalar_value, shape_of, unbound_scalars
 from .translate import translate_region
+from .written_attention import written_attention_to_sdpa
 
 RESTS = ("inductor", "eager")
 _CHAIN_KINDS = {"reduction", "contraction"}
@@ -373,13 +374,20 @@ class Backend:
         self.reports.append(report)
         if _inference(example_inputs):
             swap_sdpa(gm)
-        elif calls := sdpa_calls(gm):
-            # a training graph keeps SDPA's device kernel and its own backward (flash,
-            # cuDNN): opened, the math left a softmax whose probabilities the backward
-            # saved, (B, H, L, S) of them, in a region with no chain to fuse
-            report.left.append(Left(("scaled_dot_product_attention",) * calls,
-                                    "a training graph keeps SDPA's own kernel and its "
-                                    "backward", self.rest))
+        else:
+            # written-out attention: SDPA's kernel and backward (written_attention.py)
+            if written := written_attention_to_sdpa(gm):
+                report.left.append(Left(("attention",) * written, "written out in a "
+                                        "training graph, made SDPA's call: its kernel "
+                                        "and its backward save no probabilities",
+                                        self.rest))
+            if calls := sdpa_calls(gm) - written:
+                # a training graph keeps SDPA's device kernel and its own backward
+                # (flash, cuDNN): opened, the math left a softmax whose probabilities the
+                # backward saved, (B, H, L, S) of them, in a region with no chain to fuse
+                report.left.append(Left(("scaled_dot_product_attention",) * calls,
+                                        "a training graph keeps SDPA's own kernel and "
+                                        "its backward", self.rest))
         # what Inductor is told about each graph (none for rest="eager": no Inductor import)
         graph = GraphArgs(len(example_inputs)) if self.rest != "eager" else None
 

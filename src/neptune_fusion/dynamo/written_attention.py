@@ -1,0 +1,225 @@
+"""Written-out attention in a training graph made one ``scaled_dot_product_attention`` call.
+
+A training forward saves what its backward reads. For attention written out by hand --
+``softmax(q @ k.transpose(-1, -2) * scale + mask) @ v``, GPT-2's and Bloom's eager
+attention -- that is the ``(B, H, L, S)`` probabilities: the region is refused (no
+kernel can write them without a pass of its own) and runs with the rest, unfused, where
+SDPA's device kernels (flash, memory-efficient, cuDNN) need no such tensor and bring a
+backward of their own. Inductor makes the forms its patterns know SDPA's kernel in its
+joint-graph passes; GPT-2's additive mask is not among them. So before AOTAutograd, a
+training graph's written-out attention becomes an SDPA call, which the backend then keeps
+(an inference graph fuses the written form itself and is left alone).
+
+The form, on the Dynamo graph (torch functions, operators and methods), from the second
+product back; every intermediate value must have no other reader:
+
+* ``matmul(p, v)`` -- ``p`` through casts to its own dtype (``.type``/``.to``) and
+  ``dropout`` with ``p=0`` or ``training=False`` (a live dropout draws other random
+  numbers inside SDPA: left alone) -- ``softmax`` over the last dimension;
+* the scores: additive float masks (``+ mask``, either side), or one boolean mask with
+  ``-inf`` (``masked_fill(m, -inf)``, ``where(m, s, -inf)``), and before them products
+  and divisions by Python numbers (the scale);
+* ``matmul(q, k.transpose(-1, -2))`` (or ``transpose(-2, -1)``, ``.mT``).
+
+``q``, ``k`` and ``v`` must have one floating dtype and one rank (3 or more), equal
+leading dimensions and the scores their dtype; a float mask that dtype too. A ``where``
+fill other than ``-inf`` (``finfo.min``) is not rewritten: with every key of a row masked
+eager gives uniform weights, SDPA's additive form would not.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+import torch.nn.functional as F
+
+_MATMUL = {torch.matmul, operator.matmul}
+_SOFTMAX = {F.softmax, torch.softmax, torch.Tensor.softmax}
+_DROPOUT = {F.dropout, torch.dropout}
+_ADD = {operator.add, torch.add, operator.iadd}
+_MUL = {operator.mul, torch.mul, operator.imul}
+_DIV = {operator.truediv, torch.div, torch.true_divide, operator.itruediv}
+
+
+def _is(node, functions: set, method: str | tuple) -> bool:
+    methods = (method,) if isinstance(method, str) else method
+    return (node.op == "call_function" and node.target in functions) or \
+        (node.op == "call_method" and node.target in methods)
+
+
+def _val(x):
+    return x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+
+
+def _arg(node, k: int, name: str, default=None):
+    return node.args[k] if len(node.args) > k else node.kwargs.get(name, default)
+
+
+def _sole(node) -> bool:
+    return len(node.users) == 1
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _need(cond) -> None:
+    if not cond:
+        raise _NoMatch
+
+
+def _through_casts(node, dtype, nodes: list):
+    """``node`` with casts to ``dtype`` and inactive dropouts peeled off (backwards);
+    ``nodes`` gets those peeled."""
+    while True:
+        nodes.append(node)
+        if _is(node, set(), ("type", "to")) and len(node.args) == 2 and \
+                node.args[1] == dtype and not node.kwargs:
+            node = node.args[0]
+        elif _is(node, _DROPOUT, "dropout"):
+            p, training = _arg(node, 1, "p", 0.5), _arg(node, 2, "training", True)
+            _need(p == 0 or training is False)
+            node = node.args[0]
+        else:
+            nodes.pop()
+            return node
+        _need(isinstance(node, torch.fx.Node) and _sole(node))
+
+
+def _is_neg_inf(x) -> bool:
+    return isinstance(x, (int, float)) and math.isinf(x) and x < 0
+
+
+def _scores(node, dtype):
+    """``(q, k, scale, float masks, boolean keep mask or None, nodes)`` of the scores."""
+    floats, keep, nodes = [], None, []
+    while True:   # the masks, outermost first
+        nodes.append(node)
+        if _is(node, _ADD, ("add", "__add__")) and len(node.args) == 2 and not node.kwargs:
+            a, b = node.args
+            va, vb = _val(a), _val(b)
+            _need(isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor))
+            # the scores are the side the products come from: try both
+            inner, mask = (a, b) if _is_chain(a) else (b, a)
+            _need(_val(mask).dtype == dtype and _val(mask).is_floating_point())
+            floats.append(mask)
+            node = inner
+        elif _is(node, {torch.masked_fill, torch.Tensor.masked_fill}, "masked_fill") and \
+                keep is None and _is_neg_inf(_arg(node, 2, "value")):
+            keep = ("not", node.args[1])
+            node = node.args[0]
+        elif node.op == "call_function" and node.target is torch.where and keep is None and \
+                len(node.args) == 3 and _is_neg_inf(node.args[2]):
+            keep = ("is", node.args[0])
+            node = node.args[1]
+        else:
+            break
+        _need(isinstance(node, torch.fx.Node) and _sole(node))
+    scale = 1.0
+    while _is(node, _MUL | _DIV, ("mul", "div", "__mul__", "__truediv__")) and \
+            len(node.args) == 2 and not node.kwargs:
+        a, b = node.args
+        divides = _is(node, _DIV, ("div", "__truediv__"))
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            scale, node = (scale / b if divides else scale * b), a
+        elif isinstance(a, (int, float)) and not isinstance(a, bool) and not divides:
+            scale, node = scale * a, b
+        else:
+            raise _NoMatch
+        _need(isinstance(node, torch.fx.Node) and _sole(node))
+        nodes.append(node)
+    _need(_is(node, _MATMUL, ("matmul", "__matmul__")) and len(node.args) == 2)
+    q, kt = node.args
+    _need(isinstance(kt, torch.fx.Node) and _sole(kt))
+    if _is(kt, {torch.transpose}, "transpose"):
+        _need(sorted(int(d) % _val(kt).dim() for d in kt.args[1:3]) ==
+              [_val(kt).dim() - 2, _val(kt).dim() - 1])
+    else:
+        _need(kt.op == "call_function" and kt.target is getattr and kt.args[1] == "mT")
+    nodes.append(kt)   # the product itself is in already
+    return q, kt.args[0], scale, floats, keep, nodes
+
+
+def _is_chain(node) -> bool:
+    """Whether ``node`` is a product of scores (the side of an add the masks are not)."""
+    while isinstance(node, torch.fx.Node):
+        if _is(node, _MATMUL, ("matmul", "__matmul__")):
+            return True
+        if node.op == "call_function" and node.target is torch.where:
+            node = node.args[1]
+        elif _is(node, _MUL | _DIV | _ADD | {torch.masked_fill, torch.Tensor.masked_fill},
+                 ("mul", "div", "add", "__mul__", "__truediv__", "__add__", "masked_fill")):
+            node = node.args[0]
+        else:
+            return False
+    return False
+
+
+def _match(out):
+    """The SDPA call's pieces for ``out = matmul(p, v)``, or raise :class:`_NoMatch`."""
+    _need(_is(out, _MATMUL, ("matmul", "__matmul__")) and len(out.args) == 2)
+    p, v = out.args
+    _need(isinstance(p, torch.fx.Node) and isinstance(v, torch.fx.Node) and _sole(p))
+    vo, vv = _val(out), _val(v)
+    _need(isinstance(vo, torch.Tensor) and isinstance(vv, torch.Tensor))
+    dtype = vv.dtype
+    _need(dtype in (torch.float16, torch.bfloat16, torch.float32))
+    nodes: list = []
+    soft = _through_casts(p, dtype, nodes)
+    _need(_is(soft, _SOFTMAX, "softmax") and _sole(soft))
+    dim = _arg(soft, 1, "dim")
+    s = soft.args[0]
+    vs = _val(s)
+    _need(isinstance(s, torch.fx.Node) and _sole(s) and isinstance(vs, torch.Tensor))
+    _need(dim is not None and int(dim) % vs.dim() == vs.dim() - 1)
+    _need(soft.kwargs.get("dtype") in (None, dtype) and vs.dtype == dtype)
+    q, k, scale, floats, keep, scores = _scores(s, dtype)
+    vq, vk = _val(q), _val(k)
+    _need(isinstance(vq, torch.Tensor) and isinstance(vk, torch.Tensor))
+    _need(vq.dtype == vk.dtype == dtype and vq.dim() == vk.dim() == vv.dim() >= 3)
+    _need(vq.shape[:-2] == vk.shape[:-2] == vv.shape[:-2] and vq.shape[-1] == vk.shape[-1])
+    _need(vk.shape[-2] == vv.shape[-2] and not (floats and keep))
+    _need(tuple(vs.shape) == (*vq.shape[:-1], vk.shape[-2]))   # no mask widens them
+    if keep is not None:
+        _need(_val(keep[1]) is not None and _val(keep[1]).dtype == torch.bool)
+    for m in [*floats, *([keep[1]] if keep else [])]:   # masks broadcast to the scores
+        _need(isinstance(_val(m), torch.Tensor) and
+              torch.broadcast_shapes(_val(m).shape, vs.shape) == vs.shape)
+    return q, k, v, scale, floats, keep, [*nodes, soft, *scores]
+
+
+def written_attention_to_sdpa(gm) -> int:
+    """Rewrite each written-out attention of the Dynamo graph ``gm`` (a training graph)
+    as ``F.scaled_dot_product_attention``; the number rewritten."""
+    made, graph = 0, gm.graph
+    for out in list(graph.nodes):
+        try:
+            q, k, v, scale, floats, keep, dead = _match(out)
+        except _NoMatch:
+            continue
+        with graph.inserting_before(out):
+            mask = None
+            for m in floats:
+                mask = m if mask is None else graph.call_function(operator.add, (mask, m))
+            if keep is not None:
+                how, cond = keep
+                mask = cond if how == "is" else graph.call_function(torch.logical_not,
+                                                                    (cond,))
+            if mask is not None and max(_val(m).dim() for m in
+                                        [*floats, *([keep[1]] if keep else [])]) < 2:
+                mask = graph.call_function(torch.atleast_2d, (mask,))   # SDPA's minimum
+            call = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
+                                       {"attn_mask": mask, "scale": scale})
+            call.meta["example_value"] = _val(out)
+            if any(u.op == "output" for u in out.users):   # returned: eager's layout
+                call = graph.call_method("contiguous", (call,))
+                call.meta["example_value"] = _val(out)
+        out.replace_all_uses_with(call)
+        for node in [out, *dead]:   # the product back to the scores' (graph order)
+            graph.erase_node(node)
+        made += 1
+    if made:
+        gm.recompile()
+    return made

@@ -1,0 +1,149 @@
+"""Written-out attention in a training graph becomes one SDPA call
+(dynamo/written_attention.py): its kernel and backward save no probabilities. Each form
+a model writes, its output and gradients against float64; the forms it must leave alone
+(a live dropout, a finite fill, the probabilities read elsewhere) stay as they are, and
+an inference graph keeps fusing the written form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neptune_fusion as nf
+from neptune_fusion.dynamo.written_attention import written_attention_to_sdpa
+
+MADE = "made SDPA's call"
+
+
+def _causal(n, m):
+    return torch.arange(m)[None, :] <= torch.arange(n)[:, None] + (m - n)
+
+
+def _gpt2(q, k, v):   # transformers' eager attention: an additive float mask
+    s = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    mask = torch.where(_causal(q.shape[-2], k.shape[-2]), torch.zeros((), dtype=q.dtype),
+                       torch.finfo(q.dtype).min)
+    p = F.softmax(s + mask, dim=-1).type(v.dtype)
+    return torch.matmul(F.dropout(p, p=0.0, training=True), v)
+
+
+def _masked_fill(q, k, v):
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~_causal(q.shape[-2], k.shape[-2]), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def _where(q, k, v):
+    s = torch.where(_causal(q.shape[-2], k.shape[-2]), q @ k.mT, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def _plain(q, k, v):
+    return torch.softmax(0.3 * (q @ k.mT), -1) @ v
+
+
+def _two_masks(q, k, v):
+    bias = torch.linspace(-1.0, 1.0, k.shape[-2])
+    pad = torch.zeros(k.shape[-2]).masked_fill(torch.arange(k.shape[-2]) > 9, -1e9)
+    return torch.softmax(q @ k.mT * 0.25 + bias + pad, -1) @ v
+
+
+FORMS = {"gpt2": _gpt2, "masked_fill": _masked_fill, "where": _where, "plain": _plain,
+         "two-masks": _two_masks}
+
+
+def _qkv(gen, shape=(2, 3, 12, 16), m=20):
+    q = torch.randn(*shape, generator=gen)
+    k, v = (torch.randn(*shape[:-2], m, shape[-1], generator=gen) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_written_attention_in_training_becomes_sdpa(form):
+    fn = FORMS[form]
+    gen = torch.Generator().manual_seed(len(form))
+    args = _qkv(gen)
+    cot = torch.randn(2, 3, 12, 16, generator=gen)
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    xs = [a.clone().requires_grad_() for a in args]
+    out = g(*xs)
+    (out * cot).sum().backward()
+    ref = [a.double().requires_grad_() for a in args]
+    want = fn(*ref)
+    (want * cot.double()).sum().backward()
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
+    [report] = g.backend.reports
+    assert any(MADE in x.reason for x in report.left), report
+
+
+def _traced(fn, args):
+    got = []
+
+    def backend(gm, example):
+        got.append(written_attention_to_sdpa(gm))
+        return gm.forward
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend)(*args)
+    return got[0], out
+
+
+def test_the_rewritten_graph_computes_the_same():
+    """The Dynamo graph rewritten, run as it is: 3-d inputs too, and an attention
+    returned from the graph (made contiguous, as the product's result was)."""
+    gen = torch.Generator().manual_seed(3)
+    for shape in ((2, 3, 12, 16), (4, 12, 16)):
+        args = _qkv(gen, shape)
+        for fn in FORMS.values():
+            made, out = _traced(fn, args)
+            assert made == 1, fn.__name__
+            assert out.is_contiguous()
+            torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
+
+
+def _live_dropout(q, k, v):
+    return F.dropout(torch.softmax(q @ k.mT, -1), p=0.5, training=True) @ v
+
+
+def _finite_fill(q, k, v):   # a row masked everywhere: uniform here, not under SDPA
+    s = torch.where(_causal(q.shape[-2], k.shape[-2]), q @ k.mT, -1e4)
+    return torch.softmax(s, -1) @ v
+
+
+def _probabilities_too(q, k, v):
+    p = torch.softmax(q @ k.mT, -1)
+    return p @ v, p
+
+
+def _upcast(q, k, v):   # the softmax in float32, its input cast up
+    p = torch.softmax((q @ k.mT).float(), -1).to(q.dtype)
+    return p @ v
+
+
+def _widened(q, k, v):   # the mask makes the scores bigger than q @ k^T
+    return torch.softmax(q @ k.mT + torch.zeros(5, 1, 1, 1, 1), -1) @ v
+
+
+@pytest.mark.parametrize("fn", [_live_dropout, _finite_fill, _probabilities_too,
+                                _upcast, _widened])
+def test_forms_left_alone(fn):
+    args = _qkv(torch.Generator().manual_seed(4))
+    made, _ = _traced(fn, args)
+    assert made == 0
+
+
+def test_an_inference_graph_fuses_the_written_form():
+    args = _qkv(torch.Generator().manual_seed(5))
+    torch._dynamo.reset()
+    g = nf.jit(_gpt2, rest="eager")
+    with torch.no_grad():
+        out = g(*args)
+    torch.testing.assert_close(out.double(), _gpt2(*[a.double() for a in args]),
+                               rtol=1e-5, atol=1e-5)
+    [report] = g.backend.reports
+    assert report.fused and not any(MADE in x.reason for x in report.left), report
