@@ -268,3 +268,61 @@ def test_fuzz_half_precision_training_chains_through_the_backend(pre, chain, pos
         if e.numel():
             err = float(torch.fmin((g - e).abs(), (g - m).abs()).max())
             assert err <= 3 * tol * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
+
+
+# written-out attention as models write it (dynamo/written_attention.py): the scale, the
+# transposed keys, the mask, a cast and an idle dropout after the softmax
+SCALES = {"none": lambda s, d: s, "mul": lambda s, d: s * d ** -0.5,
+          "div": lambda s, d: s / d ** 0.5, "left": lambda s, d: 0.5 * s,
+          "both": lambda s, d: (s * 2.0) / d}
+KEYS_T = {"transpose": lambda k: k.transpose(-1, -2), "transpose-2": lambda k: k.transpose(-2, -1),
+          "mT": lambda k: k.mT}
+
+
+def _keep(n, m):   # causal, the queries last; every row keeps a key
+    return torch.arange(m)[None, :] <= torch.arange(n)[:, None] + max(m - n, 0)
+
+
+MASKS = {
+    "none": lambda s: s,
+    "finfo": lambda s: s + torch.where(_keep(*s.shape[-2:]), torch.zeros((), dtype=s.dtype),
+                                       torch.finfo(s.dtype).min),
+    "bias": lambda s: torch.linspace(-1.0, 1.0, s.shape[-1], dtype=s.dtype) + s,
+    "masked_fill": lambda s: s.masked_fill(~_keep(*s.shape[-2:]), float("-inf")),
+    "where": lambda s: torch.where(_keep(*s.shape[-2:]), s, float("-inf")),
+    "finite-where": lambda s: torch.where(_keep(*s.shape[-2:]), s, -1e4),
+}
+AFTER = {"none": lambda p, v: p, "type": lambda p, v: p.type(v.dtype),
+         "to": lambda p, v: p.to(v.dtype), "dropout": lambda p, v: F.dropout(p, 0.0, True)}
+
+
+@settings(max_examples=_examples(6, 200), **FUZZ)
+@given(scale=st.sampled_from(sorted(SCALES)), keys=st.sampled_from(sorted(KEYS_T)),
+       mask=st.sampled_from(sorted(MASKS)), after=st.sampled_from(sorted(AFTER)),
+       lead=st.lists(st.integers(1, 3), min_size=1, max_size=2), n=st.integers(1, 19),
+       m=st.integers(1, 19), d=st.sampled_from((4, 8, 12)),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_written_attention_in_training(scale, keys, mask, after, lead, n, m, d,
+                                             seed):
+    """Attention written out as models write it, in a training graph: made SDPA's call
+    where written_attention.py allows, left as it is elsewhere. The output and the three
+    gradients against float64 autograd."""
+    def fn(q, k, v):
+        s = MASKS[mask](SCALES[scale](q @ KEYS_T[keys](k), q.shape[-1]))
+        return AFTER[after](torch.softmax(s, dim=-1), v) @ v
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*lead, rows, d, generator=gen) for rows in (n, m, m)]
+    got = compiled(*[x.requires_grad_() for x in xs])
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    want = fn(*ref)
+    c = torch.randn(want.shape, generator=gen)
+    (got * c).sum().backward()
+    (want * c.double()).sum().backward()
+    what = f"{scale} {keys} {mask} {after} {lead} {n} {m} {d}"
+    assert got.shape == want.shape and got.dtype == torch.float32, what
+    for name, g, e in (("out", got.detach(), want.detach()),
+                       *((f"d{x}", a.grad, r.grad) for x, a, r in zip("qkv", xs, ref))):
+        err = float((g.double() - e).abs().max())
+        assert err <= 1e-4 * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
