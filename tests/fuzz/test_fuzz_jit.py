@@ -68,7 +68,12 @@ def _pair(t, d):
 POSTS = {"id": lambda y: y, "affine": lambda y: y * 2.0 - 1.0, "square": lambda y: y * y,
          # a reshape, then maps of it (the views sink below the maps: dynamo/sink.py)
          "flat-silu": lambda y: F.silu(y.reshape(y.shape[0], -1)) * 2.0,
-         "flat-pair": lambda y: torch.exp(-y.reshape(-1).abs()) + y.reshape(-1)}
+         "flat-pair": lambda y: torch.exp(-y.reshape(-1).abs()) + y.reshape(-1),
+         # losses and compound maps decomposed by our table (decomp.ELEMENTWISE)
+         "bce": lambda y: F.binary_cross_entropy_with_logits(
+             y, torch.sigmoid(y.detach() * 0.5), reduction="none"),
+         "huber": lambda y: F.huber_loss(y, y.detach() * 0.5 + 0.1, reduction="none"),
+         "rsub-lerp": lambda y: torch.lerp(1.0 - y, y * y, 0.25)}
 
 
 def _fn(pre: str, chain: str, post: str, d: int):

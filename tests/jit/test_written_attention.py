@@ -147,3 +147,44 @@ def test_an_inference_graph_fuses_the_written_form():
                                rtol=1e-5, atol=1e-5)
     [report] = g.backend.reports
     assert report.fused and not any(MADE in x.reason for x in report.left), report
+
+
+class _NanoAttention(torch.nn.Module):
+    """nanoGPT's attention without flash: a causal buffer compared with 0, ``-inf``, an
+    ``nn.Dropout`` of 0, projections before and after."""
+
+    def __init__(self, d=32, heads=4, n=16):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.drop = torch.nn.Dropout(0.0)
+        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+                   for z in self.qkv(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        y = self.drop(F.softmax(att, dim=-1)) @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def test_a_nanogpt_attention_module_trains_through_sdpa():
+    torch.manual_seed(0)
+    m = _NanoAttention().train()
+    m64 = _NanoAttention().double().train()
+    m64.load_state_dict(m.state_dict())
+    x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    g = nf.jit(m, rest="eager")
+    out = g(x)
+    out.square().sum().backward()
+    want = m64(x.double())
+    want.square().sum().backward()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(m.named_parameters(), m64.parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda e, name=name: f"{name}: {e}")
+    [report] = g.backend.reports
+    assert any(MADE in x.reason for x in report.left), report
