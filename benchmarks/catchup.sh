@@ -1,18 +1,22 @@
 #!/bin/bash
-# One device call that measures what landed without a GPU (docs/results.md, "Waiting for
-# a device"). Usage on the device, from the repository root, with the "before" tree
+# Device calls that measure what landed without a GPU (docs/results.md, "Waiting for a
+# device"). Usage on the device, from the repository root, with the "before" tree
 # unpacked beside it (`.gpu/` is ignored by git; carry it):
 #
 #     git archive 99c2943 src | tar -x -C .gpu/before     # on this machine, first
-#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src
+#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src first
+#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src second
 #
-# Writes under $OUT: gpu.txt, chain reports A/B (bf16 and fp32: the shared augmented
-# component of softmax entropy and KL divergence), the jit modules of the session before,
-# the backend's new ops against Inductor, and training steps (the min-cut partition and
-# Inductor's joint passes, 2026-12-05 third session) against Inductor. The budget: about
-# eight minutes; if a call's 600 s run out, run the training line in a second call.
+# first (about 6 minutes): gpu.txt; GPT-2 training steps (written-out attention made
+# SDPA's call, the layer norm split from a refused attention: 2026-12-05, fourth
+# session) against Inductor; the bf16 chain reports A/B (the shared augmented component
+# of softmax entropy and KL divergence). second (about 6 minutes): the fp32 A/B, the jit
+# modules of the session before, the backend's new ops against Inductor, and training
+# steps of the chain suite (the min-cut partition and Inductor's joint passes) against
+# Inductor. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
+part=${2:?say which part: first or second}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -20,14 +24,19 @@ date -u >> "$OUT/gpu.txt"
 bench() { # name src extra-args...
   local name=$1 src=$2; shift 2
   echo "== $name"; date -u
-  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-$name PYTHONPATH=$src timeout 200 python -m \
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-$name PYTHONPATH=$src timeout 150 python -m \
     neptune_fusion.bench --suite chains --providers neptune,torch-compile --timer graph \
     --no-plots --out "/tmp/$name" "$@" > "/tmp/$name.log" 2>&1; echo "rc $?"
   tail -3 "/tmp/$name.log"
   cp "$(find "/tmp/$name" -name report.md | head -1)" "$OUT/$name-report.md"
 }
+if [ "$part" = first ]; then
+echo "== jit_gpt2_training"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 280 python \
+  benchmarks/jit_gpt2_training.py --out "$OUT/jit_gpt2_training.jsonl" 2>&1 | grep '^{'
 bench bf16-before "$before" --dtype bfloat16 --ops softmax-entropy,kl-divergence,logsumexp
 bench bf16-after src --dtype bfloat16 --ops softmax-entropy,kl-divergence,logsumexp
+else
 bench f32-before "$before" --dtype float32 --ops softmax-entropy,kl-divergence
 bench f32-after src --dtype float32 --ops softmax-entropy,kl-divergence,variance,layer-stats
 echo "== jit_modules"; date -u
@@ -38,4 +47,5 @@ echo "== jit_training"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src timeout 150 python benchmarks/jit_training.py \
   --chains softmax,log-softmax,softmax-entropy,kl-divergence,layernorm-matmul,rmsnorm-matmul \
   --dtypes bfloat16 --out "$OUT/jit_training.jsonl" 2>&1 | tail -20
+fi
 date -u
