@@ -188,3 +188,23 @@ def test_a_nanogpt_attention_module_trains_through_sdpa():
                                    msg=lambda e, name=name: f"{name}: {e}")
     [report] = g.backend.reports
     assert any(MADE in x.reason for x in report.left), report
+
+
+def test_a_learned_bias_gets_its_gradient():
+    """A bias that requires grad (T5's relative positions, learned): SDPA's mask takes
+    its gradient too."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = _qkv(gen)
+    bias = torch.randn(3, 12, 20, generator=gen) * 0.5
+
+    def fn(q, k, v, bias):
+        return torch.softmax(q @ k.mT * 0.25 + bias, -1) @ v
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    xs = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    g(*xs).square().sum().backward()
+    ref = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    fn(*ref).square().sum().backward()
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
+    assert any(MADE in x.reason for x in g.backend.reports[0].left)

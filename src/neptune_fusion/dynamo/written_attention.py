@@ -24,7 +24,9 @@ product back; every intermediate value must have no other reader:
 ``q``, ``k`` and ``v`` must have one floating dtype and one rank (3 or more), equal
 leading dimensions and the scores their dtype; a float mask that dtype too. A ``where``
 fill other than ``-inf`` (``finfo.min``) is not rewritten: with every key of a row masked
-eager gives uniform weights, SDPA's additive form would not.
+eager gives uniform weights, SDPA's additive form would not. With a boolean ``-inf``
+mask, a row whose every key is masked comes out 0 (SDPA's answer) where eager's softmax
+gives NaN (docs/jit.md, *Known differences*).
 """
 
 from __future__ import annotations
