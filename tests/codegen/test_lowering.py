@@ -315,3 +315,14 @@ def test_the_exp2_domain_reaches_through_float_casts():
     sd = (qs.double() @ ks.double().T * 0.3).half().double()
     want = torch.exp(sd - sd.amax(1, keepdim=True)).sum(1)
     torch.testing.assert_close(kern(qs, ks).double(), want, rtol=2e-3, atol=0)
+
+
+def test_linear_form_keeps_a_division_by_zero_as_a_term():
+    """``x / 0.0`` (a constant a derived expression can hold in a branch never taken)
+    is a term of its own, not a coefficient 1/0: the linear form raised
+    ZeroDivisionError and the kernel did not build (a fuzzing find, 2026-12-05)."""
+    from neptune_fusion.codegen.exp2 import linear
+    x = Param("x", fconst(0).dtype)
+    term = Binary("div", x, fconst(0.0))
+    terms, const = linear(Binary("add", Binary("mul", term, fconst(2.0)), fconst(1.0)))
+    assert terms == {term: 2.0} and const == 1.0

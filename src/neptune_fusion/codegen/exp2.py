@@ -107,7 +107,8 @@ def linear(e: Expr) -> tuple[dict[Expr, float], float]:
             visit(x.a, k * x.b.value)
         elif isinstance(x, Binary) and x.op == "mul" and isinstance(x.a, Const):
             visit(x.b, k * x.a.value)
-        elif isinstance(x, Binary) and x.op == "div" and isinstance(x.b, Const):
+        elif isinstance(x, Binary) and x.op == "div" and isinstance(x.b, Const) and \
+                x.b.value != 0:   # a division by 0 stays a term (a fuzzing find)
             visit(x.a, k / x.b.value)
         else:
             terms[x] = terms.get(x, 0.0) + k
