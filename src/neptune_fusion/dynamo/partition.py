@@ -99,21 +99,7 @@ def regions(graph) -> list[Region]:
     """The regions of ``graph`` in graph order (see the module docstring)."""
     nodes = [n for n in graph.nodes if why_not_fusible(n) is None]
     fusible = set(nodes)
-    parent = {n: n for n in nodes}
-
-    def find(n):
-        while parent[n] is not n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for n in nodes:
-        for a in n.all_input_nodes:
-            if a in fusible and a.target not in LINEAR_PRODUCTS:
-                parent[find(a)] = find(n)
-    groups: dict = {}
-    for n in nodes:
-        groups.setdefault(find(n), []).append(n)
+    groups = _components(nodes, lambda a, n: a.target not in LINEAR_PRODUCTS)
     order = {n: k for k, n in enumerate(graph.nodes)}
     memo: dict = {}
 
@@ -138,6 +124,27 @@ def regions(graph) -> list[Region]:
             part = sorted(part + _copies_read(part, copyable), key=order.get)
             out.append(_region(part, frozenset(n for n in part if copyable(n))))
     return out
+
+
+def _components(nodes, joins) -> dict:
+    """``nodes`` grouped into the components that ``joins(a, n)`` edges (``a`` an input
+    of ``n``) connect, each group in the order of ``nodes``: a union-find."""
+    parent = {n: n for n in nodes}
+
+    def find(n):
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    for n in nodes:
+        for a in n.all_input_nodes:
+            if a in parent and joins(a, n):
+                parent[find(a)] = find(n)
+    groups: dict = {}
+    for n in nodes:
+        groups.setdefault(find(n), []).append(n)
+    return groups
 
 
 def _readers(node, inside) -> list:
@@ -187,32 +194,16 @@ def pieces(region: Region) -> list[Region]:
     region is one such part. The backend tries them when the whole region is refused (one
     kernel cannot hold attention and the norm after a matmul of its result) -- not before,
     since chains that share their inputs read them once in one kernel."""
-    inside = set(region.nodes)
-    parent = {n: n for n in region.nodes}
-
-    def find(n):
-        while parent[n] is not n:
-            parent[n] = parent[parent[n]]
-            n = parent[n]
-        return n
-
-    for n in region.nodes:
-        for a in n.all_input_nodes:
-            if a in inside and a not in region.copies and a.target not in LINEAR_PRODUCTS \
-                    and n not in region.copies:
-                parent[find(a)] = find(n)
-    groups: dict = {}
-    for n in region.nodes:
-        if n not in region.copies:
-            groups.setdefault(find(n), []).append(n)
+    copies = region.copies
+    groups = _components([n for n in region.nodes if n not in copies],
+                         lambda a, n: a.target not in LINEAR_PRODUCTS)
     if len(groups) < 2:
         return []
     order = {n: k for k, n in enumerate(region.nodes)}
     out = []
     for members in groups.values():
-        copies = _copies_read(members, lambda a: a in region.copies)
-        part = sorted(members + copies, key=order.get)
-        out.append(_region(part, frozenset(copies)))
+        read = _copies_read(members, lambda a: a in copies)
+        out.append(_region(sorted(members + read, key=order.get), frozenset(read)))
     return out
 
 
