@@ -1,8 +1,9 @@
 """Written-out attention in a training graph becomes one SDPA call
 (dynamo/written_attention.py): its kernel and backward save no probabilities. Each form
 a model writes, its output and gradients against float64; the forms it must leave alone
-(a live dropout, a finite fill, the probabilities read elsewhere) stay as they are, and
-an inference graph keeps fusing the written form."""
+(a finite fill, the probabilities read elsewhere) stay as they are, and an inference
+graph keeps fusing the written form. A live dropout becomes SDPA's ``dropout_p``: the
+same distribution (checked by its mean), SDPA's random numbers."""
 
 from __future__ import annotations
 
@@ -106,10 +107,6 @@ def test_the_rewritten_graph_computes_the_same():
             torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
 
 
-def _live_dropout(q, k, v):
-    return F.dropout(torch.softmax(q @ k.mT, -1), p=0.5, training=True) @ v
-
-
 def _finite_fill(q, k, v):   # a row masked everywhere: uniform here, not under SDPA
     s = torch.where(_causal(q.shape[-2], k.shape[-2]), q @ k.mT, -1e4)
     return torch.softmax(s, -1) @ v
@@ -129,7 +126,7 @@ def _widened(q, k, v):   # the mask makes the scores bigger than q @ k^T
     return torch.softmax(q @ k.mT + torch.zeros(5, 1, 1, 1, 1), -1) @ v
 
 
-@pytest.mark.parametrize("fn", [_live_dropout, _finite_fill, _probabilities_too,
+@pytest.mark.parametrize("fn", [_finite_fill, _probabilities_too,
                                 _upcast, _widened])
 def test_forms_left_alone(fn):
     args = _qkv(torch.Generator().manual_seed(4))
@@ -208,3 +205,32 @@ def test_a_learned_bias_gets_its_gradient():
     for a, r in zip(xs, ref):
         torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
     assert any(MADE in x.reason for x in g.backend.reports[0].left)
+
+
+def _dropped(q, k, v):
+    return F.dropout(torch.softmax(q @ k.mT * 0.25, -1), p=0.3, training=True) @ v
+
+
+def test_a_live_dropout_becomes_sdpas_and_keeps_its_mean():
+    """The rewritten graph is SDPA with ``dropout_p`` (the same numbers as SDPA's own
+    call under the same seed), and its mean over many draws is the attention without
+    dropout (inverted dropout keeps the expectation), within four standard errors."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = _qkv(gen, (1, 2, 6, 8), m=5)
+    made, _ = _traced(_dropped, (q, k, v))
+    assert made == 1
+    torch._dynamo.reset()
+    g = nf.jit(_dropped, rest="eager")
+    xs = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(11)
+    got = g(*xs)
+    torch.manual_seed(11)
+    want = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, scale=0.25)
+    torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    got.sum().backward()   # a backward runs
+    assert all(torch.isfinite(t.grad).all() for t in xs)
+    draws = torch.stack([g(*xs).detach() for _ in range(400)])   # the training graph
+    assert len(g.backend.reports) == 1   # no other graph compiled for the draws
+    exact = torch.softmax(q.double() @ k.double().mT * 0.25, -1) @ v.double()
+    err = (draws.double().mean(0) - exact).abs()
+    assert (err <= 4 * draws.double().std(0) / 20 + 1e-6).all(), float(err.max())

@@ -13,9 +13,9 @@ training graph's written-out attention becomes an SDPA call, which the backend t
 The form, on the Dynamo graph (torch functions, operators and methods), from the second
 product back; every intermediate value must have no other reader:
 
-* ``matmul(p, v)`` -- ``p`` through casts to its own dtype (``.type``/``.to``) and
-  ``dropout`` with ``p=0`` or ``training=False`` (a live dropout draws other random
-  numbers inside SDPA: left alone) -- ``softmax`` over the last dimension;
+* ``matmul(p, v)`` -- ``p`` through casts to its own dtype (``.type``/``.to``) and a
+  ``dropout`` (SDPA's ``dropout_p``: the same distribution, other random numbers, as
+  any compiled dropout's are) -- ``softmax`` over the last dimension;
 * the scores: additive float masks (``+ mask``, either side), or one boolean mask with
   ``-inf`` (``masked_fill(m, -inf)``, ``where(m, s, -inf)``), and before them products
   and divisions by Python numbers (the scale);
@@ -73,20 +73,24 @@ def _need(cond) -> None:
 
 
 def _through_casts(node, dtype, nodes: list):
-    """``node`` with casts to ``dtype`` and inactive dropouts peeled off (backwards);
-    ``nodes`` gets those peeled."""
+    """``(node, dropout probability)``: ``node`` with casts to ``dtype`` and one dropout
+    peeled off (backwards); ``nodes`` gets those peeled."""
+    dropout = 0.0
     while True:
         nodes.append(node)
         if _is(node, set(), ("type", "to")) and len(node.args) == 2 and \
                 node.args[1] == dtype and not node.kwargs:
             node = node.args[0]
-        elif _is(node, _DROPOUT, "dropout"):
-            p, training = _arg(node, 1, "p", 0.5), _arg(node, 2, "training", True)
-            _need(p == 0 or training is False)
+        elif _is(node, _DROPOUT, "dropout") and not dropout:
+            p = _arg(node, 1, "p", 0.5)   # F.dropout's ``training``, torch.dropout's ``train``
+            training = _arg(node, 2, "training", node.kwargs.get("train", True))
+            _need(isinstance(p, (int, float)) and isinstance(training, bool) and
+                  not _arg(node, 3, "inplace", False))
+            dropout = float(p) if training else 0.0
             node = node.args[0]
         else:
             nodes.pop()
-            return node
+            return node, dropout
         _need(isinstance(node, torch.fx.Node) and _sole(node))
 
 
@@ -169,7 +173,7 @@ def _match(out):
     dtype = vv.dtype
     _need(dtype in (torch.float16, torch.bfloat16, torch.float32))
     nodes: list = []
-    soft = _through_casts(p, dtype, nodes)
+    soft, dropout = _through_casts(p, dtype, nodes)
     _need(_is(soft, _SOFTMAX, "softmax") and _sole(soft))
     dim = _arg(soft, 1, "dim")
     s = soft.args[0]
@@ -189,7 +193,7 @@ def _match(out):
     for m in [*floats, *([keep[1]] if keep else [])]:   # masks broadcast to the scores
         _need(isinstance(_val(m), torch.Tensor) and
               torch.broadcast_shapes(_val(m).shape, vs.shape) == vs.shape)
-    return q, k, v, scale, floats, keep, [*nodes, soft, *scores]
+    return q, k, v, scale, dropout, floats, keep, [*nodes, soft, *scores]
 
 
 def written_attention_to_sdpa(gm) -> int:
@@ -198,7 +202,7 @@ def written_attention_to_sdpa(gm) -> int:
     made, graph = 0, gm.graph
     for out in list(graph.nodes):
         try:
-            q, k, v, scale, floats, keep, dead = _match(out)
+            q, k, v, scale, dropout, floats, keep, dead = _match(out)
         except _NoMatch:
             continue
         with graph.inserting_before(out):
@@ -213,7 +217,8 @@ def written_attention_to_sdpa(gm) -> int:
                                         [*floats, *([keep[1]] if keep else [])]) < 2:
                 mask = graph.call_function(torch.atleast_2d, (mask,))   # SDPA's minimum
             call = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
-                                       {"attn_mask": mask, "scale": scale})
+                                       {"attn_mask": mask, "scale": scale,
+                                        "dropout_p": dropout})
             call.meta["example_value"] = _val(out)
             if any(u.op == "output" for u in out.users):   # returned: eager's layout
                 call = graph.call_method("contiguous", (call,))
