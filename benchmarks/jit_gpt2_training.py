@@ -129,8 +129,8 @@ def main(argv=None) -> None:
                 rec["vs_inductor"] = times.get("inductor", float("nan")) / rec["ms"]
                 rec["vs_eager"] = times.get("eager", float("nan")) / rec["ms"]
                 reports = getattr(getattr(prov, "backend", None), "reports", [])
-                rec["made_sdpa"] = sum("made SDPA's call" in x.reason
-                                       for r in reports for x in r.left)
+                rec["made_sdpa"] = sum(len(x.ops) for r in reports for x in r.left
+                                       if "made SDPA's call" in x.reason)   # attentions
             line = json.dumps(rec)
             print(line, flush=True)
             if args.out:
