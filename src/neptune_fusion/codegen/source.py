@@ -723,6 +723,9 @@ def _store_outputs(prog: TileProgram, post: Block, env, state_params, outputs,
         off = at.value(offset, axes)
         data = low.expand(val, axes)
         if not val.axes:   # a constant (a Python number): the store broadcasts it
+            if relayout is not None:
+                raise CodegenError(f"output {o.arg.name} is a constant; the Gluon "
+                                   "dialect's stores take tiles (use the Triton path)")
             data = f"tl.cast({data}, {tl_dtype(o.arg.tensor.dtype)})"
         else:
             if data == val.code and val.prec < ATOM:

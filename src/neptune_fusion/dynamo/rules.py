@@ -609,9 +609,9 @@ def _table() -> dict:
         t[op] = ones
     for op in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default):
         t[op] = zeros
-    # ``empty_like`` then ``fill`` (torch's ``rsub`` of a Python number, in a hinge
-    # loss): the fill's value in the input's shape; unwritten memory may hold any value,
-    # zeros among them
+    # ``empty_like`` then ``fill`` (a Python number minus a tensor, as torch's hinge-loss
+    # decomposition traces it): the fill's value in the input's shape; unwritten memory
+    # may hold any value, zeros among them
     t[aten.empty_like.default] = zeros
     t[aten.fill.Scalar] = Rule("source", _fill(lambda n: n.args[1]))
     t[aten.full.default] = Rule("source", _fill(lambda n: n.args[1]))

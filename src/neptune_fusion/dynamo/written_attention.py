@@ -1,8 +1,8 @@
 """Written-out attention in a training graph made one ``scaled_dot_product_attention`` call.
 
 A training forward saves what its backward reads. For attention written out by hand --
-``softmax(q @ k.transpose(-1, -2) * scale + mask) @ v``, GPT-2's and Bloom's eager
-attention -- that is the ``(B, H, L, S)`` probabilities: the region is refused (no
+``softmax(q @ k.transpose(-1, -2) * scale + mask) @ v``, GPT-2's eager attention,
+nanoGPT's -- that is the ``(B, H, L, S)`` probabilities: the region is refused (no
 kernel can write them without a pass of its own) and runs with the rest, unfused, where
 SDPA's device kernels (flash, memory-efficient, cuDNN) need no such tensor and bring a
 backward of their own. Inductor makes the forms its patterns know SDPA's kernel in its
