@@ -117,9 +117,8 @@ def _probabilities_too(q, k, v):
     return p @ v, p
 
 
-def _upcast(q, k, v):   # the softmax in float32, its input cast up
-    p = torch.softmax((q @ k.mT).float(), -1).to(q.dtype)
-    return p @ v
+def _upcast_no_cast_back(q, k, v):   # float32 probabilities times 16-bit values
+    return torch.softmax(q @ k.mT, -1, dtype=torch.float32) @ v.float()
 
 
 def _widened(q, k, v):   # the mask makes the scores bigger than q @ k^T
@@ -127,9 +126,11 @@ def _widened(q, k, v):   # the mask makes the scores bigger than q @ k^T
 
 
 @pytest.mark.parametrize("fn", [_finite_fill, _probabilities_too,
-                                _upcast, _widened])
+                                _upcast_no_cast_back, _widened])
 def test_forms_left_alone(fn):
     args = _qkv(torch.Generator().manual_seed(4))
+    if fn is _upcast_no_cast_back:
+        args = tuple(a.bfloat16() for a in args)
     made, _ = _traced(fn, args)
     assert made == 0
 
@@ -234,3 +235,38 @@ def test_a_live_dropout_becomes_sdpas_and_keeps_its_mean():
     exact = torch.softmax(q.double() @ k.double().mT * 0.25, -1) @ v.double()
     err = (draws.double().mean(0) - exact).abs()
     assert (err <= 4 * draws.double().std(0) / 20 + 1e-6).all(), float(err.max())
+
+
+def _llama(q, k, v):   # transformers' eager attention: the softmax in float32, cast back
+    s = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
+    s = s + torch.where(_causal(q.shape[-2], k.shape[-2]), 0.0,
+                        torch.full((), torch.finfo(q.dtype).min, dtype=q.dtype))
+    p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(F.dropout(p, p=0.0, training=True), v)
+
+
+def _dot_float(q, k, v):
+    return torch.softmax((q @ k.mT * 0.25).float(), -1).to(v.dtype) @ v
+
+
+@pytest.mark.parametrize("fn", [_llama, _dot_float])
+def test_a_float32_softmax_of_16_bit_scores_becomes_sdpa(fn):
+    """Llama's eager attention in bfloat16 takes its softmax in float32 and casts the
+    probabilities back: SDPA's kernels do the same inside. Output and gradients against
+    float64 within bfloat16's tolerance."""
+    gen = torch.Generator().manual_seed(8)
+    args = [a.bfloat16() for a in _qkv(gen)]
+    cot = torch.randn(2, 3, 12, 16, generator=gen)
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    xs = [a.clone().requires_grad_() for a in args]
+    out = g(*xs)
+    (out.float() * cot).sum().backward()
+    ref = [a.double().requires_grad_() for a in args]
+    want = fn(*ref)
+    (want * cot.double()).sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), want, rtol=3e-2, atol=3e-2)
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=5e-2, atol=5e-2)
+    assert any(MADE in x.reason for x in g.backend.reports[0].left)

@@ -15,7 +15,9 @@ product back; every intermediate value must have no other reader:
 
 * ``matmul(p, v)`` -- ``p`` through casts to its own dtype (``.type``/``.to``) and a
   ``dropout`` (SDPA's ``dropout_p``: the same distribution, other random numbers, as
-  any compiled dropout's are) -- ``softmax`` over the last dimension;
+  any compiled dropout's are) -- ``softmax`` over the last dimension, in the scores'
+  dtype or in float32 and cast back (``softmax(s, dtype=torch.float32)``,
+  ``softmax(s.float())``: Llama's eager attention; SDPA's kernels take it in float32);
 * the scores: additive float masks (``+ mask``, either side), or one boolean mask with
   ``-inf`` (``masked_fill(m, -inf)``, ``where(m, s, -inf)``), and before them products
   and divisions by Python numbers (the scale);
@@ -92,6 +94,14 @@ def _through_casts(node, dtype, nodes: list):
             nodes.pop()
             return node, dropout
         _need(isinstance(node, torch.fx.Node) and _sole(node))
+
+
+def _is_upcast(node) -> bool:
+    """``x.float()`` or ``x.to(torch.float32)``."""
+    return isinstance(node, torch.fx.Node) and (
+        _is(node, set(), "float") and len(node.args) == 1 and not node.kwargs or
+        _is(node, set(), ("to", "type")) and len(node.args) == 2 and
+        node.args[1] == torch.float32 and not node.kwargs)
 
 
 def _is_neg_inf(x) -> bool:
@@ -177,10 +187,21 @@ def _match(out):
     _need(_is(soft, _SOFTMAX, "softmax") and _sole(soft))
     dim = _arg(soft, 1, "dim")
     s = soft.args[0]
+    _need(isinstance(s, torch.fx.Node) and _sole(s))
+    # a softmax in float32 of 16-bit scores, cast back (Llama's eager attention:
+    # ``softmax(s, dtype=float32).to(q.dtype)``, or ``softmax(s.float())``): SDPA's
+    # kernels take the softmax in float32 too
+    cast_back = bool(nodes)   # casts (or a dropout) peeled between softmax and product
+    upcast = [s] if _is_upcast(s) else []
+    if upcast:
+        s = s.args[0]
+        _need(isinstance(s, torch.fx.Node) and _sole(s))
+    wide = upcast or soft.kwargs.get("dtype") == torch.float32
     vs = _val(s)
-    _need(isinstance(s, torch.fx.Node) and _sole(s) and isinstance(vs, torch.Tensor))
+    _need(isinstance(vs, torch.Tensor) and vs.dtype == dtype)
     _need(dim is not None and int(dim) % vs.dim() == vs.dim() - 1)
-    _need(soft.kwargs.get("dtype") in (None, dtype) and vs.dtype == dtype)
+    _need(soft.kwargs.get("dtype") in (None, dtype) or wide)
+    _need(not wide or dtype == torch.float32 or cast_back)
     q, k, scale, floats, keep, scores = _scores(s, dtype)
     vq, vk = _val(q), _val(k)
     _need(isinstance(vq, torch.Tensor) and isinstance(vk, torch.Tensor))
@@ -193,7 +214,7 @@ def _match(out):
     for m in [*floats, *([keep[1]] if keep else [])]:   # masks broadcast to the scores
         _need(isinstance(_val(m), torch.Tensor) and
               torch.broadcast_shapes(_val(m).shape, vs.shape) == vs.shape)
-    return q, k, v, scale, dropout, floats, keep, [*nodes, soft, *scores]
+    return q, k, v, scale, dropout, floats, keep, [*nodes, soft, *upcast, *scores]
 
 
 def written_attention_to_sdpa(gm) -> int:
