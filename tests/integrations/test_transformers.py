@@ -636,3 +636,34 @@ def test_a_gpt2_training_step_through_the_backend_matches_float64():
     # partition.pieces splits it from the refused attention)
     assert sum("rsqrt" in ops for ops in fused) == 5, [str(r) for r in backend.reports]
     assert any("amax" in ops and "log" in ops for ops in fused), fused
+
+
+def test_a_llama_training_step_with_eager_attention_takes_sdpa():
+    """A tiny Llama with transformers' eager attention (GQA through ``repeat_kv``, an
+    additive causal mask, the softmax in float32 cast back) in a training step through
+    the backend: each layer's attention becomes SDPA's call with its own backward
+    (dynamo/written_attention.py); the loss and every gradient against float64."""
+    import copy
+
+    from neptune_fusion.dynamo import Backend
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    ref = copy.deepcopy(model).double()
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    backend = Backend(rest="eager")
+    torch._dynamo.reset()
+    loss = torch.compile(model, backend=backend)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    want = ref(input_ids=ids, labels=ids).loss
+    want.backward()
+    assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
+    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert float((p.grad.double() - q.grad).abs().max()) <= 1e-5 * scale, name
+    made = sum(len(x.ops) for r in backend.reports for x in r.left
+               if "made SDPA's call" in x.reason)
+    assert made == 2, [str(r) for r in backend.reports]
