@@ -297,6 +297,10 @@ MASKS = {
     "where": lambda s: torch.where(_keep(*s.shape[-2:]), s, float("-inf")),
     "finite-where": lambda s: torch.where(_keep(*s.shape[-2:]), s, -1e4),
 }
+# in float32, cast back to the scores' dtype (the float64 reference stays float64)
+SOFTMAX = {"plain": lambda s: torch.softmax(s, dim=-1),
+           "float32": lambda s: F.softmax(s, dim=-1, dtype=torch.float32).to(s.dtype),
+           "float": lambda s: torch.softmax(s.float(), -1).to(s.dtype)}
 AFTER = {"none": lambda p, v: p, "type": lambda p, v: p.type(v.dtype),
          "to": lambda p, v: p.to(v.dtype), "dropout": lambda p, v: F.dropout(p, 0.0, True)}
 
@@ -304,17 +308,18 @@ AFTER = {"none": lambda p, v: p, "type": lambda p, v: p.type(v.dtype),
 @settings(max_examples=_examples(6, 200), **FUZZ)
 @given(scale=st.sampled_from(sorted(SCALES)), keys=st.sampled_from(sorted(KEYS_T)),
        mask=st.sampled_from(sorted(MASKS)), after=st.sampled_from(sorted(AFTER)),
+       soft=st.sampled_from(sorted(SOFTMAX)),
        lead=st.lists(st.integers(1, 3), min_size=1, max_size=2), n=st.integers(1, 19),
        m=st.integers(1, 19), d=st.sampled_from((4, 8, 12)),
        seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_written_attention_in_training(scale, keys, mask, after, lead, n, m, d,
-                                             seed):
+def test_fuzz_written_attention_in_training(scale, keys, mask, after, soft, lead, n, m,
+                                             d, seed):
     """Attention written out as models write it, in a training graph: made SDPA's call
     where written_attention.py allows, left as it is elsewhere. The output and the three
     gradients against float64 autograd."""
     def fn(q, k, v):
         s = MASKS[mask](SCALES[scale](q @ KEYS_T[keys](k), q.shape[-1]))
-        return AFTER[after](torch.softmax(s, dim=-1), v) @ v
+        return AFTER[after](SOFTMAX[soft](s), v) @ v
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=Backend(rest="eager"))
     gen = torch.Generator().manual_seed(seed)
@@ -325,7 +330,7 @@ def test_fuzz_written_attention_in_training(scale, keys, mask, after, lead, n, m
     c = torch.randn(want.shape, generator=gen)
     (got * c).sum().backward()
     (want * c.double()).sum().backward()
-    what = f"{scale} {keys} {mask} {after} {lead} {n} {m} {d}"
+    what = f"{scale} {keys} {mask} {soft} {after} {lead} {n} {m} {d}"
     assert got.shape == want.shape and got.dtype == torch.float32, what
     for name, g, e in (("out", got.detach(), want.detach()),
                        *((f"d{x}", a.grad, r.grad) for x, a, r in zip("qkv", xs, ref))):
