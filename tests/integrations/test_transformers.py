@@ -596,29 +596,16 @@ def test_more_architectures_through_the_backend(name):
     assert softmaxes >= 2, [str(r) for r in backend.reports]
 
 
-def test_a_gpt2_training_step_through_the_backend_matches_float64():
-    """A training step of a tiny GPT-2 (eager attention, no dropout) through the backend:
-    AOTAutograd splits it with the min-cut partitioner; the layer norms and the loss's
-    log-softmax are fused with what the backward saves among their outputs (a layer
-    norm's result leaves for the next Linear layer and, transposed, for its weight's
-    gradient: the matmul and the views run with the rest; before 2026-12-05 every layer
-    norm before a Linear layer was refused in training). The attention's region, which
-    saves its probabilities, stays with the rest (the layer norm after it, joined to it
-    through the positions both read, fuses on its own). The loss and every parameter's gradient
-    against the same model in float64 (a gradient that is 0 in exact arithmetic -- the
-    keys' bias under the softmax's shift -- is compared on the scale of the largest
-    one)."""
+def _training_step_against_float64(model, seed: int):
+    """One training step of ``model`` (in ``train()``) through the backend, the rest
+    eager: the loss and every parameter's gradient against a float64 copy (a gradient
+    that is 0 in exact arithmetic -- GPT-2's key bias under the softmax's shift -- is
+    compared on the scale of the largest one). Returns the backend."""
     import copy
 
     from neptune_fusion.dynamo import Backend
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
-                                  bos_token_id=1, eos_token_id=2, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(cfg).train()
     ref = copy.deepcopy(model).double()
-    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(seed))
     backend = Backend(rest="eager")
     torch._dynamo.reset()
     loss = torch.compile(model, backend=backend)(input_ids=ids, labels=ids).loss
@@ -626,11 +613,28 @@ def test_a_gpt2_training_step_through_the_backend_matches_float64():
     want = ref(input_ids=ids, labels=ids).loss
     want.backward()
     assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
-    grads = [(n, p.grad, q.grad) for (n, p), q in zip(model.named_parameters(),
-                                                      ref.parameters())]
-    scale = max(float(q.abs().max()) for _, _, q in grads)
-    for name, got, exact in grads:
-        assert float((got.double() - exact).abs().max()) <= 1e-5 * scale, name
+    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert float((p.grad.double() - q.grad).abs().max()) <= 1e-5 * scale, name
+    return backend
+
+
+def test_a_gpt2_training_step_through_the_backend_matches_float64():
+    """A training step of a tiny GPT-2 (eager attention, no dropout) through the backend:
+    AOTAutograd splits it with the min-cut partitioner; the layer norms and the loss's
+    log-softmax are fused with what the backward saves among their outputs (a layer
+    norm's result leaves for the next Linear layer and, transposed, for its weight's
+    gradient: the matmul and the views run with the rest; before 2026-12-05 every layer
+    norm before a Linear layer was refused in training). The attention becomes SDPA's
+    call (dynamo/written_attention.py); the layer norm after it, joined to it through the
+    positions both read, fuses on its own. The loss and every parameter's gradient
+    against the same model in float64."""
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
+                                  bos_token_id=1, eos_token_id=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    backend = _training_step_against_float64(transformers.GPT2LMHeadModel(cfg).train(), 3)
     fused = [f.ops for r in backend.reports for f in r.fused]
     # each layer's two norms and the final one (the second of a layer since 2026-12-05:
     # partition.pieces splits it from the refused attention)
@@ -643,27 +647,12 @@ def test_a_llama_training_step_with_eager_attention_takes_sdpa():
     additive causal mask, the softmax in float32 cast back) in a training step through
     the backend: each layer's attention becomes SDPA's call with its own backward
     (dynamo/written_attention.py); the loss and every gradient against float64."""
-    import copy
-
-    from neptune_fusion.dynamo import Backend
     cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=64)
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).train()
-    ref = copy.deepcopy(model).double()
-    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
-    backend = Backend(rest="eager")
-    torch._dynamo.reset()
-    loss = torch.compile(model, backend=backend)(input_ids=ids, labels=ids).loss
-    loss.backward()
-    want = ref(input_ids=ids, labels=ids).loss
-    want.backward()
-    assert abs(loss.item() - want.item()) <= 1e-5 * abs(want.item())
-    scale = max(float(q.grad.abs().max()) for q in ref.parameters())
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        assert float((p.grad.double() - q.grad).abs().max()) <= 1e-5 * scale, name
+    backend = _training_step_against_float64(transformers.LlamaForCausalLM(cfg).train(), 4)
     made = sum(len(x.ops) for r in backend.reports for x in r.left
                if "made SDPA's call" in x.reason)
     assert made == 2, [str(r) for r in backend.reports]
