@@ -45,6 +45,7 @@ from .partition import (
     without_prologue,
     without_trailing_matmuls,
     without_views,
+    without_written_operands,
 )
 from .refused import Refused
 from .report import Fused, GraphReport, Left
@@ -120,6 +121,12 @@ def _fuse_region(gm, memo: dict, region, hints: dict, name: str, report: GraphRe
         return Left(tuple(region.ops), f"a training forward saves {extremum.name} of "
                     "values the backward computes again, to find where it was attained: "
                     "the kernel's may round otherwise", rest)
+    written = without_written_operands(region)
+    if written is not None:
+        kept = set(written.nodes)
+        report.left.append(Left(tuple(op for n, op in zip(region.nodes, region.ops)
+                                      if n not in kept), _WRITTEN, rest))
+        region = written
     try:
         got = _compile_once(memo, region, hints, name)
     except Exception as err:   # noqa: BLE001 - a region that fails stays in the graph
@@ -146,6 +153,11 @@ def _fuse_region(gm, memo: dict, region, hints: dict, name: str, report: GraphRe
                               tuple(n.name for n in region.outputs), plan, kernel,
                               time.perf_counter() - start, same_as))
     return None
+
+
+_WRITTEN = ("a matmul whose computed operand the chain writes anyway (saved for the "
+            "backward, or read elsewhere): left out of its kernel, the product runs in "
+            "the vendor library")
 
 
 # a refused region's smaller forms, tried in turn, with what the report says of the rest

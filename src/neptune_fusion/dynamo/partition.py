@@ -255,6 +255,48 @@ def without_trailing_matmuls(region: Region) -> Region | None:
     return _region(kept, region.copies & frozenset(kept)) if kept else None
 
 
+def without_written_operands(region: Region) -> Region | None:
+    """``region`` without its trailing matmuls (:func:`without_trailing_matmuls`) when a
+    computed operand of one of them leaves the region anyway, itself or a view of it (a
+    training forward saves the normalised rows for the weight's gradient); else None.
+
+    Fused as the product's prologue, such an operand is written all the same: fusion
+    would save one read of it by the library's product, for a Triton GEMM in place of
+    cuBLAS's and a far longer compile. The operand's views are taken outside, on the kernel's result
+    (inside, the kernel wrote the transposed view as a second, strided copy). The fused
+    form also has several outputs, so the tuner could not offer the library form (one
+    output) and compiled a fused GEMM per candidate: an RMSNorm -> matmul training step
+    spent over 150 s in its first call on an H100 (2026-12-05)."""
+    inside = set(region.nodes)
+    outputs = set(region.outputs)
+
+    def same_value(n) -> bool:
+        return n in inside and (RULES[n.target].kind == "view" or n.target in _COPIES)
+
+    for n in region.nodes:
+        if n.target not in LINEAR_PRODUCTS or any(u in inside for u in n.users):
+            continue
+        for a in n.all_input_nodes:
+            base = a
+            while same_value(base) and base.all_input_nodes:
+                base = base.all_input_nodes[0]
+            if base not in inside or RULES[base.target].kind == "view":
+                continue   # an input (a weight), or a view of one
+            # the operand's value and its views: does one of them leave?
+            family, stack = set(), [base]
+            while stack:
+                m = stack.pop()
+                if m not in family:
+                    family.add(m)
+                    stack += [u for u in m.users if same_value(u)]
+            if family & outputs:
+                trimmed = without_trailing_matmuls(region)
+                # the operand's views (its transpose for the weight's gradient) are
+                # views of the kernel's result outside it, not a second copy written
+                return trimmed and (without_views(trimmed) or trimmed)
+    return None
+
+
 def _moves_last_dim(node) -> bool:
     """Whether a ``permute``/``transpose``/``t`` node moves its input's last dimension
     (a kernel writing its result would store each row across the output's rows)."""
