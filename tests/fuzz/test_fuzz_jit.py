@@ -336,3 +336,54 @@ def test_fuzz_written_attention_in_training(scale, keys, mask, after, soft, lead
                        *((f"d{x}", a.grad, r.grad) for x, a, r in zip("qkv", xs, ref))):
         err = float((g.double() - e).abs().max())
         assert err <= 1e-4 * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
+
+
+# what reads the chain's result besides the Linear layer, if anything
+BESIDE = {"none": lambda y, z: z, "residual": lambda y, z: z + y[..., :1],
+          "square": lambda y, z: z * y.square().mean(-1, keepdim=True)}
+
+
+@settings(max_examples=_examples(6, 200), **FUZZ)
+@given(chain=st.sampled_from(sorted(CHAINS)), pre=st.sampled_from(sorted(MAPS)),
+       beside=st.sampled_from(sorted(BESIDE)), bias=st.booleans(), shape=shapes,
+       out=st.integers(1, 9), wants=st.sampled_from(("all", "x", "weight")),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_chains_before_a_linear_layer_in_training(chain, pre, beside, bias, shape,
+                                                       out, wants, seed):
+    """A chain over the last dimension, then a Linear layer (``mm``/``addmm`` of its 2-d
+    view), the chain's result maybe read again beside it, in training: where the
+    backward saves the product's operand (the weight requires grad) the matmul runs with
+    the rest (partition.without_written_operands), else it may fuse as the chain's
+    epilogue. The output and every gradient against float64 autograd."""
+    def fn(x, w, b):
+        y = CHAINS[chain](MAPS[pre](x), -1)
+        if y.dim() != x.dim():   # a reduction to fewer dimensions: spread it back
+            y = y.unsqueeze(-1) * x
+        return BESIDE[beside](y, F.linear(y, w, b))
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen) * 2.0
+    w = torch.randn(out, shape[-1], generator=gen) / shape[-1] ** 0.5
+    b = torch.randn(out, generator=gen) if bias else None
+    grads = {"all": (True, True), "x": (True, False), "weight": (False, True)}[wants]
+    xs = [x.requires_grad_(grads[0]), w.requires_grad_(grads[1])] + \
+        ([b.requires_grad_(grads[1])] if bias else [None])
+    ref = [None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+           for t in xs]
+    got, want = compiled(*xs), fn(*ref)
+    c = torch.randn(want.shape, generator=gen)
+    (got * c).sum().backward()
+    (want * c.double()).sum().backward()
+    what = f"{pre} {chain} {beside} bias={bias} {shape} {out} {wants}"
+    assert got.shape == want.shape, what
+    pairs = [("out", got.detach(), want.detach())] + [
+        (f"grad {k}", a.grad, r.grad) for k, (a, r) in enumerate(zip(xs, ref))
+        if a is not None and a.requires_grad]
+    for name, g, e in pairs:
+        nan = e.isnan()
+        assert torch.equal(g.isnan(), nan), f"{what}: {name} NaN"
+        g, e = g.double()[~nan], e[~nan]
+        if e.numel():
+            err = float((g - e).abs().max())
+            assert err <= 1e-3 * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
