@@ -8,6 +8,9 @@ backend (``nf.jit``, the rest to Inductor):
   causal mask of ``finfo.min``, ``softmax``, ``matmul``), (B, H, L, D) = (8, 12, 1024,
   64); one step = forward, then backward of a fixed cotangent. Checked against float64
   autograd first (relative Frobenius error per tensor, <= 3e-2 in bfloat16).
+* ``attention-positions``: the same with the mask built in the graph from positions
+  (``arange`` comparisons, as transformers builds it), which the backend makes SDPA's
+  ``is_causal=True`` (flash attention); ``attention`` passes the mask in as data.
 * ``model``: a randomly initialised ``GPT2LMHeadModel`` (768 wide, 12 heads, ``--layers``
   deep, no dropout, ``attn_implementation="eager"``), batch 8 of 1024 tokens; one step =
   the language-model loss and its backward. Checked against the same model in float32
@@ -15,8 +18,8 @@ backend (``nf.jit``, the rest to Inductor):
 
 Each step is timed with ``do_bench`` (median); the cold first step and the peak memory of
 a step are reported. Usage (GPU): ``PYTHONPATH=src python benchmarks/jit_gpt2_training.py
---out f.jsonl [--work attention,model] [--dtype bfloat16] [--layers 4]``; ``--smoke``
-runs tiny sizes on the CPU (no timing).
+--out f.jsonl [--work attention,attention-positions,model] [--dtype bfloat16]
+[--layers 4]``; ``--smoke`` runs tiny sizes on the CPU (no timing).
 """
 
 from __future__ import annotations
@@ -35,12 +38,22 @@ def attention(q, k, v, mask):
     return torch.matmul(torch.softmax(s + mask, dim=-1).type(v.dtype), v)
 
 
+def attention_positions(q, k, v):
+    """``attention`` with its mask built in the graph from positions, as transformers'
+    GPT-2 builds it: the backend makes it SDPA's ``is_causal``."""
+    n, m = q.shape[-2], k.shape[-2]
+    keep = torch.arange(m, device=q.device)[None, :] <= torch.arange(n, device=q.device)[:, None]
+    mask = torch.where(keep, torch.zeros((), dtype=q.dtype, device=q.device),
+                       torch.finfo(q.dtype).min)
+    return attention(q, k, v, mask)
+
+
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _attention_work(dtype, dev, smoke):
+def _attention_work(dtype, dev, smoke, positions=False):
     b, h, n, d = (1, 2, 16, 8) if smoke else (8, 12, 1024, 64)
     g = torch.Generator(device=dev).manual_seed(0)
     q, k, v, cot = (torch.randn(b, h, n, d, device=dev, generator=g) for _ in range(4))
@@ -58,10 +71,11 @@ def _attention_work(dtype, dev, smoke):
     def step(fn):
         for t in xs:
             t.grad = None
-        o = fn(*xs, mask_of(dtype))
+        o = fn(*xs) if positions else fn(*xs, mask_of(dtype))
         o.backward(cot.to(dtype))
         return [o.detach(), *(t.grad for t in xs)]
-    return attention, step, want, 3e-2 if dtype != torch.float32 else 1e-3
+    return attention_positions if positions else attention, step, want, \
+        3e-2 if dtype != torch.float32 else 1e-3
 
 
 def _model_work(dtype, dev, smoke, layers):
@@ -91,7 +105,7 @@ def _model_work(dtype, dev, smoke, layers):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--work", default="attention,model")
+    ap.add_argument("--work", default="attention,attention-positions,model")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--out", default=None)
@@ -101,8 +115,10 @@ def main(argv=None) -> None:
     dev = torch.device("cpu" if args.smoke else "cuda")
     dtype = getattr(torch, args.dtype)
     for work in args.work.split(","):
-        fn, step, want, tol = _attention_work(dtype, dev, args.smoke) if work == "attention" \
-            else _model_work(dtype, dev, args.smoke, args.layers)
+        fn, step, want, tol = _attention_work(dtype, dev, args.smoke,
+                                              work == "attention-positions") \
+            if work.startswith("attention") else _model_work(dtype, dev, args.smoke,
+                                                             args.layers)
         provs = {"eager": fn, "inductor": torch.compile(fn),
                  "neptune_fusion": nf.jit(fn, rest="eager" if args.smoke else "inductor")}
         times = {}

@@ -296,6 +296,9 @@ MASKS = {
     "masked_fill": lambda s: s.masked_fill(~_keep(*s.shape[-2:]), float("-inf")),
     "where": lambda s: torch.where(_keep(*s.shape[-2:]), s, float("-inf")),
     "finite-where": lambda s: torch.where(_keep(*s.shape[-2:]), s, -1e4),
+    # top-left causal at every shape: SDPA's is_causal=True instead of the mask
+    "tril": lambda s: s.masked_fill(
+        torch.ones(s.shape[-2:], dtype=torch.bool).tril().logical_not(), float("-inf")),
 }
 # in float32, cast back to the scores' dtype (the float64 reference stays float64)
 SOFTMAX = {"plain": lambda s: torch.softmax(s, dim=-1),

@@ -270,3 +270,86 @@ def test_a_float32_softmax_of_16_bit_scores_becomes_sdpa(fn):
     for a, r in zip(xs, ref):
         torch.testing.assert_close(a.grad.double(), r.grad, rtol=5e-2, atol=5e-2)
     assert any(MADE in x.reason for x in g.backend.reports[0].left)
+
+
+def _sdpa_kwargs(fn, args) -> list:
+    """The keyword arguments of each SDPA call the rewrite made in ``fn``'s graph."""
+    got = []
+
+    def backend(gm, example):
+        written_attention_to_sdpa(gm)
+        got.extend(dict(n.kwargs) for n in gm.graph.nodes
+                   if n.target is F.scaled_dot_product_attention)
+        return gm.forward
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(fn, backend=backend)(*args), fn(*args),
+                               rtol=1e-5, atol=1e-5)
+    return got
+
+
+def _tril_fill(q, k, v):   # a boolean mask from torch.ones(...).tril()
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    return (q @ k.mT).masked_fill(keep.logical_not(), float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("form", ["gpt2", "masked_fill", "where", "tril"])
+def test_a_causal_mask_from_positions_becomes_is_causal(form):
+    """Queries and keys of one length: the mask, built from positions alone, is the
+    causal pattern, so SDPA's call takes ``is_causal=True`` (flash attention, no mask
+    saved) instead of the tensor; output and gradients against float64."""
+    fn = _tril_fill if form == "tril" else FORMS[form]
+    gen = torch.Generator().manual_seed(7)
+    args = _qkv(gen, (2, 3, 12, 16), m=12)
+    [kw] = _sdpa_kwargs(fn, args)
+    assert kw["is_causal"] is True and kw["attn_mask"] is None, kw
+    torch._dynamo.reset()
+    g = nf.jit(fn, rest="eager")
+    xs = [a.clone().requires_grad_() for a in args]
+    cot = torch.randn(2, 3, 12, 16, generator=gen)
+    (g(*xs) * cot).sum().backward()
+    ref = [a.double().requires_grad_() for a in args]
+    (fn(*ref) * cot.double()).sum().backward()
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
+
+
+class _BufferMask(torch.nn.Module):   # nanoGPT's: a registered buffer is data
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("bias", torch.ones(n, n).tril().view(1, 1, n, n))
+
+    def forward(self, q, k, v):
+        n = q.shape[-2]
+        s = (q @ k.mT).masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
+        return s.softmax(-1) @ v
+
+
+def _shifted(q, k, v):   # the diagonal itself masked: not SDPA's causal pattern
+    j, i = torch.arange(k.shape[-2])[None, :], torch.arange(q.shape[-2])[:, None]
+    keep = (j < i) | (j == 0)
+    return torch.softmax((q @ k.mT).masked_fill(~keep, float("-inf")), -1) @ v
+
+
+def _shallow(q, k, v):   # masked entries at -1e4: their weight is not exactly 0
+    mask = torch.where(_causal(q.shape[-2], k.shape[-2]), 0.0, -1e4)
+    return torch.softmax(q @ k.mT + mask, -1) @ v
+
+
+def _biased(q, k, v):   # causal, but the kept entries carry a bias
+    mask = torch.where(_causal(q.shape[-2], k.shape[-2]), 0.5, float("-inf"))
+    return torch.softmax(q @ k.mT + mask, -1) @ v
+
+
+@pytest.mark.parametrize("form", ["buffer", "bottom-right", "shifted", "shallow", "biased"])
+def test_other_masks_stay_masks(form):
+    """A mask read from a tensor (a buffer can change), a causal mask aligned at the
+    bottom right (12 queries over 20 keys: SDPA's ``is_causal`` is top-left), the
+    diagonal masked, masked entries at -1e4, kept entries with a bias: each call keeps
+    its mask."""
+    gen = torch.Generator().manual_seed(8)
+    m = 20 if form == "bottom-right" else 12
+    args = _qkv(gen, (2, 3, 12, 16), m=m)
+    fn = {"buffer": _BufferMask(12), "bottom-right": FORMS["gpt2"], "shifted": _shifted,
+          "shallow": _shallow, "biased": _biased}[form]
+    [kw] = _sdpa_kwargs(fn, args)
+    assert kw["is_causal"] is False and kw["attn_mask"] is not None, kw

@@ -23,6 +23,15 @@ product back; every intermediate value must have no other reader:
   and divisions by Python numbers (the scale);
 * ``matmul(q, k.transpose(-1, -2))`` (or ``transpose(-2, -1)``, ``.mT``).
 
+A mask computed from positions alone (``arange`` and comparisons, ``tril``, ``where``
+of constants: transformers' causal mask) is evaluated at the rewrite; where it is the
+causal pattern SDPA's ``is_causal`` means (key ``j`` kept for query ``i`` when
+``j <= i``, every other entry ``-inf`` or at most ``-1e30``, so its weight is exactly 0
+either way), the call takes ``is_causal=True`` instead of the mask: flash attention's
+kernel, which skips the masked tiles and saves no mask for the backward (GPT-2's
+``(B, 1, L, S)`` float mask was an input of the memory-efficient kernel and a saved
+tensor). A mask read from a tensor (a registered buffer) is data: it stays a mask.
+
 ``q``, ``k`` and ``v`` must have one floating dtype and one rank (3 or more), equal
 leading dimensions and the scores their dtype; a float mask that dtype too. A ``where``
 fill other than ``-inf`` (``finfo.min``) is not rewritten: with every key of a row masked
@@ -33,6 +42,7 @@ gives NaN (docs/jit.md, *Known differences*).
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
@@ -217,15 +227,86 @@ def _match(out):
     return q, k, v, scale, dropout, floats, keep, [*nodes, soft, *upcast, *scores]
 
 
+# what a mask made from positions alone may be computed with (pure, deterministic)
+_POSITIONAL = {torch.arange, torch.zeros, torch.ones, torch.full, torch.where, torch.tril,
+               torch.triu, torch.logical_not, torch.logical_and, torch.logical_or,
+               torch.eq, torch.ne, torch.le, torch.lt, torch.ge, torch.gt, torch.add,
+               torch.sub, torch.mul, torch.masked_fill, torch.zeros_like, torch.ones_like,
+               torch.full_like, torch.tensor, operator.getitem, operator.add, operator.sub,
+               operator.mul, operator.eq, operator.ne, operator.le, operator.lt,
+               operator.ge, operator.gt, operator.invert, operator.and_, operator.or_,
+               operator.neg}
+_POSITIONAL_METHODS = {"expand", "view", "reshape", "unsqueeze", "to", "type", "float",
+                       "bool", "masked_fill", "eq", "ne", "le", "lt", "ge", "gt", "add",
+                       "sub", "mul", "logical_not", "tril", "triu", "__getitem__",
+                       "contiguous", "clone", "int", "long"}
+_MAX_POSITIONAL = 1 << 27   # elements of a mask evaluated at the rewrite
+_CAUSAL_FLOOR = -1e30   # a masked entry's additive value: its weight is exactly 0
+
+
+def _positional(node, memo: dict):
+    """The value of ``node`` computed from constants alone, evaluated now (``memo``
+    keeps each node's); raises :class:`_NoMatch` at a graph input, a buffer or an op
+    outside the pure set (``_POSITIONAL``)."""
+    if isinstance(node, (list, tuple)):
+        return type(node)(_positional(a, memo) for a in node)
+    if isinstance(node, dict):
+        return {k: _positional(a, memo) for k, a in node.items()}
+    if not isinstance(node, torch.fx.Node):
+        _need(not isinstance(node, torch.SymInt))
+        return node
+    if node not in memo:
+        v = _val(node)
+        _need(isinstance(v, torch.Tensor) and v.numel() <= _MAX_POSITIONAL and
+              all(isinstance(n, int) for n in v.shape))
+        if node.op == "call_function" and node.target in _POSITIONAL:
+            fn = node.target
+        elif node.op == "call_method" and node.target in _POSITIONAL_METHODS:
+            fn = functools.partial(_call_method, node.target)
+        else:
+            raise _NoMatch
+        args, kwargs = _positional(node.args, memo), _positional(dict(node.kwargs), memo)
+        with torch.no_grad():
+            memo[node] = fn(*args, **kwargs)
+    return memo[node]
+
+
+def _call_method(name, obj, *args, **kwargs):
+    return getattr(obj, name)(*args, **kwargs)
+
+
+def _causal(floats, keep, shape, memo: dict) -> bool:
+    """Whether the masks (made from positions alone) are SDPA's ``is_causal`` pattern over
+    scores of ``shape``: key ``j`` kept for query ``i`` exactly when ``j <= i``. ``memo``
+    gets the nodes evaluated."""
+    try:
+        values = [_positional(m, memo) for m in floats]
+        kept = _positional(keep[1], memo) if keep is not None else None
+    except (_NoMatch, RuntimeError, TypeError, ValueError):
+        return False
+    rows, cols = shape[-2], shape[-1]
+    causal = torch.ones(rows, cols, dtype=torch.bool).tril()
+    if kept is not None:
+        kept = kept.cpu().expand(shape)
+        return bool(torch.equal(kept if keep[0] == "is" else ~kept, causal.expand(shape)))
+    total = sum(m.cpu().double().expand(shape) for m in values)
+    return bool((total[..., causal] == 0).all()) and \
+        bool((total[..., ~causal] <= _CAUSAL_FLOOR).all())
+
+
 def written_attention_to_sdpa(gm) -> int:
     """Rewrite each written-out attention of the Dynamo graph ``gm`` (a training graph)
     as ``F.scaled_dot_product_attention``; the number rewritten."""
-    made, graph = 0, gm.graph
+    made, graph, evaluated = 0, gm.graph, {}
     for out in list(graph.nodes):
         try:
             q, k, v, scale, dropout, floats, keep, dead = _match(out)
         except _NoMatch:
             continue
+        shape = (*_val(q).shape[:-1], _val(k).shape[-2])
+        causal = bool(floats or keep is not None) and _causal(floats, keep, shape, evaluated)
+        if causal:
+            floats, keep = [], None
         with graph.inserting_before(out):
             mask = None
             for m in floats:
@@ -239,7 +320,7 @@ def written_attention_to_sdpa(gm) -> int:
                 mask = graph.call_function(torch.atleast_2d, (mask,))   # SDPA's minimum
             call = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                        {"attn_mask": mask, "scale": scale,
-                                        "dropout_p": dropout})
+                                        "dropout_p": dropout, "is_causal": bool(causal)})
             call.meta["example_value"] = _val(out)
             if any(u.op == "output" for u in out.users):   # returned: eager's layout
                 call = graph.call_method("contiguous", (call,))
@@ -248,6 +329,9 @@ def written_attention_to_sdpa(gm) -> int:
         for node in [out, *dead]:   # the product back to the scores' (graph order)
             graph.erase_node(node)
         made += 1
+    for node in reversed(list(graph.nodes)):   # a causal mask's computation, now unread
+        if node in evaluated and not node.users:
+            graph.erase_node(node)
     if made:
         gm.recompile()
     return made
