@@ -14,7 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import neptune_fusion as nf
-from neptune_fusion.dynamo.written_attention import written_attention_to_sdpa
+from neptune_fusion.dynamo.written_attention import (
+    causal_masks_to_is_causal,
+    written_attention_to_sdpa,
+)
 
 MADE = "made SDPA's call"
 
@@ -278,7 +281,8 @@ def _sdpa_kwargs(fn, args) -> list:
 
     def backend(gm, example):
         written_attention_to_sdpa(gm)
-        got.extend(dict(n.kwargs) for n in gm.graph.nodes
+        causal_masks_to_is_causal(gm)
+        got.extend({"is_causal": False, **n.kwargs} for n in gm.graph.nodes
                    if n.target is F.scaled_dot_product_attention)
         return gm.forward
     torch._dynamo.reset()
@@ -352,4 +356,38 @@ def test_other_masks_stay_masks(form):
     fn = {"buffer": _BufferMask(12), "bottom-right": FORMS["gpt2"], "shifted": _shifted,
           "shallow": _shallow, "biased": _biased}[form]
     [kw] = _sdpa_kwargs(fn, args)
+    assert kw["is_causal"] is False and kw["attn_mask"] is not None, kw
+
+
+def _sdpa_tril(q, k, v, diagonal=0):   # SDPA called with a causal mask of its own
+    keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(diagonal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.3)
+
+
+def _sdpa_bottom_right(q, k, v):
+    return _sdpa_tril(q, k, v, k.shape[-2] - q.shape[-2])
+
+
+def test_an_sdpa_call_with_a_causal_mask_from_positions_takes_is_causal():
+    """``F.scaled_dot_product_attention(q, k, v, attn_mask=tril)`` in training: the mask
+    is the causal pattern, so the call takes ``is_causal=True`` (the report says so);
+    output and gradients against float64. Aligned at the bottom right (12 queries over
+    20 keys) the mask is not SDPA's top-left pattern and stays."""
+    gen = torch.Generator().manual_seed(9)
+    args = _qkv(gen, (2, 3, 12, 16), m=12)
+    torch._dynamo.reset()
+    g = nf.jit(_sdpa_tril, rest="eager")
+    xs = [a.clone().requires_grad_() for a in args]
+    cot = torch.randn(2, 3, 12, 16, generator=gen)
+    out = g(*xs)
+    (out * cot).sum().backward()
+    ref = [a.double().requires_grad_() for a in args]
+    want = _sdpa_tril(*ref)
+    (want * cot.double()).sum().backward()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    for a, r in zip(xs, ref):
+        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
+    [report] = g.backend.reports
+    assert any("is_causal=True" in x.reason for x in report.left), report
+    [kw] = _sdpa_kwargs(_sdpa_bottom_right, _qkv(gen, (2, 3, 12, 16), m=20))
     assert kw["is_causal"] is False and kw["attn_mask"] is not None, kw

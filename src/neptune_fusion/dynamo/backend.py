@@ -54,7 +54,7 @@ from .rules import RULES
 from .sink import sink_views
 from .symbolic import arg_shape, hints_of, is_scalar_value, shape_of, unbound_scalars
 from .translate import translate_region
-from .written_attention import written_attention_to_sdpa
+from .written_attention import causal_masks_to_is_causal, written_attention_to_sdpa
 
 RESTS = ("inductor", "eager")
 _CHAIN_KINDS = {"reduction", "contraction"}
@@ -393,6 +393,10 @@ class Backend:
                                         "training graph, made SDPA's call: its kernel "
                                         "and its backward save no probabilities",
                                         self.rest))
+            if causal := causal_masks_to_is_causal(gm):
+                report.left.append(Left(("attention",) * causal, "a causal mask built "
+                                        "from positions: SDPA's is_causal=True (flash "
+                                        "attention, no mask saved)", self.rest))
             if calls := sdpa_calls(gm) - written:
                 # a training graph keeps SDPA's device kernel and its own backward
                 # (flash, cuDNN): opened, the math left a softmax whose probabilities the

@@ -23,11 +23,13 @@ product back; every intermediate value must have no other reader:
   and divisions by Python numbers (the scale);
 * ``matmul(q, k.transpose(-1, -2))`` (or ``transpose(-2, -1)``, ``.mT``).
 
-A mask computed from positions alone (``arange`` and comparisons, ``tril``, ``where``
-of constants: transformers' causal mask) is evaluated at the rewrite; where it is the
-causal pattern SDPA's ``is_causal`` means (key ``j`` kept for query ``i`` when
-``j <= i``, every other entry ``-inf`` or at most ``-1e30``, so its weight is exactly 0
-either way), the call takes ``is_causal=True`` instead of the mask: flash attention's
+Then every SDPA call of the training graph (those made so and the model's own,
+:func:`causal_masks_to_is_causal`): a mask computed from positions alone (``arange``
+and comparisons, ``tril``, ``where`` of constants: transformers' causal mask) is
+evaluated at the rewrite; where it is the causal pattern SDPA's ``is_causal`` means
+(key ``j`` kept for query ``i`` when ``j <= i``, every other entry ``-inf`` or at most
+``-1e30``, so its weight is exactly 0 either way), the call takes ``is_causal=True``
+instead of the mask: flash attention's
 kernel, which skips the masked tiles and saves no mask for the backward (GPT-2's
 ``(B, 1, L, S)`` float mask was an input of the memory-efficient kernel and a saved
 tensor). A mask read from a tensor (a registered buffer) is data: it stays a mask.
@@ -228,14 +230,14 @@ def _match(out):
 
 
 # what a mask made from positions alone may be computed with (pure, deterministic)
-_POSITIONAL = {torch.arange, torch.zeros, torch.ones, torch.full, torch.where, torch.tril,
-               torch.triu, torch.logical_not, torch.logical_and, torch.logical_or,
-               torch.eq, torch.ne, torch.le, torch.lt, torch.ge, torch.gt, torch.add,
-               torch.sub, torch.mul, torch.masked_fill, torch.zeros_like, torch.ones_like,
-               torch.full_like, torch.tensor, operator.getitem, operator.add, operator.sub,
-               operator.mul, operator.eq, operator.ne, operator.le, operator.lt,
-               operator.ge, operator.gt, operator.invert, operator.and_, operator.or_,
-               operator.neg}
+_POSITIONAL = {
+    torch.arange, torch.atleast_2d, torch.zeros, torch.ones, torch.full, torch.where,
+    torch.tril, torch.triu, torch.logical_not, torch.logical_and, torch.logical_or,
+    torch.eq, torch.ne, torch.le, torch.lt, torch.ge, torch.gt, torch.add, torch.sub,
+    torch.mul, torch.masked_fill, torch.zeros_like, torch.ones_like, torch.full_like,
+    torch.tensor, operator.getitem, operator.add, operator.sub, operator.mul, operator.eq,
+    operator.ne, operator.le, operator.lt, operator.ge, operator.gt, operator.invert,
+    operator.and_, operator.or_, operator.neg}
 _POSITIONAL_METHODS = {"expand", "view", "reshape", "unsqueeze", "to", "type", "float",
                        "bool", "masked_fill", "eq", "ne", "le", "lt", "ge", "gt", "add",
                        "sub", "mul", "logical_not", "tril", "triu", "__getitem__",
@@ -297,30 +299,25 @@ def _causal(floats, keep, shape, memo: dict) -> bool:
 def written_attention_to_sdpa(gm) -> int:
     """Rewrite each written-out attention of the Dynamo graph ``gm`` (a training graph)
     as ``F.scaled_dot_product_attention``; the number rewritten."""
-    made, graph, evaluated = 0, gm.graph, {}
+    made, graph = 0, gm.graph
     for out in list(graph.nodes):
         try:
             q, k, v, scale, dropout, floats, keep, dead = _match(out)
         except _NoMatch:
             continue
-        shape = (*_val(q).shape[:-1], _val(k).shape[-2])
-        causal = bool(floats or keep is not None) and _causal(floats, keep, shape, evaluated)
-        if causal:
-            floats, keep = [], None
         with graph.inserting_before(out):
             mask = None
             for m in floats:
-                mask = m if mask is None else graph.call_function(operator.add, (mask, m))
+                mask = m if mask is None else _call(graph, operator.add, mask, m)
             if keep is not None:
                 how, cond = keep
-                mask = cond if how == "is" else graph.call_function(torch.logical_not,
-                                                                    (cond,))
+                mask = cond if how == "is" else _call(graph, torch.logical_not, cond)
             if mask is not None and max(_val(m).dim() for m in
                                         [*floats, *([keep[1]] if keep else [])]) < 2:
-                mask = graph.call_function(torch.atleast_2d, (mask,))   # SDPA's minimum
+                mask = _call(graph, torch.atleast_2d, mask)   # SDPA's minimum
             call = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                        {"attn_mask": mask, "scale": scale,
-                                        "dropout_p": dropout, "is_causal": bool(causal)})
+                                        "dropout_p": dropout})
             call.meta["example_value"] = _val(out)
             if any(u.op == "output" for u in out.users):   # returned: eager's layout
                 call = graph.call_method("contiguous", (call,))
@@ -328,6 +325,43 @@ def written_attention_to_sdpa(gm) -> int:
         out.replace_all_uses_with(call)
         for node in [out, *dead]:   # the product back to the scores' (graph order)
             graph.erase_node(node)
+        made += 1
+    if made:
+        gm.recompile()
+    return made
+
+
+def _call(graph, fn, *args):
+    """A new node ``fn(*args)`` with its example value (the pass after reads it)."""
+    node = graph.call_function(fn, args)
+    node.meta["example_value"] = fn(*(_val(a) for a in args))
+    return node
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+              "enable_gqa")
+
+
+def causal_masks_to_is_causal(gm) -> int:
+    """Give each ``scaled_dot_product_attention`` call of the Dynamo graph ``gm`` (a
+    training graph) whose mask is made from positions alone and is the causal pattern
+    ``is_causal=True`` instead of the mask (module docstring); the number changed."""
+    made, graph, evaluated = 0, gm.graph, {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+            continue
+        bound = dict(zip(_SDPA_ARGS, node.args), **node.kwargs)
+        mask, q, k = bound.get("attn_mask"), bound.get("query"), bound.get("key")
+        vq, vk, vm = _val(q), _val(k), _val(mask)
+        if not (isinstance(vm, torch.Tensor) and isinstance(vq, torch.Tensor) and
+                isinstance(vk, torch.Tensor)) or bound.get("is_causal"):
+            continue
+        shape = (*vq.shape[:-1], vk.shape[-2])
+        floats, keep = ([], ("is", mask)) if vm.dtype == torch.bool else ([mask], None)
+        if not _causal(floats, keep, shape, evaluated):
+            continue
+        bound.update(attn_mask=None, is_causal=True)
+        node.args, node.kwargs = tuple(bound.pop(a) for a in _SDPA_ARGS[:3]), bound
         made += 1
     for node in reversed(list(graph.nodes)):   # a causal mask's computation, now unread
         if node in evaluated and not node.users:
