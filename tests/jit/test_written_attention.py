@@ -65,12 +65,10 @@ def _qkv(gen, shape=(2, 3, 12, 16), m=20):
     return q, k, v
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-def test_written_attention_in_training_becomes_sdpa(form):
-    fn = FORMS[form]
-    gen = torch.Generator().manual_seed(len(form))
-    args = _qkv(gen)
-    cot = torch.randn(2, 3, 12, 16, generator=gen)
+def _step_against_float64(fn, args, gen):
+    """One training step of ``fn`` through the backend (the rest eager): the output and
+    the three gradients against float64 autograd; the graph's report."""
+    cot = torch.randn(args[0].shape, generator=gen)
     torch._dynamo.reset()
     g = nf.jit(fn, rest="eager")
     xs = [a.clone().requires_grad_() for a in args]
@@ -83,6 +81,13 @@ def test_written_attention_in_training_becomes_sdpa(form):
     for a, r in zip(xs, ref):
         torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
     [report] = g.backend.reports
+    return report
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_written_attention_in_training_becomes_sdpa(form):
+    gen = torch.Generator().manual_seed(len(form))
+    report = _step_against_float64(FORMS[form], _qkv(gen), gen)
     assert any(MADE in x.reason for x in report.left), report
 
 
@@ -306,15 +311,7 @@ def test_a_causal_mask_from_positions_becomes_is_causal(form):
     args = _qkv(gen, (2, 3, 12, 16), m=12)
     [kw] = _sdpa_kwargs(fn, args)
     assert kw["is_causal"] is True and kw["attn_mask"] is None, kw
-    torch._dynamo.reset()
-    g = nf.jit(fn, rest="eager")
-    xs = [a.clone().requires_grad_() for a in args]
-    cot = torch.randn(2, 3, 12, 16, generator=gen)
-    (g(*xs) * cot).sum().backward()
-    ref = [a.double().requires_grad_() for a in args]
-    (fn(*ref) * cot.double()).sum().backward()
-    for a, r in zip(xs, ref):
-        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
+    _step_against_float64(fn, args, gen)
 
 
 class _BufferMask(torch.nn.Module):   # nanoGPT's: a registered buffer is data
@@ -374,20 +371,7 @@ def test_an_sdpa_call_with_a_causal_mask_from_positions_takes_is_causal():
     output and gradients against float64. Aligned at the bottom right (12 queries over
     20 keys) the mask is not SDPA's top-left pattern and stays."""
     gen = torch.Generator().manual_seed(9)
-    args = _qkv(gen, (2, 3, 12, 16), m=12)
-    torch._dynamo.reset()
-    g = nf.jit(_sdpa_tril, rest="eager")
-    xs = [a.clone().requires_grad_() for a in args]
-    cot = torch.randn(2, 3, 12, 16, generator=gen)
-    out = g(*xs)
-    (out * cot).sum().backward()
-    ref = [a.double().requires_grad_() for a in args]
-    want = _sdpa_tril(*ref)
-    (want * cot.double()).sum().backward()
-    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
-    for a, r in zip(xs, ref):
-        torch.testing.assert_close(a.grad.double(), r.grad, rtol=1e-4, atol=1e-5)
-    [report] = g.backend.reports
+    report = _step_against_float64(_sdpa_tril, _qkv(gen, (2, 3, 12, 16), m=12), gen)
     assert any("is_causal=True" in x.reason for x in report.left), report
     [kw] = _sdpa_kwargs(_sdpa_bottom_right, _qkv(gen, (2, 3, 12, 16), m=20))
     assert kw["is_causal"] is False and kw["attn_mask"] is not None, kw
