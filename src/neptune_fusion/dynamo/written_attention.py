@@ -288,12 +288,16 @@ def _causal(floats, keep, shape, memo: dict) -> bool:
         return False
     rows, cols = shape[-2], shape[-1]
     causal = torch.ones(rows, cols, dtype=torch.bool).tril()
+
+    def own(m):   # on its own leading dimensions: never the whole (B, H, L, S)
+        m = m.cpu()
+        return m.expand(*m.shape[:-2], rows, cols) if m.dim() >= 2 else m.expand(rows, cols)
     if kept is not None:
-        kept = kept.cpu().expand(shape)
-        return bool(torch.equal(kept if keep[0] == "is" else ~kept, causal.expand(shape)))
-    total = sum(m.cpu().double().expand(shape) for m in values)
-    return bool((total[..., causal] == 0).all()) and \
-        bool((total[..., ~causal] <= _CAUSAL_FLOOR).all())
+        kept = own(kept)
+        return bool(((kept if keep[0] == "is" else ~kept) == causal).all())
+    total = sum(own(m).float() for m in values)
+    return bool(((total == 0) | ~causal).all()) and \
+        bool(((total <= _CAUSAL_FLOOR) | causal).all())
 
 
 def written_attention_to_sdpa(gm) -> int:
