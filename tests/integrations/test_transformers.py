@@ -626,7 +626,8 @@ def test_a_gpt2_training_step_through_the_backend_matches_float64():
     norm's result leaves for the next Linear layer and, transposed, for its weight's
     gradient: the matmul and the views run with the rest; before 2026-12-05 every layer
     norm before a Linear layer was refused in training). The attention becomes SDPA's
-    call (dynamo/written_attention.py); the layer norm after it, joined to it through the
+    call with ``is_causal=True`` (dynamo/written_attention.py: transformers' mask is
+    built from positions); the layer norm after it, joined to it through the
     positions both read, fuses on its own. The loss and every parameter's gradient
     against the same model in float64."""
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4,
@@ -640,6 +641,9 @@ def test_a_gpt2_training_step_through_the_backend_matches_float64():
     # partition.pieces splits it from the refused attention)
     assert sum("rsqrt" in ops for ops in fused) == 5, [str(r) for r in backend.reports]
     assert any("amax" in ops and "log" in ops for ops in fused), fused
+    # transformers' causal mask, built from positions: flash attention's is_causal
+    assert sum(len(x.ops) for r in backend.reports for x in r.left
+               if "is_causal=True" in x.reason) == 2, [str(r) for r in backend.reports]
 
 
 def test_a_llama_training_step_with_eager_attention_takes_sdpa():
@@ -653,6 +657,6 @@ def test_a_llama_training_step_with_eager_attention_takes_sdpa():
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     backend = _training_step_against_float64(transformers.LlamaForCausalLM(cfg).train(), 4)
-    made = sum(len(x.ops) for r in backend.reports for x in r.left
-               if "made SDPA's call" in x.reason)
-    assert made == 2, [str(r) for r in backend.reports]
+    made, causal = (sum(len(x.ops) for r in backend.reports for x in r.left if why in x.reason)
+                    for why in ("made SDPA's call", "is_causal=True"))
+    assert made == causal == 2, [str(r) for r in backend.reports]
