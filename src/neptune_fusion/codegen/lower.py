@@ -212,10 +212,10 @@ def _the_group(plan: FusionPlan) -> FusedGroup:
 def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
     """Row: the innermost axis every member depends on (states are per row); with a
     column only some members depend on, the innermost such axis no load along the loop
-    reads (:func:`_streamed_axes`). Column: the
-    one axis only some members depend on (attention's ``e``: ``o_sum`` but not ``m``), or
-    else an output axis no member reads (softmax's ``j``), or else -- a plain matmul --
-    the right operand's axis (:func:`_right_operand_axis`), preferring the pair whose
+    reads (:func:`_streamed_axes`). Column: the one axis only some members depend on
+    (attention's ``e``: ``o_sum`` but not ``m``), or else an output axis no member reads
+    (softmax's ``j``; one of extent 1 last), or else -- a plain matmul -- the right
+    operand's axis (:func:`_right_operand_axis`), preferring the pair whose
     column is an output's contiguous last axis. Grid: the rest."""
     frees = [b.free_vars - {loop} for b in bodies]
     common = frozenset.intersection(*frees)
@@ -235,8 +235,12 @@ def _roles(plan: FusionPlan, bodies: list[Expr], loop: IndexVar):
     if partial:   # attention's value column: the row is the query axis (_streamed_axes)
         streamed = _streamed_axes(bodies, loop, plan.context)
         row = next((v for v in plan.context if v in common and v not in streamed), row)
-    col = partial[0] if partial else next(
-        (v for v in plan.context if v in out_vars and v not in union), None)
+    # an output axis of extent 1 (a keepdim statistic's, beside the row's outputs) is
+    # no column: taken as one, the row's own column became a scalar loop around the
+    # epilogue, one element a step (a training forward's softmax ran 40x slower)
+    alone = [v for v in plan.context if v in out_vars and v not in union]
+    col = partial[0] if partial else next((v for v in alone if v.extent != 1),
+                                          alone[0] if alone else None)
     if col is None:     # a plain matmul: rows and columns of the output, both shared
         pairs = [(r, c) for r in plan.context if r in common
                  for c in [_right_operand_axis(bodies, loop, r, common)] if c is not None]
