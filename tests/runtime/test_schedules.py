@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -405,6 +406,36 @@ def test_tuning_refuses_a_cuda_graph_capture(monkeypatch):
     sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
     with pytest.raises(nf.ScheduleError, match="call it once before the capture"):
         kern._measure(rank(problem, space, H200), [q, k, v], sizes, {})
+
+
+@pytest.mark.parametrize("measured_ms, warns", [(8.0, True), (0.3, False), (0.05, False)])
+def test_a_choice_far_slower_than_the_model_says_is_reported(monkeypatch, measured_ms,
+                                                              warns):
+    """The fastest measured schedule at over 20x the cost model's estimate (and over
+    0.1 ms) warns with SlowKernelWarning, naming the schedule and both times: a training
+    forward whose epilogue stored one column a step measured 40x its estimate on an H100
+    and nothing said so. Within the factor, or too short to tell from a launch's cost,
+    no warning."""
+    from neptune_fusion.runtime import tune
+    from neptune_fusion.runtime.inputs import check_inputs
+    from neptune_fusion.runtime.tune import SlowKernelWarning, Trial
+    o, ins, (q, k, v) = _small_causal()
+    kern = nf.compile(o, ins, cache=False)
+    problem, device, space = kern.space_for(q, k, v)
+    ranked = rank(problem, space, H200)[:2]
+    fake = [Trial(e.schedule, 2e-4, measured_ms * 1e-3 * (1 + n))
+            for n, e in enumerate(ranked)]
+    monkeypatch.setattr(tune, "measure", lambda *a, **kw: fake)
+    sizes, _ = check_inputs("t", kern.inputs, (q, k, v))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        choice = kern._measure(ranked, [q, k, v], sizes, {})
+    assert choice.schedule == fake[0].schedule
+    slow = [w for w in got if issubclass(w.category, SlowKernelWarning)]
+    assert bool(slow) is warns, [str(w.message) for w in got]
+    if warns:
+        assert "40x" in str(slow[0].message) and fake[0].schedule.brief() in \
+            str(slow[0].message)
 
 
 def test_brief_names_what_differs_from_the_portable_rolling_kernel():

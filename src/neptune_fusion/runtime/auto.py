@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, replace
 
 from ..analysis.reach import check_reaches, reaches
@@ -313,7 +314,7 @@ class AutoKernel:
     def _measure(self, ranked, tensors, sizes: dict, key: dict) -> Choice:
         import time
 
-        from .tune import best, log_trials, measure
+        from .tune import SlowKernelWarning, best, far_off, log_trials, measure
         if _capturing():
             shape = ", ".join(f"{k.name}={v}" for k, v in sizes.items())
             raise ScheduleError(
@@ -335,6 +336,14 @@ class AutoKernel:
         if win is None:
             reasons = "; ".join(f"{t.schedule.brief()}: {t.error}" for t in trials)
             raise CodegenError(f"{self.name}: every candidate schedule failed: {reasons}")
+        if far_off(win):
+            warnings.warn(
+                f"{self.name}: its fastest schedule ({win.schedule.brief()}) took "
+                f"{win.measured_s * 1e3:.3f} ms, {win.measured_s / win.predicted_s:.0f}x "
+                f"the cost model's {win.predicted_s * 1e3:.3f} ms: a sign of a code "
+                "generation problem rather than a poor tile. NEPTUNE_FUSION_LOG=1 lists the "
+                "candidates; please report it with the kernel's source (.source)",
+                SlowKernelWarning, stacklevel=2)
         return Choice(win.schedule, "measured", tuple(trials), key)
 
 

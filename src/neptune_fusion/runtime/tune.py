@@ -228,6 +228,25 @@ def _first(items):
     return next(iter(items), None)
 
 
+class SlowKernelWarning(UserWarning):
+    """The fastest measured schedule ran far slower than the cost model predicts: a sign
+    of a code-generation problem, not of a poor tile (:func:`far_off`)."""
+
+
+SLOW_FACTOR = 20.0   # measured over predicted beyond which a choice is reported
+SLOW_FLOOR_S = 1e-4  # below it a launch's fixed cost can be the whole of a kernel
+
+
+def far_off(t: Trial) -> bool:
+    """Whether ``t`` (the chosen trial) took over :data:`SLOW_FACTOR` times the model's
+    estimate and over 0.1 ms. The model is within about 2x of measurement where the code
+    is sound; a training forward's softmax whose epilogue stored one column a step
+    measured 2-78 ms against 0.02-0.2 predicted for every candidate (an H100,
+    2026-12-05), and nothing said so."""
+    return t.measured_s is not None and t.predicted_s > 0 and \
+        t.measured_s > SLOW_FLOOR_S and t.measured_s > SLOW_FACTOR * t.predicted_s
+
+
 def best(trials: list[Trial]) -> Trial | None:
     ok = [t for t in trials if t.measured_s is not None and math.isfinite(t.measured_s)]
     return min(ok, key=lambda t: t.measured_s) if ok else None
