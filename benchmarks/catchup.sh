@@ -1,22 +1,24 @@
 #!/bin/bash
-# Device calls that measure what landed without a GPU (docs/results.md, "Waiting for a
-# device"). Usage on the device, from the repository root, with the "before" tree
+# Device calls that measure what landed without a GPU (docs/results.md, "Still waiting
+# for a device"). Usage on the device, from the repository root, with the "before" tree
 # unpacked beside it (`.gpu/` is ignored by git; carry it):
 #
 #     git archive 99c2943 src | tar -x -C .gpu/before     # on this machine, first
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src first
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src second
+#     OUT=/some/dir bash benchmarks/catchup.sh - training
 #
-# first (about 6 minutes): gpu.txt; GPT-2 training steps (written-out attention made
-# SDPA's call, the layer norm split from a refused attention: 2026-12-05, fourth
-# session) against Inductor; the bf16 chain reports A/B (the shared augmented component
-# of softmax entropy and KL divergence). second (about 6 minutes): the fp32 A/B, the jit
-# modules of the session before, the backend's new ops against Inductor, and training
-# steps of the chain suite (the min-cut partition and Inductor's joint passes) against
-# Inductor. Each part fits one call's 600 s.
+# first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
+# chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
+# steps of some chains. training (about 6 minutes; no "before" tree): the chain suite's
+# training steps after c75855c (the keepdim-statistics epilogue: softmax, log-softmax,
+# LayerNorm -> matmul ran at 0.16-0.31x Inductor before it), one group of chains per
+# process so a slow one costs only its group, the backend's log kept; then a profile
+# of softmax and LayerNorm -> matmul (benchmarks/jit_training_profile.py) and GPT-2's
+# training step. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first or second}
+part=${2:?say which part: first, second or training}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -30,7 +32,26 @@ bench() { # name src extra-args...
   tail -3 "/tmp/$name.log"
   cp "$(find "/tmp/$name" -name report.md | head -1)" "$OUT/$name-report.md"
 }
-if [ "$part" = first ]; then
+train() { # chains timeout
+  echo "== jit_training $1"; date -u
+  NEPTUNE_FUSION_LOG=1 NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src timeout "$2" python \
+    benchmarks/jit_training.py --chains "$1" --dtypes bfloat16 --out "$OUT/jit_training.jsonl" \
+    >> "$OUT/jit_training.log" 2>&1; echo "rc $?"
+}
+if [ "$part" = training ]; then
+train softmax,log-softmax,layernorm-matmul 110
+train variance,softmax-entropy,kl-divergence 110
+train rmsnorm-matmul,layer-stats,cross-entropy 110
+echo "== jit_training_profile"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jp PYTHONPATH=src timeout 90 python \
+  benchmarks/jit_training_profile.py --chains softmax,layernorm-matmul \
+  > "$OUT/jit_training_profile.txt" 2>&1; echo "rc $?"
+echo "== jit_gpt2_training model"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 130 python \
+  benchmarks/jit_gpt2_training.py --work model --out "$OUT/jit_gpt2_training.jsonl" \
+  2>&1 | grep '^{'
+grep -h '^{' "$OUT/jit_training.log" | cut -c1-200
+elif [ "$part" = first ]; then
 echo "== jit_gpt2_training"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 280 python \
   benchmarks/jit_gpt2_training.py --out "$OUT/jit_gpt2_training.jsonl" 2>&1 | grep '^{'
