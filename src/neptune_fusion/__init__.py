@@ -68,6 +68,7 @@ _LAZY = {
     "StagedKernel": "runtime.staged", "prepare_attention": "frontend.prepared",
     "PreparedAttention": "frontend.prepared", "gradients": "autodiff.reverse",
     "jit": "dynamo",   # the torch.compile backend (docs/jit.md)
+    "SlowKernelWarning": "runtime.tune",   # docs/scheduling.md
 }
 
 
@@ -97,4 +98,5 @@ __all__ = [
     "NeptuneError", "DTypeError", "ExprError", "ShapeError", "IndexBoundsError",
     "AxisError", "FeedError", "SizeBindingError", "VerificationError", "FusionError",
     "ScheduleError", "CodegenError", "UnschedulableError", "DerivativeError",
+    "SlowKernelWarning",
 ]
