@@ -58,6 +58,9 @@ def test_chain_suite_plain_pytorch(name):
     assert {"amax", "sum", "mean", "mm"} & set(ex.fused[0].ops)
     assert "FusionPlan" in ex.fused[0].plan and ex.fused[0].seconds > 0
     assert "compiled in" in str(ex)
+    # no scalar loop over an output axis around the epilogue (codegen/lower._roles)
+    assert all(getattr(getattr(f.kernel, "program", None), "epi", ()) == ()
+               for f in ex.fused), str(ex)
 
 
 # -- torch's library functions (decomposed to primitives, then translated) ---------------
