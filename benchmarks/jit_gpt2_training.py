@@ -16,10 +16,12 @@ backend (``nf.jit``, the rest to Inductor):
   the language-model loss and its backward. Checked against the same model in float32
   eager (loss within 2 %, each parameter's gradient within 5 % relative Frobenius).
 
-Each step is timed with ``do_bench`` (median); the cold first step and the peak memory of
-a step are reported. Usage (GPU): ``PYTHONPATH=src python benchmarks/jit_gpt2_training.py
+Each step is timed with ``do_bench`` (median) and in GPU time (``gpu_ms``, the
+profiler's kernel time a step, as ``jit_training.py``); the cold first step and the peak
+memory of a step are reported. Usage (GPU): ``PYTHONPATH=src python benchmarks/jit_gpt2_training.py
 --out f.jsonl [--work attention,attention-positions,model] [--dtype bfloat16]
-[--layers 4]``; ``--smoke`` runs tiny sizes on the CPU (no timing).
+[--layers 4] [--providers eager,inductor,neptune_fusion]``; ``--smoke`` runs tiny sizes
+on the CPU (no timing).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import time
 
 import torch
+from jit_training import gpu_ms  # a script beside this one
 
 
 def attention(q, k, v, mask):
@@ -108,6 +111,7 @@ def main(argv=None) -> None:
     ap.add_argument("--work", default="attention,attention-positions,model")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--providers", default="eager,inductor,neptune_fusion")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
@@ -121,7 +125,8 @@ def main(argv=None) -> None:
                                                              args.layers)
         provs = {"eager": fn, "inductor": torch.compile(fn),
                  "neptune_fusion": nf.jit(fn, rest="eager" if args.smoke else "inductor")}
-        times = {}
+        provs = {name: provs[name] for name in args.providers.split(",")}
+        times, gpus = {}, {}
         for name, prov in provs.items():
             torch._dynamo.reset()
             rec = {"work": work, "dtype": args.dtype, "provider": name}
@@ -139,11 +144,13 @@ def main(argv=None) -> None:
                     rec["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
                     rec["ms"] = times[name] = do_bench(functools.partial(step, prov),
                                                        return_mode="median")
+                    rec["gpu_ms"] = gpus[name] = gpu_ms(functools.partial(step, prov))
             except Exception as err:   # recorded, not fatal
                 rec["error"] = f"{type(err).__name__}: {err}"[:300]
             if name == "neptune_fusion" and "ms" in rec:
                 rec["vs_inductor"] = times.get("inductor", float("nan")) / rec["ms"]
                 rec["vs_eager"] = times.get("eager", float("nan")) / rec["ms"]
+                rec["gpu_vs_inductor"] = gpus.get("inductor", float("nan")) / rec["gpu_ms"]
                 reports = getattr(getattr(prov, "backend", None), "reports", [])
                 rec["made_sdpa"] = sum(len(x.ops) for r in reports for x in r.left
                                        if "made SDPA's call" in x.reason)   # attentions
