@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import neptune_fusion as nf
+from neptune_fusion.bench import chains as bench_chains
 
 
 def _branch(src: str) -> str:
@@ -54,3 +55,60 @@ def test_softmax_through_the_backend_computes_one_exponential_per_element(dtype,
     assert "tl.exp(" not in one, one
     assert one.count("tl.exp2(") == 1, one
 
+
+OPS = ("tl.exp2(", "tl.exp(", "tl.log(", "tl.log2(", "tl.sqrt(", "rsqrt(", "tl.load(")
+
+
+def _calls(src: str) -> dict:
+    """``op`` -> the distinct calls of it in ``src`` (by their argument text: the same
+    call written twice is one value, which Triton's compiler computes once)."""
+    out = {}
+    for op in OPS:
+        seen, at = set(), src.find(op)
+        while at >= 0:
+            depth, k = 1, at + len(op)
+            while depth and k < len(src):
+                depth += {"(": 1, ")": -1}.get(src[k], 0)
+                k += 1
+            seen.add(src[at + len(op):k])
+            at = src.find(op, k)
+        out[op] = len(seen)
+    return out
+
+
+def _one_tile(src: str) -> str:
+    """The kernel function of ``src`` up to its branches, and its masked one-tile branch:
+    what a program runs when one masked tile holds its rows."""
+    body = src[src.index("def nf_"):]
+    if "if ONE_TILE" not in body:
+        return body
+    return body[:body.index("if ONE_TILE")] + _branch(body)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", [n for n, c in bench_chains.CHAINS.items()
+                                  if not c.contraction])
+def test_translated_chain_computes_no_more_than_the_languages(name, dtype):
+    """Each single-pass chain of the suite in plain PyTorch through the backend, at a row
+    one tile holds: its kernel computes no more exponentials, logarithms, square roots
+    and loads than the same chain written in the language at the same schedule (its
+    masked one-tile branch). The translated graph's casts and spellings must not cost
+    work; the bf16 softmax's second exponential (above) is the kind this finds."""
+    chain = bench_chains.CHAINS[name]
+    args = bench_chains.make_inputs(chain, {**chain.smoke, "M": 40}, dtype, "cpu")
+    torch._dynamo.reset()
+    fn = nf.jit(chain.plain, rest="eager")
+    with torch.no_grad():
+        fn(*args)
+    [report] = fn.backend.reports
+    [fused] = report.fused
+    auto = fused.kernel
+    schedule = auto.last_choice.schedule
+    translated = _one_tile(auto._kernel(schedule).source)
+    assert "for " not in translated, translated   # one tile: no loop
+    outs, ins = chain.build(str(dtype).removeprefix("torch."))
+    kernel = nf.compile(outs, ins, schedule=schedule, cache=False)
+    written = _one_tile(getattr(kernel, "source", None) or kernel.kernel_for(*args).source)
+    got, want = _calls(translated), _calls(written)
+    more = {op: (got[op], want[op]) for op in OPS if got[op] > want[op]}
+    assert not more, (more, translated, written)

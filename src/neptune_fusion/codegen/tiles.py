@@ -321,6 +321,11 @@ class TileOps:
         A 2-d tile already loaded here under another name of its axes (:meth:`twin`), or
         in the other layout, is read from that load (``tl.trans`` of it when transposed,
         a free view for ``tl.dot``) instead of being loaded twice."""
+        if where is not None and _conjuncts(where) <= _conjuncts(
+                self.address(e.tensor, e.indices, axes)[2]):
+            # the address's own mask already reads 0 there (a boundary tile's ``j < n``
+            # folded in twice): the plain load, which another read of it shares
+            where = None
         shared = self.shared_tile(e, axes) if where is None else None
         if shared is not None:
             got = self.cur.lookup(shared[0])
@@ -487,3 +492,12 @@ class TileOps:
         with self.cur.nested("else:") as br:
             br.emit(f"{name} = {code}")
         return Val(name, (c.x, c.y), "f32")
+
+
+def _conjuncts(e: Expr | None) -> frozenset:
+    """The conditions ``e`` is the conjunction of (none for no condition)."""
+    if e is None:
+        return frozenset()
+    if isinstance(e, Binary) and e.op == "and":
+        return _conjuncts(e.a) | _conjuncts(e.b)
+    return frozenset((e,))
