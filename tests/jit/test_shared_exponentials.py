@@ -1,16 +1,26 @@
-"""A softmax through the backend computes one exponential per element in its one-tile
-kernel, as the same chain written in the language does (codegen/reuse.py): the
-translated graph reads a 16-bit maximum through a widening cast, which the rule reads
-through (before 2026-12-05 it did not, and bf16 softmax through the backend ran at
-0.92x the language's kernel on an H100). Against float64."""
+"""Kernels through the backend do no more work than the same operator written in the
+language (CPU: the generated source, at one schedule; answers against float64 where
+they run).
+
+* A softmax computes one exponential per element in its one-tile kernel, as the chain
+  written in the language does (codegen/reuse.py): the translated graph reads a 16-bit
+  maximum through a widening cast, which the rule reads through (before 2026-12-05 it
+  did not, and bf16 softmax through the backend ran at 0.92x the language's kernel on
+  an H100).
+* Each single-pass chain of the suite and each of the ten attention operators: no more
+  distinct exponentials, logarithms, roots and loads than the language's kernel (found
+  a tile loaded twice by variance and layer statistics, fixed in ``Tiles.load``)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
 import neptune_fusion as nf
 from neptune_fusion.bench import chains as bench_chains
+from neptune_fusion.ops import OPERATORS
 
 
 def _branch(src: str) -> str:
@@ -112,3 +122,45 @@ def test_translated_chain_computes_no_more_than_the_languages(name, dtype):
     got, want = _calls(translated), _calls(written)
     more = {op: (got[op], want[op]) for op in OPS if got[op] > want[op]}
     assert not more, (more, translated, written)
+
+
+def _small_operator(op):
+    kv = 4 if op.kv_heads == op.q_heads else 2
+    return dataclasses.replace(op, q_heads=4, kv_heads=kv, head_dim=16,
+                               window=3 if op.window else None)
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_translated_attention_computes_no_more_than_nf_attention(name):
+    """Each of the ten operators in plain PyTorch (the bench's spelling) through the
+    backend, built at the schedule ``nf.attention`` chose for it: no more distinct
+    exponentials, logarithms, roots and loads than ``nf.attention``'s kernel. ALiBi is
+    allowed one exponential more: the translated graph computes each head's slope
+    (``exp2(-2 (h + 1))``, a scalar per program) where ``nf.attention`` loads it from
+    its slopes buffer -- one load fewer, which is asserted too."""
+    from neptune_fusion.bench.providers.compiled import plain_attention
+    from neptune_fusion.bench.workloads import attention_options
+    from neptune_fusion.frontend.prepared import prepare_attention
+    from neptune_fusion.ops import _keywords
+    op, seq = _small_operator(OPERATORS[name]), 40
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, op.q_heads, op.q_len(seq), op.head_dim, generator=g)
+    k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim, generator=g) for _ in range(2))
+    torch._dynamo.reset()
+    fn = nf.jit(plain_attention(op, seq), rest="eager")
+    with torch.no_grad():
+        fn(q, k, v)
+    [report] = fn.backend.reports
+    [fused] = report.fused
+    o = attention_options(op, seq, q.device)
+    kw = _keywords(q, k, o["scale"], o["causal"], o.get("q_start", 0),
+                   o.get("alibi_slopes"), o.get("softcap"), o.get("window"), None, None)
+    written = prepare_attention(q, k, v, **kw)._launch.kernel
+    translated = fused.kernel._kernel(written.schedule)
+    got, want = _calls(translated.source), _calls(written.source)
+    if "ALiBi" in name:
+        assert got["tl.load("] == want["tl.load("] - 1, (got, want)
+        want["tl.exp2("] += 1
+        want["tl.load("] -= 1
+    more = {op: (got[op], want[op]) for op in OPS if got[op] > want[op]}
+    assert not more, (more, translated.source, written.source)
