@@ -130,8 +130,9 @@ def _small_operator(op):
                                window=3 if op.window else None)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("name", list(OPERATORS))
-def test_translated_attention_computes_no_more_than_nf_attention(name):
+def test_translated_attention_computes_no_more_than_nf_attention(name, dtype):
     """Each of the ten operators in plain PyTorch (the bench's spelling) through the
     backend, built at the schedule ``nf.attention`` chose for it: no more distinct
     exponentials, logarithms, roots and loads than ``nf.attention``'s kernel. ALiBi is
@@ -144,8 +145,9 @@ def test_translated_attention_computes_no_more_than_nf_attention(name):
     from neptune_fusion.ops import _keywords
     op, seq = _small_operator(OPERATORS[name]), 40
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, op.q_heads, op.q_len(seq), op.head_dim, generator=g)
-    k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim, generator=g) for _ in range(2))
+    q = torch.randn(1, op.q_heads, op.q_len(seq), op.head_dim, generator=g).to(dtype)
+    k, v = (torch.randn(1, op.kv_heads, seq, op.head_dim, generator=g).to(dtype)
+            for _ in range(2))
     torch._dynamo.reset()
     fn = nf.jit(plain_attention(op, seq), rest="eager")
     with torch.no_grad():
