@@ -7,6 +7,7 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src first
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src second
 #     OUT=/some/dir bash benchmarks/catchup.sh - training
+#     OUT=/some/dir bash benchmarks/catchup.sh - next
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -15,10 +16,15 @@
 # LayerNorm -> matmul ran at 0.16-0.31x Inductor before it), one group of chains per
 # process so a slow one costs only its group, the backend's log kept; then a profile
 # of softmax and LayerNorm -> matmul (benchmarks/jit_training_profile.py) and GPT-2's
-# training step. Each part fits one call's 600 s.
+# training step. next (about 5 minutes; no "before" tree; measured 2026-12-05 evening
+# only on CPU): GPT-2's step with each provider's memory by op (its peak is 3 % above
+# Inductor's, not explained), the chain suite's bf16 variance and layer statistics
+# through the backend after the single-load fix (9411019), and the four prefill
+# operators never timed through the backend in GPU time at 4096. Each part fits one
+# call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second or training}
+part=${2:?say which part: first, second, training or next}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -51,6 +57,18 @@ NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 130 python \
   benchmarks/jit_gpt2_training.py --work model --out "$OUT/jit_gpt2_training.jsonl" \
   2>&1 | grep '^{'
 grep -h '^{' "$OUT/jit_training.log" | cut -c1-200
+elif [ "$part" = next ]; then
+echo "== jit_gpt2_training model --memory"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 200 python \
+  benchmarks/jit_gpt2_training.py --work model --providers inductor,neptune_fusion --memory \
+  --out "$OUT/jit_gpt2_training.jsonl" > "$OUT/jit_gpt2_memory.txt" 2>&1; echo "rc $?"
+grep '^{' "$OUT/jit_gpt2_memory.txt" | cut -c1-300
+bench chains-after src --dtype bfloat16 --ops variance,layer-stats,softmax --providers neptune,neptune-jit,torch-compile
+echo "== attention 4096 through the backend"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/ja PYTHONPATH=src timeout 200 python -m neptune_fusion.bench \
+  --ops PF-GQA,PF-ALiBi,PF-SoftCap,PF-Window --seqs 4096 --providers neptune,neptune-jit,torch-compile \
+  --timer graph --no-plots --out /tmp/attn4096 > "$OUT/attention-4096-log.txt" 2>&1; echo "rc $?"
+cp "$(find /tmp/attn4096 -name report.md | head -1)" "$OUT/attention-4096-report.md"
 elif [ "$part" = first ]; then
 echo "== jit_gpt2_training"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 280 python \
