@@ -100,7 +100,7 @@ def _one_tile(src: str) -> str:
     return "\n".join(parts)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("name", list(bench_chains.CHAINS))
 def test_translated_chain_computes_no_more_than_the_languages(name, dtype):
     """Each chain of the suite in plain PyTorch through the backend, at a row one tile
