@@ -9,7 +9,7 @@ they run).
   an H100).
 * Each single-pass chain of the suite and each of the ten attention operators: no more
   distinct exponentials, logarithms, roots and loads than the language's kernel (found
-  a tile loaded twice by variance and layer statistics, fixed in ``Tiles.load``)."""
+  a tile loaded twice by variance and layer statistics, fixed in ``TileOps.load``)."""
 
 from __future__ import annotations
 
