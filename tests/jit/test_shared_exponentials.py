@@ -19,27 +19,11 @@ import pytest
 import torch
 
 import neptune_fusion as nf
+from codegen.test_row_tiles import _one_tile_branch as _branch
 from neptune_fusion.bench import chains as bench_chains
 from neptune_fusion.ops import OPERATORS
 
-
-def _branch(src: str) -> str:
-    """The masked one-tile branch of a kernel's source (all of it when it has no
-    ``ONE_TILE`` branches)."""
-    if "ONE_TILE == 1:" not in src:
-        return src
-    start = src.index("ONE_TILE == 1:")
-    end = src.find("\n    else:", start)
-    return src[start:end if end > 0 else None]
-
-
-def _plain(x):   # the chain suite's spelling (bench/chains.py)
-    xf = x.float()
-    p = torch.exp(xf - xf.amax(dim=-1, keepdim=True))
-    return (p / p.sum(dim=-1, keepdim=True)).to(x.dtype)
-
-
-FORMS = {"chain-suite": _plain,
+FORMS = {"chain-suite": bench_chains.CHAINS["softmax"].plain,
          "torch.softmax": lambda x: torch.softmax(x, -1),
          "float32 softmax cast back": lambda x: torch.softmax(x.float(), -1).to(x.dtype)}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..analysis.masks import conjuncts
 from ..errors import CodegenError
 from ..ir.dtypes import int64
 from ..ir.fold import fconst, fold, is_const
@@ -321,11 +322,14 @@ class TileOps:
         A 2-d tile already loaded here under another name of its axes (:meth:`twin`), or
         in the other layout, is read from that load (``tl.trans`` of it when transposed,
         a free view for ``tl.dot``) instead of being loaded twice."""
-        if where is not None and _conjuncts(where) <= _conjuncts(
-                self.address(e.tensor, e.indices, axes)[2]):
-            # the address's own mask already reads 0 there (a boundary tile's ``j < n``
-            # folded in twice): the plain load, which another read of it shares
-            where = None
+        addressed = None
+        if where is not None:
+            addressed = self.address(e.tensor, e.indices, axes)
+            if addressed[2] is not None and \
+                    set(conjuncts(where)) <= set(conjuncts(addressed[2])):
+                # the address's own mask already reads 0 there (a boundary tile's
+                # ``j < n`` folded in twice): the plain load, which another read shares
+                where = None
         shared = self.shared_tile(e, axes) if where is None else None
         if shared is not None:
             got = self.cur.lookup(shared[0])
@@ -334,7 +338,7 @@ class TileOps:
                 if order == shared[1]:
                     return Val(name, axes, kind)
                 return Val(f"tl.trans({name})", axes, kind)
-        base, offset, mask = self.address(e.tensor, e.indices, axes)
+        base, offset, mask = addressed or self.address(e.tensor, e.indices, axes)
         off = self.value(offset, axes)
         mask_code = None if mask is None else self.expand(self.value(mask, axes), axes)
         if where is not None:
@@ -493,11 +497,3 @@ class TileOps:
             br.emit(f"{name} = {code}")
         return Val(name, (c.x, c.y), "f32")
 
-
-def _conjuncts(e: Expr | None) -> frozenset:
-    """The conditions ``e`` is the conjunction of (none for no condition)."""
-    if e is None:
-        return frozenset()
-    if isinstance(e, Binary) and e.op == "and":
-        return _conjuncts(e.a) | _conjuncts(e.b)
-    return frozenset((e,))
