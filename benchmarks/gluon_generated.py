@@ -99,10 +99,49 @@ def _no_store(src: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _swap_lines(src: str, old: tuple, new: list) -> str:
+    """Each run of the lines ``old`` (stripped) replaced by ``new``, at its indentation;
+    an error where the source has none (the edit does not apply to that tile)."""
+    lines, out, i, hits = src.splitlines(), [], 0, 0
+    while i < len(lines):
+        if tuple(x.strip() for x in lines[i:i + len(old)]) == old:
+            pad = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+            out += [pad + x for x in new]
+            i, hits = i + len(old), hits + 1
+        else:
+            out.append(lines[i])
+            i += 1
+    if not hits:
+        raise ValueError("the edit does not apply to this source")
+    return "\n".join(out) + "\n"
+
+
+def _block_order(group: int):
+    """A program per row block, launched heads first in groups of ``group`` heads: the
+    launch index ``L`` (x fastest) visits the heaviest row block of each head of a group,
+    then the next heaviest, and so on, so the blocks dispatched last are the short ones
+    (a causal mask's row blocks in reverse per head leave a wave of long ones at the
+    end when the heads are the slow axis)."""
+    def edit(src):
+        return _swap_lines(src, ("pid_row = tl.num_programs(0) - 1 - tl.program_id(0)",
+                                 "pid_grid = tl.program_id(1)"), [
+            "_nb = tl.num_programs(0)",
+            "_ng = tl.num_programs(1)",
+            "_l = tl.program_id(1) * _nb + tl.program_id(0)",
+            f"_g0 = (_l // ({group} * _nb)) * {group}",
+            f"_gs = tl.minimum({group}, _ng - _g0)",
+            "_r = _l - _g0 * _nb",
+            "pid_row = _nb - 1 - _r // _gs",
+            "pid_grid = _g0 + _r % _gs"])
+    return edit
+
+
 # --edits: textual edits of the generated source, each timed beside the unedited kernel;
 # a "diag-" edit changes the result and is timed without the float64 check
 EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
-         "diag-no-store": _no_store}
+         "diag-no-store": _no_store, "pb-heads2": _block_order(2),
+         "pb-heads4": _block_order(4), "pb-heads8": _block_order(8),
+         "pb-heads64": _block_order(64)}
 
 
 def kernel_of(prog, edit: str = "none"):

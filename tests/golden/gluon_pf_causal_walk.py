@@ -41,9 +41,15 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
     it = 0
     # a persistent grid: this program walks items pid, pid + P, ...
     for w in range(tl.program_id(0), n_blocks * n_grid, tl.num_programs(0)):
+        # the items dealt in a snake: odd rounds run the programs in reverse
+        n_prog = tl.num_programs(0)
+        w_round = w // n_prog
+        w_slot = w % n_prog
+        w_span = tl.minimum(n_prog, n_blocks * n_grid - w_round * n_prog)
+        item = w_round * n_prog + w_slot + (w_round % 2) * (w_span - 1 - 2 * w_slot)
         # row blocks in reverse: the ones whose loop is longest start first
-        pid_row = n_blocks - 1 - w % n_blocks
-        pid_grid = w // n_blocks
+        pid_row = n_blocks - 1 - item % n_blocks
+        pid_grid = item // n_blocks
         h = pid_grid % 32
         b = pid_grid // 32
         i_first = pid_row * BLOCK_M
@@ -163,9 +169,15 @@ def pf_causal_loads(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s
     it = 0
     # a persistent grid: this program walks items pid, pid + P, ...
     for w in range(tl.program_id(0), n_blocks * n_grid, tl.num_programs(0)):
+        # the items dealt in a snake: odd rounds run the programs in reverse
+        n_prog_2 = tl.num_programs(0)
+        w_round_2 = w // n_prog_2
+        w_slot_2 = w % n_prog_2
+        w_span_2 = tl.minimum(n_prog_2, n_blocks * n_grid - w_round_2 * n_prog_2)
+        item_2 = w_round_2 * n_prog_2 + w_slot_2 + (w_round_2 % 2) * (w_span_2 - 1 - 2 * w_slot_2)
         # row blocks in reverse: the ones whose loop is longest start first
-        pid_row = n_blocks - 1 - w % n_blocks
-        pid_grid = w // n_blocks
+        pid_row = n_blocks - 1 - item_2 % n_blocks
+        pid_grid = item_2 // n_blocks
         h = pid_grid % 32
         b = pid_grid // 32
         i_first = pid_row * BLOCK_M
