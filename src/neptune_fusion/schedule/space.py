@@ -109,7 +109,8 @@ def gluon_candidates(problem: Problem, device: Device, base: Schedule) -> list[S
     on a persistent grid of one program per multiprocessor (the forms measured on the
     H200: docs/hopper.md; with host-side descriptors the persistent grid beat a program
     per row block by 2-4 % at 1024 and 2048 blocks and by 2 % at 4096 blocks of equal
-    length, and lost 4-14 % on causal masks at 4096-8192 blocks), or at any count where
+    length, and lost 4-14 % on causal masks at 4096-8192 blocks -- dealt in a snake since
+    2026-12-05 it ties a program per row block there), or at any count where
     every item's loop is equally long (no mask partition, no per-batch length). Only
     16-bit attention-shaped problems of at least 128 rows whose loop loads directly; a
     program without the attention shape fails to build, and the tuner drops it."""
