@@ -10,10 +10,17 @@ what ``neptune-fusion bench`` uses), ``do_bench_cudagraph`` (GPU time), 200 call
 back to back waited for (``nf_loop``), the host time per call (200 calls enqueued, not
 waited for: ``nf_host_ms``), cuDNN's SDPA both ways, and the profiler's kernel time.
 Where the host time per call approaches the kernel's, ``do_bench`` times the host too.
+``--points PF-Global:4096:128,...`` picks the points; ``--cprofile N`` also profiles N
+bound calls per point (enqueued, not waited for) and writes the functions with the most
+own time, with cuDNN's host time per call beside ours (``cudnn_host_ms``).
 """
 
+import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import time
 from functools import partial
 
@@ -41,7 +48,7 @@ def _host_ms(fn, calls: int = 200) -> float:
     return took
 
 
-def point(name: str, n: int, d: int) -> dict:
+def point(name: str, n: int, d: int, cprofile: int = 0) -> dict:
     op = ops.operator(name)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
@@ -61,6 +68,18 @@ def point(name: str, n: int, d: int) -> dict:
                       is_causal=op.causal, scale=opts["scale"])
         r["cudnn_bench"] = do_bench(cud, warmup=50, rep=300)
         r["cudnn_graph"] = do_bench_cudagraph(cud, rep=300)
+        r["cudnn_host_ms"] = _host_ms(cud)
+    if cprofile:
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(cprofile):
+            ours()
+        prof.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+        r["cprofile"] = text.getvalue()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             ours()
@@ -71,10 +90,20 @@ def point(name: str, n: int, d: int) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", default=None,
+                    help="op:keys:head_dim,... (default: the four above)")
+    ap.add_argument("--cprofile", type=int, default=0, help="profile this many calls")
+    args = ap.parse_args()
+    points = POINTS if args.points is None else [
+        (a, int(b), int(c)) for a, b, c in (x.split(":") for x in args.points.split(","))]
     res = []
-    for p in POINTS:
-        res.append(point(*p))
+    for p in points:
+        res.append(point(*p, cprofile=args.cprofile))
+        text = res[-1].pop("cprofile", None)
         print(json.dumps(res[-1]), flush=True)
+        if text:
+            print(text, flush=True)
     with open(os.path.join(os.environ.get("OUT", "."), "nf_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
 

@@ -504,6 +504,32 @@ def test_a_descriptor_covers_the_input_as_laid_out():
     assert tma_strides([torch.zeros(1, 3, 8, 64)[:, :1].expand(1, 1, 8, 64)])
 
 
+def test_a_prepared_call_keeps_its_descriptors_by_address():
+    """A prepared call's descriptor is a function of the input's address (its signature
+    fixes shape, strides, dtype): one is made per address, kept for the next call at that
+    address, a new address gets its own, and at most KEPT_DESCRIPTORS are kept."""
+    import torch
+
+    from neptune_fusion.runtime.descriptors import KEPT_DESCRIPTORS, address_maker
+    x = torch.zeros(2, 40, 4, 64, dtype=torch.float16).transpose(1, 2)
+    made = []
+
+    def make(view):
+        made.append((view.data_ptr(), tuple(view.shape), tuple(view.stride()), view.dtype))
+        return object()
+    at = address_maker(make, x)
+    first = at(4096)
+    assert at(4096) is first and len(made) == 1
+    assert made[0] == (4096, (2, 4, 40, 64), (10240, 64, 256, 1), torch.float16)
+    other = at(8192)
+    assert other is not first and made[-1][0] == 8192 and at(8192) is other
+    for k in range(3 * KEPT_DESCRIPTORS):
+        at(16384 + 256 * k)
+    assert len(made) == 2 + 3 * KEPT_DESCRIPTORS
+    at(4096)    # long gone from what is kept: made again, at its address
+    assert len(made) == 3 + 3 * KEPT_DESCRIPTORS and made[-1][0] == 4096
+
+
 @pytest.mark.gpu
 def test_gluon_reads_views_in_place_and_prepared_calls_on_hopper():
     """On a Hopper GPU: the host descriptors over inputs as Hugging Face lays them out
