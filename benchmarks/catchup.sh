@@ -8,6 +8,7 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src second
 #     OUT=/some/dir bash benchmarks/catchup.sh - training
 #     OUT=/some/dir bash benchmarks/catchup.sh - next
+#     OUT=/some/dir bash benchmarks/catchup.sh - bloom
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -20,11 +21,14 @@
 # only on CPU): GPT-2's step with each provider's memory by op (its peak is 3 % above
 # Inductor's, not explained), the chain suite's bf16 variance and layer statistics
 # through the backend after the single-load fix (9411019), and the four prefill
-# operators never timed through the backend in GPU time at 4096. Each part fits one
-# call's 600 s.
+# operators never timed through the backend in GPU time at 4096. bloom (about 5 minutes;
+# landed 2026-12-05 evening, CPU-tested): a 4-layer Bloom training step with its
+# attention made nf.attention's op (dynamo/alibi_attention.py) against Inductor, and the
+# three Gluon GPU tests the H100 call of that evening did not reach (the ragged batch's
+# walks with the snake deal, views, a prepared call). Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training or next}
+part=${2:?say which part: first, second, training, next or bloom}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -69,6 +73,14 @@ NEPTUNE_FUSION_CACHE_DIR=/tmp/ja PYTHONPATH=src timeout 200 python -m neptune_fu
   --ops PF-GQA,PF-ALiBi,PF-SoftCap,PF-Window --seqs 4096 --providers neptune,neptune-jit,torch-compile \
   --timer graph --no-plots --out /tmp/attn4096 > "$OUT/attention-4096-log.txt" 2>&1; echo "rc $?"
 cp "$(find /tmp/attn4096 -name report.md | head -1)" "$OUT/attention-4096-report.md"
+elif [ "$part" = bloom ]; then
+echo "== jit_gpt2_training bloom"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
+  benchmarks/jit_gpt2_training.py --work bloom --providers inductor,neptune_fusion \
+  --out "$OUT/jit_bloom_training.jsonl" 2>&1 | grep '^{' | cut -c1-300
+echo "== Gluon GPU tests not reached"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 200 python -m pytest -q \
+  -p no:cacheprovider tests/codegen/test_gluon.py -m gpu -k "ragged or views" 2>&1 | tail -3
 elif [ "$part" = first ]; then
 echo "== jit_gpt2_training"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jg PYTHONPATH=src timeout 280 python \

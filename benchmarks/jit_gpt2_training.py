@@ -15,11 +15,15 @@ backend (``nf.jit``, the rest to Inductor):
   deep, no dropout, ``attn_implementation="eager"``), batch 8 of 1024 tokens; one step =
   the language-model loss and its backward. Checked against the same model in float32
   eager (loss within 2 %, each parameter's gradient within 5 % relative Frobenius).
+* ``bloom``: the same with a randomly initialised ``BloomForCausalLM`` (1024 wide, 16
+  heads, ``--layers`` deep, no dropout, eager attention: ALiBi through ``baddbmm``),
+  whose attention the backend makes ``nf.attention``'s op in training
+  (dynamo/alibi_attention.py; ``made_nf_attention`` counts them).
 
 Each step is timed with ``do_bench`` (median) and in GPU time (``gpu_ms``, the
 profiler's kernel time a step, as ``jit_training.py``); the cold first step and the peak
 memory of a step are reported. Usage (GPU): ``PYTHONPATH=src python benchmarks/jit_gpt2_training.py
---out f.jsonl [--work attention,attention-positions,model] [--dtype bfloat16]
+--out f.jsonl [--work attention,attention-positions,model,bloom] [--dtype bfloat16]
 [--layers 4] [--providers eager,inductor,neptune_fusion] [--memory]``; ``--memory``
 prints each provider's step ops by the device memory they keep (GPT-2's peak is 3 %
 above Inductor's: which op holds it); ``--smoke`` runs tiny sizes on the CPU (no
@@ -83,15 +87,22 @@ def _attention_work(dtype, dev, smoke, positions=False):
         3e-2 if dtype != torch.float32 else 1e-3
 
 
-def _model_work(dtype, dev, smoke, layers):
+def _model_work(dtype, dev, smoke, layers, kind="gpt2"):
     import transformers
-    cfg = transformers.GPT2Config(
-        n_embd=64 if smoke else 768, n_head=4 if smoke else 12, n_layer=layers,
-        n_positions=1024, vocab_size=256 if smoke else 50257, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0)
+    if kind == "bloom":
+        cfg = transformers.BloomConfig(
+            hidden_size=64 if smoke else 1024, n_head=4 if smoke else 16, n_layer=layers,
+            vocab_size=256 if smoke else 50257, hidden_dropout=0.0, attention_dropout=0.0)
+        cls = transformers.BloomForCausalLM
+    else:
+        cfg = transformers.GPT2Config(
+            n_embd=64 if smoke else 768, n_head=4 if smoke else 12, n_layer=layers,
+            n_positions=1024, vocab_size=256 if smoke else 50257, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0)
+        cls = transformers.GPT2LMHeadModel
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
-    base = transformers.GPT2LMHeadModel(cfg).to(dev).train()
+    base = cls(cfg).to(dev).train()
     model = copy.deepcopy(base).to(dtype)
     n = 32 if smoke else 1024
     ids = torch.randint(0, cfg.vocab_size, (2 if smoke else 8, n), device=dev,
@@ -141,7 +152,7 @@ def main(argv=None) -> None:
         fn, step, want, tol = _attention_work(dtype, dev, args.smoke,
                                               work == "attention-positions") \
             if work.startswith("attention") else _model_work(dtype, dev, args.smoke,
-                                                             args.layers)
+                                                             args.layers, work)
         provs = {"eager": fn, "inductor": torch.compile(fn),
                  "neptune_fusion": nf.jit(fn, rest="eager" if args.smoke else "inductor")}
         provs = {name: provs[name] for name in args.providers.split(",")}
@@ -177,6 +188,8 @@ def main(argv=None) -> None:
                 reports = getattr(getattr(prov, "backend", None), "reports", [])
                 rec["made_sdpa"] = sum(len(x.ops) for r in reports for x in r.left
                                        if "made SDPA's call" in x.reason)   # attentions
+                rec["made_nf_attention"] = sum(len(x.ops) for r in reports for x in r.left
+                                               if "made nf.attention's op" in x.reason)
             line = json.dumps(rec)
             print(line, flush=True)
             if args.out:

@@ -650,6 +650,21 @@ def test_a_gpt2_training_step_through_the_backend_matches_float64():
                if "is_causal=True" in x.reason) == 2, [str(r) for r in backend.reports]
 
 
+def test_a_bloom_training_step_takes_nf_attention_for_its_alibi():
+    """A tiny Bloom (eager attention: ALiBi through ``baddbmm``, transformers' causal mask
+    built from positions, a float32 softmax, ``bmm``) in a training step through the
+    backend: each layer's attention becomes ``nf.attention``'s op with the bias read as
+    data and its derived backward (dynamo/alibi_attention.py; it ran unfused before, its
+    probabilities saved); the loss and every gradient against float64."""
+    cfg = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4,
+                                   hidden_dropout=0.0, attention_dropout=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    backend = _training_step_against_float64(transformers.BloomForCausalLM(cfg).train(), 5)
+    made = [x for r in backend.reports for x in r.left if "nf.attention's op" in x.reason]
+    assert sum(len(x.ops) for x in made) == 2, [str(r) for r in backend.reports]
+
+
 def test_a_llama_training_step_with_eager_attention_takes_sdpa():
     """A tiny Llama with transformers' eager attention (GQA through ``repeat_kv``, an
     additive causal mask, the softmax in float32 cast back) in a training step through

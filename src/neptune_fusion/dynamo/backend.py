@@ -28,6 +28,7 @@ import time
 import torch
 
 from .. import settings
+from .alibi_attention import alibi_attention_to_nf
 from .decomp import KEPT_WHOLE, decompositions, over, sdpa_calls, swap_sdpa
 from .gqa import packing
 from .inductor import GraphArgs, compile_rest, inductor_patches, partition
@@ -387,6 +388,13 @@ class Backend:
         if _inference(example_inputs):
             swap_sdpa(gm)
         else:
+            # written-out attention with a baddbmm bias (Bloom's ALiBi): nf.attention's
+            # op and its derived backward (alibi_attention.py)
+            if biased := alibi_attention_to_nf(gm):
+                report.left.append(Left(("attention",) * biased, "written out with a "
+                                        "baddbmm bias (ALiBi) in a training graph, made "
+                                        "nf.attention's op: its derived backward saves no "
+                                        "probabilities", "nf.attention"))
             # written-out attention: SDPA's kernel and backward (written_attention.py)
             if written := written_attention_to_sdpa(gm):
                 report.left.append(Left(("attention",) * written, "written out in a "

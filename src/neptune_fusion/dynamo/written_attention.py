@@ -367,9 +367,16 @@ def causal_masks_to_is_causal(gm) -> int:
         bound.update(attn_mask=None, is_causal=True)
         node.args, node.kwargs = tuple(bound.pop(a) for a in _SDPA_ARGS[:3]), bound
         made += 1
-    for node in reversed(list(graph.nodes)):   # a causal mask's computation, now unread
+    return finish_masks(gm, evaluated, made)
+
+
+def finish_masks(gm, evaluated: dict, made: int) -> int:
+    """After ``made`` rewrites of ``gm``: the nodes of the masks evaluated at them
+    (``evaluated``, :func:`_causal`'s memo) that nothing reads any more erased, the graph
+    recompiled where anything changed; returns ``made``."""
+    for node in reversed(list(gm.graph.nodes)):   # a causal mask's computation, now unread
         if node in evaluated and not node.users:
-            graph.erase_node(node)
+            gm.graph.erase_node(node)
     if made:
         gm.recompile()
     return made
