@@ -93,7 +93,9 @@ def fuse(gm, example_inputs, report: GraphReport, rest: str, prefix: str,
         if not region.kinds() & _CHAIN_KINDS or not region.outputs:
             continue
         for node, why in boundaries(region):
-            if node.name not in seen:
+            # our own ops (nf.attention's, a compiled operator's) run our kernels: not left
+            if node.name not in seen and \
+                    getattr(node.target, "namespace", None) != "neptune_fusion":
                 seen.add(node.name)
                 report.left.append(Left((node.name,), f"cuts a chain: {why}", rest))
         name, fused = f"{prefix}_{k}", len(report.fused)
