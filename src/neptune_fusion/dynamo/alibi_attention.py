@@ -116,18 +116,13 @@ def _match(out):
     _need(soft.kwargs.get("dtype") in (None, dtype) or dtype == torch.float32 or
           len(nodes) > 1)   # a float32 softmax of 16-bit scores is cast back
     nodes += [soft, w]
-    mask = None
+    view, mask = w, None
     if _is(w, _ADD, ("add", "__add__")) and len(w.args) == 2 and not w.kwargs:
-        a, b = w.args
-        view = a if _is_view4(a) else b
-        mask = b if view is a else a
-        _need(_is_view4(view) and isinstance(mask, torch.fx.Node) and _sole(view))
+        a, b = w.args   # the scores' view plus a mask, either side
+        view, mask = (a, b) if _is_view4(a) else (b, a)
+        _need(isinstance(mask, torch.fx.Node) and _sole(view))
         nodes.append(view)
-    else:
-        view = w
-        _need(_is_view4(view))
-        nodes.pop()   # w is the view itself
-        nodes.append(view)
+    _need(_is_view4(view))
     scores, (B, H, L, S) = _view_of(view, 4)
     bias, q, kt, beta, alpha = _baddbmm(scores)
     nodes.append(scores)
