@@ -341,6 +341,52 @@ def test_fuzz_written_attention_in_training(scale, keys, mask, after, soft, lead
         assert err <= 1e-4 * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
 
 
+# Bloom's form (dynamo/alibi_attention.py): a baddbmm bias, the scores viewed per head
+BIAS_MASKS = {
+    "none": lambda w: w,
+    "finfo": lambda w: w + torch.where(_keep(*w.shape[-2:]), torch.zeros((), dtype=w.dtype),
+                                       torch.finfo(w.dtype).min),
+    "data": lambda w: torch.where(torch.arange(w.shape[-1]) % 3 == 1,
+                                  torch.full((), torch.finfo(w.dtype).min, dtype=w.dtype),
+                                  torch.zeros((), dtype=w.dtype)) + w,
+}
+
+
+@settings(max_examples=_examples(4, 150), **FUZZ)
+@given(mask=st.sampled_from(sorted(BIAS_MASKS)), soft=st.sampled_from(sorted(SOFTMAX)),
+       beta=st.sampled_from((0.0, 0.5, 1.0)), b=st.integers(1, 3), h=st.integers(1, 4),
+       n=st.integers(1, 19), extra=st.sampled_from((0, 0, 3)), d=st.sampled_from((4, 8, 12)),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_baddbmm_biased_attention_in_training(mask, soft, beta, b, h, n, extra, d,
+                                                   seed):
+    """Attention with a ``baddbmm`` per-key bias as Bloom writes it, in a training graph:
+    made ``nf.attention``'s op where alibi_attention.py allows (a causal mask from
+    positions becomes ``Causal()``; other masks are read as data), left as it is
+    elsewhere. The output and the three gradients against float64 autograd."""
+    m = n + extra
+
+    def fn(q, k, v, bias):
+        s = bias.baddbmm(q, k.transpose(-1, -2), beta=beta, alpha=d ** -0.5)
+        p = SOFTMAX[soft](BIAS_MASKS[mask](s.view(b, h, n, m)))
+        return torch.bmm(p.view(b * h, n, m), v)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=Backend(rest="eager"))
+    gen = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(b * h, rows, d, generator=gen) for rows in (n, m, m)]
+    bias = torch.randn(b * h, 1, m, generator=gen)
+    got = compiled(*[x.requires_grad_() for x in xs], bias)
+    ref = [x.detach().double().requires_grad_() for x in xs]
+    want = fn(*ref, bias.double())
+    c = torch.randn(want.shape, generator=gen)
+    (got * c).sum().backward()
+    (want * c.double()).sum().backward()
+    what = f"{mask} {soft} beta={beta} {b}x{h} {n}x{m} {d}"
+    for name, g, e in (("out", got.detach(), want.detach()),
+                       *((f"d{x}", a.grad, r.grad) for x, a, r in zip("qkv", xs, ref))):
+        err = float((g.double() - e).abs().max())
+        assert err <= 1e-4 * max(1.0, float(e.abs().max())), f"{what}: {name} {err}"
+
+
 # what reads the chain's result besides the Linear layer, if anything
 BESIDE = {"none": lambda y, z: z, "residual": lambda y, z: z + y[..., :1],
           "square": lambda y, z: z * y.square().mean(-1, keepdim=True)}
