@@ -40,7 +40,7 @@ def test_persistent_source(golden):
     golden("gluon_pf_causal_walk.py", generate(prog))
 
 
-def _deal(src: str, programs: int, n_blocks: int, n_grid: int) -> list[list[int]]:
+def _deal(src: str, programs: int, n_blocks: int, n_grid: int) -> list[list[tuple]]:
     """Each program's (row block, grid index) items, in walk order, as the printed walk
     deals them: the lines from the item loop to ``pid_grid``, run in Python."""
     lines = src.splitlines()
