@@ -496,4 +496,3 @@ class TileOps:
         with self.cur.nested("else:") as br:
             br.emit(f"{name} = {code}")
         return Val(name, (c.x, c.y), "f32")
-

@@ -43,6 +43,7 @@ from .written_attention import (
     _MATMUL,
     _SOFTMAX,
     _arg,
+    _call,
     _causal,
     _is,
     _need,
@@ -154,11 +155,8 @@ def _op_node(graph, m: dict, causal: bool, made: list):
     from ..runtime import torch_ops
 
     def call(fn, *args):
-        node = graph.call_function(fn, args)
-        made.append(node)
-        node.meta["example_value"] = fn(*(_val(a) if isinstance(a, torch.fx.Node) else a
-                                          for a in args))
-        return node
+        made.append(_call(graph, fn, *args))
+        return made[-1]
     B, H, L, S = m["shape"]
     d, dv = _val(m["q"]).shape[-1], _val(m["v"]).shape[-1]
     q = call(torch.reshape, m["q"], (B, H, L, d))
@@ -178,10 +176,7 @@ def _op_node(graph, m: dict, causal: bool, made: list):
     key = torch_ops.constant_key
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), m["alpha"], False, None,
                          tuple(names) or None, key(None), key(None), (False, False))
-    op = torch.ops.neptune_fusion.attention.default
-    o = graph.call_function(op, (q, k, v, bufs, h))
-    made.append(o)
-    o.meta["example_value"] = op(_val(q), _val(k), _val(v), [_val(b) for b in bufs], h)
+    o = call(torch.ops.neptune_fusion.attention.default, q, k, v, bufs, h)
     return call(torch.reshape, o, (B * H, L, dv))
 
 

@@ -336,9 +336,15 @@ def written_attention_to_sdpa(gm) -> int:
 
 
 def _call(graph, fn, *args):
-    """A new node ``fn(*args)`` with its example value (the pass after reads it)."""
+    """A new node ``fn(*args)`` with its example value (the pass after reads it); an
+    argument that is not a node (a shape, a list of nodes) is taken as it is, its nodes
+    by their example values."""
+    def value(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        return _val(a) if isinstance(a, torch.fx.Node) else a
     node = graph.call_function(fn, args)
-    node.meta["example_value"] = fn(*(_val(a) for a in args))
+    node.meta["example_value"] = fn(*(value(a) for a in args))
     return node
 
 
