@@ -1,7 +1,8 @@
-"""Compile a Gluon kernel for sm_90 on any machine (no GPU): Triton's compiler and its
-own ``ptxas``, which reports registers and spills. Shared by the Gluon probes
-(``gluon_probe.py``, ``gluon_generated.py``); needs a Triton whose Gluon API the kernel is
-written in (3.6)."""
+"""Compile a Gluon or Triton kernel for sm_90 on any machine (no GPU): Triton's compiler
+and its own ``ptxas``, which reports registers and spills, and ``nvdisasm``, whose SASS
+is counted. Shared by the probes (``gluon_probe.py``, ``gluon_generated.py``,
+``paged_sass.py``); needs a Triton whose API the kernel is written in (3.6, the
+device's)."""
 import os
 import subprocess
 import tempfile
@@ -11,22 +12,39 @@ def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
     """``(compiled kernel, ptxas's register and spill lines)``; raises what Triton
     raises."""
     import triton
-    import triton.backends.nvidia as nvidia
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     k = triton.compile(GluonASTSource(fn, signature, constexprs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    ptxas = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
+    return k, _ptxas(k)
+
+
+def _tool(name: str) -> str:
+    import triton.backends.nvidia as nvidia
+    return os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
+
+
+def _ptxas(kernel) -> str:
+    """ptxas's register and spill lines for ``kernel``'s PTX (sm_90a)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")
         with open(path, "w") as f:
-            f.write(k.asm["ptx"])
-        out = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", path, "-o", path + ".o"],
-                             capture_output=True, text=True).stderr
-    info = [line.split(":", 1)[-1].strip() for line in out.splitlines()
-            if "registers" in line or "spill" in line]
-    return k, " | ".join(info)
+            f.write(kernel.asm["ptx"])
+        out = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", path, "-o",
+                              path + ".o"], capture_output=True, text=True).stderr
+    return " | ".join(line.split(":", 1)[-1].strip() for line in out.splitlines()
+                      if "registers" in line or "spill" in line)
+
+
+def _sass(kernel) -> str:
+    """``kernel``'s SASS (``nvdisasm`` of its cubin)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        return subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True,
+                              text=True).stdout
 
 
 def sass_counts(kernel, opcodes=("I2FP", "I2F", "FFMA", "FMUL", "FADD", "MUFU", "IADD3",
@@ -36,12 +54,65 @@ def sass_counts(kernel, opcodes=("I2FP", "I2F", "FFMA", "FMUL", "FADD", "MUFU", 
     instructions: a CPU-side view of what an edit of the source changes."""
     import re
 
-    import triton.backends.nvidia as nvidia
-    nvdisasm = os.path.join(os.path.dirname(nvidia.__file__), "bin", "nvdisasm")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+    sass = _sass(kernel)
     names = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", sass)
     return {"all": len(names), **{op: names.count(op) for op in opcodes}}
+
+
+def compile_triton_sm90(fn, constexprs: dict, num_warps: int, num_stages: int,
+                        dtype: str = "fp16"):
+    """A generated Triton kernel (``fn``, loaded from its source) compiled for sm_90,
+    its arguments typed as the JIT types those of a decode's tensors: ``*_ptr``
+    pointers 16-byte aligned (``dtype``; int32 for ``kv_lens`` and ``block_table``, fp32
+    for split-k workspaces), the strides ``*_s0`` .. ``*_s2`` (not the block table's)
+    i32 multiples of 16, everything else plain i32. ``(kernel, ptxas's lines)``."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = ("*i32" if name.startswith(("kv_lens", "block_table")) else
+                         "*fp32" if name.startswith("ws_") else "*" + dtype)
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[name] = "i32"
+            if re.fullmatch(r"(?!block_table)\w+_s[0-2]", name):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    return k, _ptxas(k)
+
+
+def sass_loops(kernel, least: int = 60) -> list[tuple[int, dict]]:
+    """The loops of ``kernel``'s sm_90 SASS (a backward branch to a label and the
+    instructions from that label to it) of at least ``least`` instructions, in order:
+    ``(instructions, {opcode: count})``, the most frequent opcodes first. A tile loop's
+    count is what one tile costs each thread in issue slots."""
+    import re
+    from collections import Counter
+
+    sass = _sass(kernel)
+    labels, ins = {}, []
+    for line in sass.splitlines():
+        got = re.match(r"^(\.L_x_\d+):", line.strip())
+        if got:
+            labels[got.group(1)] = len(ins)
+            continue
+        got = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if got:
+            ins.append(got.group(1))
+    loops = []
+    for i, text in enumerate(ins):
+        got = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
+        if got and labels.get(got.group(1), i) < i and i + 1 - labels[got.group(1)] >= least:
+            body = ins[labels[got.group(1)]:i + 1]
+            ops = Counter(re.match(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", x).group(1)
+                          for x in body)
+            loops.append((len(body), dict(ops.most_common(12))))
+    return loops

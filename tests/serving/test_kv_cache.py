@@ -179,6 +179,37 @@ def test_paged_without_lengths_reads_every_page():
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
+
+def _dense_flags(kern) -> list[bool]:
+    """The ``<pool>_DENSE`` constexprs of the partial kernel's launch steps so far."""
+    spec = kern.specs[0]
+    at = [i for i, a in enumerate(spec.args) if a[0] == "dense"]
+    return sorted({tuple(step.args[i][1] for i in at)
+                   for key, step in kern._steps.items() if key[0] == 0})
+
+
+def test_page_pools_of_any_layout():
+    """A pool whose strides are the dense ones runs with them as constants (the kernel's
+    ``k_DENSE``); a pool of another layout (the pages stored key-major, viewed
+    head-major) or a slice of a larger cache (``kv[0]``: dense strides again) is read
+    through its own strides. Each is right against float64, through one cache."""
+    lens = [1, PS + 3, 2 * PS]
+    q, k, v, kl, table, keys, vals = _paged(lens, 4, 2, 1, 2, torch.float32, seed=11)
+    want = _reference(q, keys, vals, lens, ops.operator("DC-GQA"))
+    cache = AttentionCache(store=False)
+    strided = (k.transpose(1, 2).contiguous().transpose(1, 2),
+               v.transpose(1, 2).contiguous().transpose(1, 2))
+    assert strided[0].stride() != k.stride()
+    torch.testing.assert_close(strided[0], k, rtol=0, atol=0, equal_nan=True)
+    both = torch.stack([k, v])          # a (2, pages, Hkv, page, D) cache
+    for pk, pv in ((k, v), strided, (both[0], both[1]), (k, strided[1])):
+        out = ops.dc_gqa(q, pk, pv, kv_lens=kl, block_table=table, cache=cache,
+                         schedule=SPLIT)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    [kern] = cache.kernels()
+    assert "if k_DENSE:" in kern.specs[0].source
+    assert _dense_flags(kern) == [(False, False), (True, False), (True, True)]
+
 def test_the_reference_evaluates_the_same_ir(rng):
     """The float64 evaluator runs the paged, ragged definition the kernels compile: the
     gathered load k[block_table[b, j // 16], h, j % 16, c] and the masks on kv_lens."""

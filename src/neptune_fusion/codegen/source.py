@@ -48,12 +48,13 @@ class KernelArg:
 
     name: str
     kind: str      # tensor | stride | size | block | flag | tma | visits | even | one | desc
+    #                dense
     ref: object    # TensorArg | (TensorArg, dim) | Size | Axis | HostDescriptor | None
 
 
 EVEN = "LOOP_EVEN"
 ONE = "ONE_TILE"
-CONSTEXPR_KINDS = ("block", "flag", "tma", "even", "one")
+CONSTEXPR_KINDS = ("block", "flag", "tma", "even", "one", "dense")
 
 
 def even_tail(prog: TileProgram) -> bool:
@@ -83,7 +84,37 @@ def kernel_args(prog: TileProgram) -> tuple[KernelArg, ...]:
         out.append(KernelArg(ONE, "one", prog.loop.extent))
     if prog.schedule.tma:   # the runtime says per call whether descriptors may be used
         out.append(KernelArg("TMA", "tma", None))
+    # the runtime says whether each gathered tensor has its dense strides
+    out.extend(KernelArg(f"{t.name}_DENSE", "dense", t) for t in dense_candidates(prog))
     return tuple(out)
+
+
+def dense_strides(t) -> tuple[int, ...] | None:
+    """The strides of input ``t`` when it is dense (row-major, as ``torch.empty`` makes
+    it), where every one of them is a constant: all dimensions but the first static."""
+    shape = t.tensor.shape
+    if len(shape) < 2 or not all(isinstance(n, int) for n in shape[1:]):
+        return None
+    out, step = [], 1
+    for n in reversed(shape[1:]):
+        out.append(step)
+        step *= max(n, 1)
+    return (step, *reversed(out))
+
+
+def dense_candidates(prog: TileProgram) -> tuple:
+    """The inputs of ``prog`` that a tile loop gathers (a paged cache's page pools,
+    ``k[table[b, j // page], h, j % page, c]``) and whose dense strides are constants.
+    The kernel takes a constexpr ``<name>_DENSE`` for each, set at launch from the
+    call's strides (runtime/kernel.py); when it is True the strides are those
+    constants, so each gathered row's 64-bit address is a shift and an add, shared by
+    tensors of the same layout, not a 64-bit multiply per stride and tensor (sm_90 SASS
+    of the paged decode's tile: 593 -> 479 instructions, where a contiguous cache's
+    takes 456; docs/serving.md)."""
+    seen = {x.tensor for seg in prog.segments for _, e in seg.body for x in walk(e)
+            if isinstance(x, Load) and any(isinstance(y, Load) for i in x.indices
+                                           for y in walk(i))}
+    return tuple(t for t in prog.inputs if t.tensor in seen and dense_strides(t))
 
 
 def kernel_scope(prog: TileProgram, args, skeleton: set) -> tuple[Names, dict]:
@@ -112,6 +143,7 @@ def generate(prog: TileProgram) -> str:
         "row_tiles", "group_width", "first_row", "group_rows", *NAN_HELPERS})
     state_params = frozenset(s.param for s in prog.state)
     pre = Block(names, 1)
+    _dense_strides(prog, pre, args)
     _program_ids(prog, pre, env)
     low = Lowerer(prog, env, pre, None, state_params)
     bounds = {} if prog.one_tile == "static" else _bounds(prog, pre, low, env)
@@ -154,6 +186,18 @@ def generate(prog: TileProgram) -> str:
     ] + [f"    {group}," for group in _signature_groups(args)] + ["):"]
     body = pre.lines + main.lines
     return "\n".join(lines + body) + "\n"
+
+
+def _dense_strides(prog: TileProgram, pre: Block, args) -> None:
+    """Each gathered tensor's strides as constants where the launch says it is dense
+    (``<name>_DENSE``; :func:`dense_candidates`)."""
+    for a in args:
+        if a.kind != "dense":
+            continue
+        t, strides = a.ref, dense_strides(a.ref)
+        with pre.nested(f"if {a.name}:") as dense:
+            for d in range(t.tensor.ndim - 1):
+                dense.emit(f"{t.stride(d).name} = {strides[d]}")
 
 
 def _loops(prog: TileProgram, into: Block, pre: Block, env, state_params, bounds) -> None:

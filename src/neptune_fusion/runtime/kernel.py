@@ -419,6 +419,8 @@ class Kernel:
                 args.append((_CONST, tma_strides(tensors)))
             elif kind in _FLAGS:
                 args.append((_CONST, flag_value(a, sizes)))
+            elif kind == "dense":   # ("dense", key, strides): the input has exactly those
+                args.append((_CONST, tuple(strides[a[1]]) == tuple(a[2])))
             elif kind == "desc":   # ("desc", key, box, swizzle, bits): made per launch
                 descs.append((len(args), a[1], maker(tuple(a[2]), a[3], a[4])))
                 args.append((_CONST, None))

@@ -40,6 +40,8 @@ class KernelSpec:
     #                            ("even", ext, block_n) ("one", ext, block_n)
     #                            ("desc", key, box, swizzle, bits): a host-side TMA
     #                            descriptor over tensor key (runtime/descriptors.py)
+    #                            ("dense", key, strides): whether tensor key has these
+    #                            strides (codegen/source.dense_candidates)
     num_warps: int
     num_stages: int
     count_visits: bool
@@ -85,7 +87,7 @@ class KernelSpec:
             raise NeptuneError(f"malformed kernel spec: name {spec.name!r} is not an "
                                "identifier")
         kinds = {"tensor", "stride", "size", "visits", "block", "block_ext", "flag", "tma",
-                 "even", "one", "desc"}
+                 "even", "one", "desc", "dense"}
         if not all(a and a[0] in kinds for a in spec.args):
             raise NeptuneError("malformed kernel spec: unknown argument kind")
         if spec.dialect not in ("triton", "gluon"):
@@ -115,7 +117,7 @@ def ext_of(e) -> Ext:
 def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
     """The kernel specs of ``programs`` (one per generated kernel, in launch order)."""
     from ..codegen.gluon import gluon_args
-    from ..codegen.source import kernel_args, unspecialized_sizes, walks_rows
+    from ..codegen.source import dense_strides, kernel_args, unspecialized_sizes, walks_rows
     keys = {p: f"in{k}" for k, p in enumerate(inputs)}
 
     def key(t) -> str:
@@ -158,6 +160,8 @@ def specs_of(programs, inputs, sources) -> tuple[KernelSpec, ...]:
             elif a.kind == "desc":
                 d = a.ref
                 args.append(("desc", key(d.arg.tensor), list(d.block), d.swizzle, d.bits))
+            elif a.kind == "dense":
+                args.append(("dense", key(a.ref.tensor), list(dense_strides(a.ref))))
             else:
                 args.append(("flag",))
         s = prog.schedule
