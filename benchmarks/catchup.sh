@@ -9,6 +9,8 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh - training
 #     OUT=/some/dir bash benchmarks/catchup.sh - next
 #     OUT=/some/dir bash benchmarks/catchup.sh - bloom
+#     git archive 6bfa524 src | tar -x -C .gpu/before     # the tree before the paged change
+#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src paged
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -25,10 +27,14 @@
 # landed 2026-12-05 evening, CPU-tested): a 4-layer Bloom training step with its
 # attention made nf.attention's op (dynamo/alibi_attention.py) against Inductor, and the
 # three Gluon GPU tests the H100 call of that evening did not reach (the ragged batch's
-# walks with the snake deal, views, a prepared call). Each part fits one call's 600 s.
+# walks with the snake deal, views, a prepared call). paged (about 6 minutes; landed
+# 2026-12-05 late, CPU-tested, counted on sm_90 SASS): the serving suite's B = 1 points
+# (fp16; the bf16 ones after) before and after 5763d20 (page ids clamped in 32 bits, a
+# dense pool's strides as constants), alternating, twice each, one process per run.
+# Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next or bloom}
+part=${2:?say which part: first, second, training, next, bloom or paged}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -73,6 +79,20 @@ NEPTUNE_FUSION_CACHE_DIR=/tmp/ja PYTHONPATH=src timeout 200 python -m neptune_fu
   --ops PF-GQA,PF-ALiBi,PF-SoftCap,PF-Window --seqs 4096 --providers neptune,neptune-jit,torch-compile \
   --timer graph --no-plots --out /tmp/attn4096 > "$OUT/attention-4096-log.txt" 2>&1; echo "rc $?"
 cp "$(find /tmp/attn4096 -name report.md | head -1)" "$OUT/attention-4096-report.md"
+elif [ "$part" = paged ]; then
+serve() { # name src dtype
+  echo "== serving B1 $1 $3"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-$1 PYTHONPATH=$2 timeout 110 python -m neptune_fusion.bench \
+    --suite serving --ops B1 --dtype "$3" --no-plots --out "/tmp/serving-$1" \
+    > "$OUT/serving-$1.txt" 2>&1; echo "rc $?"
+  cp "$(find "/tmp/serving-$1" -name report.md | head -1)" "$OUT/serving-$1-report.md"
+  cp "$(find "/tmp/serving-$1" -name results.json | head -1)" "$OUT/serving-$1.json"
+}
+serve before-1 "$before" float16
+serve after-1 src float16
+serve before-2 "$before" float16
+serve after-2 src float16
+serve after-bf16 src bfloat16
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
