@@ -31,6 +31,7 @@ def test_cpu_smoke_runs_end_to_end(tmp_path):
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["mode"] == "cpu-smoke"
     assert doc["ceilings"]["matmul_tflops"] is None
+    assert doc["config"]["rounds"] == 1    # the smoke run times once (its times mean nothing)
     status = {(r["op"], r["provider"]): r["status"] for r in doc["records"]}
     assert len(status) == 4 * 4
     assert status["PF-Causal", "triton-fa2"] == "ok"
@@ -61,6 +62,16 @@ def test_without_gpu_and_without_smoke_it_refuses(capsys):
     (["--providers", "cublas"], "unknown provider"),
 ])
 def test_bad_names_are_usage_errors(args, text, capsys):
+    assert main(["--cpu-smoke", *args]) == 2
+    assert text in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, text", [
+    (["--suite", "chains", "--rounds", "2"], "--rounds is an option of the attention"),
+    (["--backward", "--rounds", "2"], "--rounds is an option of the attention"),
+    (["--rounds", "0"], "--rounds must be at least 1, not 0"),
+])
+def test_rounds_outside_the_attention_forward_are_usage_errors(args, text, capsys):
     assert main(["--cpu-smoke", *args]) == 2
     assert text in capsys.readouterr().out
 

@@ -11,7 +11,7 @@ from bench_helpers import SEQ, correct_prepare, fake, inputs, tiny, unsupported_
 from neptune_fusion.bench.gate import check, relative_error, threshold_for
 from neptune_fusion.bench.providers.base import Prepared, RunContext, UnsupportedError
 from neptune_fusion.bench.reference import reference_attention
-from neptune_fusion.bench.runner import run_point
+from neptune_fusion.bench.runner import run_point, run_providers
 from neptune_fusion.bench.timing import Ceilings
 
 
@@ -93,3 +93,58 @@ def test_describe_adds_to_the_note_and_a_failing_one_costs_nothing():
     assert rec.status == "ok" and rec.note == "plain; schedule: rolling 16x16"
     rec, _ = run(fake("mute", described(lambda: 1 / 0)))
     assert rec.status == "ok" and rec.note == "plain"
+
+
+class ScriptedTimer:
+    """A timer whose answer depends on the provider it times and on the round: the order
+    of calls is kept, and ``fail`` names a provider whose timing raises in round 2."""
+
+    def __init__(self, fns: dict, times: dict, fail: str | None = None) -> None:
+        self.fns, self.times, self.fail, self.order = fns, times, fail, []
+
+    def __call__(self, fn) -> float:
+        name = next(n for n, f in self.fns.items() if f is fn)
+        self.order.append(name)
+        k = self.order.count(name) - 1
+        if name == self.fail and k == 1:
+            raise RuntimeError("the device went away")
+        return self.times[name][k]
+
+
+def test_rounds_interleave_the_providers_and_keep_the_median():
+    """Providers are gated first, then timed round by round, the order turned each round;
+    a provider's time is the median of its rounds, its spread (max - min) / median; a
+    wrong or unsupported one is never timed; one whose timing fails becomes an error."""
+    op = tiny("PF-Causal")
+    q, k, v, ref = inputs(op)
+    fns = {}
+
+    def keep(name):
+        def prepare(op, q, k, v, ctx):
+            fns[name] = lambda: reference_attention(op, q, k, v).to(q.dtype)
+            return Prepared(fns[name], name)
+        return fake(name, prepare)
+
+    def wrong(op, q, k, v, ctx):
+        return Prepared(lambda: torch.zeros_like(q))
+
+    providers = (keep("a"), fake("odd", unsupported_prepare), keep("b"), fake("bad", wrong),
+                 keep("c"), keep("d"))
+    timer = ScriptedTimer(fns, {"a": [1.0, 3.0, 2.0], "b": [2.0, 2.0, 2.2],
+                                "c": [5.0, 4.0, 6.0], "d": [1.0, 1.0, 1.0]}, fail="d")
+    ctx = RunContext(torch.device("cpu"), torch.float16, timer, smoke=True)
+    recs = run_providers(providers, op, SEQ, q, k, v, ref, ctx, Ceilings(None, None),
+                         rounds=3)
+    assert [r.provider for r in recs] == ["a", "odd", "b", "bad", "c", "d"]
+    assert [r.status for r in recs] == ["ok", "unsupported", "ok", "wrong", "ok", "error"]
+    assert timer.order == ["a", "b", "c", "d", "b", "c", "d", "a", "c", "a", "b"]
+    a, b, c = recs[0], recs[2], recs[4]
+    assert (a.ms, b.ms, c.ms) == (2.0, 2.0, 5.0)
+    assert a.ms_spread == pytest.approx(1.0) and b.ms_spread == pytest.approx(0.1)
+    assert c.ms_spread == pytest.approx(0.4) and recs[5].ms is None
+    assert "while timing: RuntimeError: the device went away" in recs[5].reason
+    assert recs[1].ms_spread is None and recs[3].ms is None
+    one = run_providers(providers[:1], op, SEQ, q, k, v, ref,
+                        RunContext(torch.device("cpu"), torch.float16, CountingTimer(),
+                                   smoke=True), Ceilings(None, None))
+    assert one[0].status == "ok" and one[0].ms_spread is None

@@ -25,7 +25,8 @@ from neptune_fusion.bench.timing import Ceilings
 EXPECTED_TOP = ["schema", "schema_version", "date", "mode", "environment", "config",
                 "providers", "ceilings", "records", "comparisons", "summary"]
 EXPECTED_RECORD = ["op", "phase", "seq", "provider", "group", "status", "ms", "compile_ms",
-                   "error", "throughput", "unit", "fraction_of_ceiling", "reason", "note"]
+                   "error", "throughput", "unit", "fraction_of_ceiling", "reason", "note",
+                   "ms_spread"]
 EXPECTED_COMPARISON = ["op", "phase", "seq", "neptune_ms", "baseline", "baseline_ms",
                        "vs_baseline", "compiler", "compiler_ms", "vs_compiler"]
 EXPECTED_SUMMARY = ["geomean_vs_baseline", "points_vs_baseline", "geomean_vs_compiler",

@@ -83,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "provider alike: bench (default: do_bench of one eager call, L2 "
                         "cleared, launch and host work included) or graph (CUDA-graph "
                         "replay: GPU time alone)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="attention suite (forward): time each point's providers in this many "
+                        "interleaved rounds, the order turned each round; the median counts "
+                        "and the report gives the spread (default 3; 1 in --cpu-smoke)")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time (ms)")
     p.add_argument("--no-plots", action="store_true",
@@ -130,6 +134,12 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
     if args.timer is not None and (args.suite == "serving" or args.backward):
         return _usage_error(console, print_usage, "--timer is an option of the attention "
                             "suite's forward and of the chain suite")
+    if args.rounds is not None and (args.suite != "attention" or args.backward):
+        return _usage_error(console, print_usage, "--rounds is an option of the attention "
+                            "suite's forward")
+    if args.rounds is not None and args.rounds < 1:
+        return _usage_error(console, print_usage, f"--rounds must be at least 1, not "
+                            f"{args.rounds}")
     if args.timer == "graph" and args.cpu_smoke:
         return _usage_error(console, print_usage, "--timer graph needs a GPU (the smoke "
                             "run's times are wall-clock)")
@@ -163,7 +173,8 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
                       dtype=getattr(torch, args.dtype or "float16"), device=device,
                       smoke=args.cpu_smoke,
                       warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, plots=not args.no_plots,
-                      timer_kind=args.timer or "bench")
+                      timer_kind=args.timer or "bench",
+                      rounds=args.rounds or (1 if args.cpu_smoke else 3))
     now = datetime.now(timezone.utc)
     device_name = "cpu-smoke" if args.cpu_smoke else torch.cuda.get_device_name(device)
     out_dir = args.out or default_out_dir(now, device_name)

@@ -50,6 +50,7 @@ class Record(Checked):
     fraction_of_ceiling: float | None = None
     reason: str = ""
     note: str = ""
+    ms_spread: float | None = None    # (max - min) / median of the timing rounds
 
 
 RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Record))

@@ -24,9 +24,9 @@ def records_table(records: Sequence[Record], smoke: bool) -> list[str]:
         lines = ["| operator | S | provider | status | rel. error | reason / note |",
                  "|---|---:|---|---|---:|---|"]
     else:
-        lines = ["| operator | S | provider | status | ms | throughput | % ceiling | "
+        lines = ["| operator | S | provider | status | ms | spread | throughput | % ceiling | "
                  "rel. error | compile s | reason / note |",
-                 "|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+                 "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in records:
         text = _escape(r.reason or r.note)
         if smoke:
@@ -36,8 +36,9 @@ def records_table(records: Sequence[Record], smoke: bool) -> list[str]:
         rate = "—" if r.throughput is None else f"{r.throughput:.3g} {r.unit}"
         pct = "—" if r.fraction_of_ceiling is None else f"{100 * r.fraction_of_ceiling:.0f}%"
         comp = _num(None if r.compile_ms is None else r.compile_ms / 1e3, ".2f")
+        spread = "—" if r.ms_spread is None else f"{100 * r.ms_spread:.1f}%"
         lines.append(f"| {r.op} | {r.seq} | {r.provider} | {r.status} | {_num(r.ms, '.4f')} | "
-                     f"{rate} | {pct} | {fmt_err(r.error)} | {comp} | {text} |")
+                     f"{spread} | {rate} | {pct} | {fmt_err(r.error)} | {comp} | {text} |")
     return lines
 
 

@@ -2,14 +2,16 @@
 
 For each operator and sequence length the inputs are drawn fresh and the float64
 reference computed once; then every provider is prepared (timed as compile time together
-with its first call), gated against the reference, and timed only when correct. A failing
-provider never stops the run: its exception becomes an ``error`` (or ``unsupported``)
-record and GPU memory is released before the next one.
+with its first call) and gated against the reference; the correct ones are then timed,
+in interleaved rounds (``--rounds``). A failing provider never stops the run: its
+exception becomes an ``error`` (or ``unsupported``) record and GPU memory is released
+before the next one.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,13 +80,22 @@ def _described(prepared) -> str:
     return "; ".join(x for x in (prepared.note, extra) if x)
 
 
-def measure_point(make: Callable[..., object], prepare: Callable[[], object],
-                  gate: Callable[[object], object], timer, device: torch.device,
-                  rate: Callable[[float], tuple[float, float | None]]):
-    """The steps every benchmark point takes, each fault a record instead of a raise:
-    ``prepare()`` and the first call (cold, timed together as the compile time), the first
-    output gated (``gate(out)``), then ``timer`` on the prepared call; ``rate(ms)`` gives
-    the throughput and its share of the ceiling. ``make(**fields)`` builds the record."""
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A provider prepared, its first output gated and right: what its timing needs."""
+
+    prepared: object
+    compile_ms: float
+    error: float
+    note: str
+
+
+def ready_point(make: Callable[..., object], prepare: Callable[[], object],
+                gate: Callable[[object], object], device: torch.device):
+    """``prepare()`` and the first call (cold, timed together as the compile time), then
+    the first output gated (``gate(out)``): a :class:`Ready`, or the point's final record
+    (``make(**fields)``) when it is unsupported, wrong or fails -- every fault a record,
+    never a raise."""
     note = ""
     try:
         t0 = time.perf_counter()
@@ -104,36 +115,100 @@ def measure_point(make: Callable[..., object], prepare: Callable[[], object],
     if not result.passed:
         return make(status="wrong", compile_ms=compile_ms, error=result.error,
                     reason=result.reason, note=note)
-    try:
-        ms = timer(prepared.fn)
-    except Exception as exc:  # noqa: BLE001
-        status, reason = classify_failure(exc)
-        return make(status=status, compile_ms=compile_ms, error=result.error,
-                    reason="while timing: " + reason, note=note)
+    return Ready(prepared, compile_ms, result.error, note)
+
+
+def timed_record(make: Callable[..., object], ready: Ready, times: list[float],
+                 rate: Callable[[float], tuple[float, float | None]], **extra):
+    """The record of a :class:`Ready` point timed ``times`` (ms; their median counts)."""
+    ms = statistics.median(times)
     value, share = rate(ms)
-    return make(status="ok", ms=ms, compile_ms=compile_ms, error=result.error,
-                throughput=value, fraction_of_ceiling=share, note=note)
+    return make(status="ok", ms=ms, compile_ms=ready.compile_ms, error=ready.error,
+                throughput=value, fraction_of_ceiling=share, note=ready.note, **extra)
+
+
+def timing_failed(make: Callable[..., object], ready: Ready, exc: BaseException):
+    status, reason = classify_failure(exc)
+    return make(status=status, compile_ms=ready.compile_ms, error=ready.error,
+                reason="while timing: " + reason, note=ready.note)
+
+
+def measure_point(make: Callable[..., object], prepare: Callable[[], object],
+                  gate: Callable[[object], object], timer, device: torch.device,
+                  rate: Callable[[float], tuple[float, float | None]]):
+    """The steps every benchmark point takes, each fault a record instead of a raise:
+    :func:`ready_point`, then ``timer`` on the prepared call once; ``rate(ms)`` gives
+    the throughput and its share of the ceiling. ``make(**fields)`` builds the record."""
+    ready = ready_point(make, prepare, gate, device)
+    if not isinstance(ready, Ready):
+        return ready
+    try:
+        ms = timer(ready.prepared.fn)
+    except Exception as exc:  # noqa: BLE001
+        return timing_failed(make, ready, exc)
+    return timed_record(make, ready, [ms], rate)
 
 
 def run_point(provider: Provider, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings) -> Record:
     """Prepare, gate and time one provider on one point; never raises for provider faults."""
-    base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,
-                group=provider.group, unit=UNITS[op.phase])
+    return run_providers((provider,), op, seq, q, k, v, ref, ctx, ceilings)[0]
+
+
+def run_providers(providers, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings,
+                  rounds: int = 1, on_start: Callable[[str], None] = lambda desc: None
+                  ) -> list[Record]:
+    """Every provider on one point, a record each, in order; never raises for provider
+    faults. Each is prepared and gated first; then the right ones are timed in
+    ``rounds`` rounds, one ``ctx.timer`` each per round, the order turned by one each
+    round (``p0 p1 p2``, ``p1 p2 p0``, ...), so a drift of the GPU's speed over the
+    point (clocks, temperature: cuDNN's own time moved 2-4 % between back-to-back runs
+    on the H100, 2026-12-05) reaches every provider alike; the median of its rounds is
+    a provider's time and ``ms_spread`` their (max - min) / median."""
+    def make_of(provider):
+        base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,
+                    group=provider.group, unit=UNITS[op.phase])
+        return lambda **f: Record(**base, **f)
 
     def rate(ms: float) -> tuple[float, float | None]:
         value = throughput(op, seq, ms, ctx.dtype.itemsize)
         return value, fraction_of_ceiling(op.phase, value, ceilings.matmul_tflops,
                                           ceilings.copy_tbps)
-    return measure_point(lambda **f: Record(**base, **f),
-                         lambda: provider.prepare(op, q, k, v, ctx),
-                         lambda out: check(out, ref, ctx.dtype), ctx.timer, ctx.device, rate)
+    out: list = []
+    for p in providers:
+        on_start(f"{op.name} S={seq}: {p.name}")
+        got = ready_point(make_of(p), lambda p=p: p.prepare(op, q, k, v, ctx),
+                          lambda o: check(o, ref, ctx.dtype), ctx.device)
+        if not isinstance(got, Ready):
+            release_memory(ctx.device, collect=got.status == "error")
+        out.append(got)
+    times: dict[int, list[float]] = {i: [] for i, r in enumerate(out) if isinstance(r, Ready)}
+    order = list(times)
+    for r in range(rounds if order else 0):
+        if rounds > 1:
+            on_start(f"{op.name} S={seq}: timing, round {r + 1} of {rounds}")
+        for i in order[r % len(order):] + order[:r % len(order)]:
+            if i not in times:   # failed in an earlier round
+                continue
+            try:
+                times[i].append(ctx.timer(out[i].prepared.fn))
+            except Exception as exc:  # noqa: BLE001
+                out[i] = timing_failed(make_of(providers[i]), out[i], exc)
+                del times[i]
+                release_memory(ctx.device)
+    for i, ms in times.items():
+        spread = (max(ms) - min(ms)) / statistics.median(ms) if len(ms) > 1 else None
+        out[i] = timed_record(make_of(providers[i]), out[i], ms, rate, ms_spread=spread)
+    return out
 
 
 def run_plan(plan: Plan, ctx: RunContext, ceilings: Ceilings,
              on_start: Callable[[str], None] = lambda desc: None,
-             on_record: Callable[[Record], None] = lambda rec: None) -> list[Record]:
-    """Run every point of ``plan``; ``on_start``/``on_record`` drive a progress display."""
+             on_record: Callable[[Record], None] = lambda rec: None,
+             rounds: int = 1) -> list[Record]:
+    """Run every point of ``plan``, its providers timed in ``rounds`` interleaved rounds
+    (:func:`run_providers`); ``on_start``/``on_record`` drive a progress display."""
     records: list[Record] = []
     for full_op in plan.ops:
         op = smoke_variant(full_op) if ctx.smoke else full_op
@@ -152,10 +227,8 @@ def run_plan(plan: Plan, ctx: RunContext, ceilings: Ceilings,
                     records.append(rec)
                     on_record(rec)
                 continue
-            for provider in plan.providers:
-                on_start(f"{op.name} S={seq}: {provider.name}")
-                rec = run_point(provider, op, seq, q, k, v, ref, ctx, ceilings)
-                release_memory(ctx.device, collect=rec.status == "error")
+            for rec in run_providers(plan.providers, op, seq, q, k, v, ref, ctx, ceilings,
+                                     rounds, on_start):
                 records.append(rec)
                 on_record(rec)
             del q, k, v, ref

@@ -58,6 +58,7 @@ class Session:
     rep_ms: int = 100
     plots: bool = True
     timer_kind: str = "bench"   # "bench": do_bench of eager calls; "graph": CUDA-graph replay
+    rounds: int = 1             # each point's providers timed in this many interleaved rounds
 
     def timer(self) -> Timer:
         """do_bench medians on a GPU (or CUDA-graph replays: ``timer_kind="graph"``); a
@@ -72,7 +73,8 @@ class Session:
                "ops": [op.name for op in self.ops], "seqs": list(self.seqs),
                "providers": [p.name for p in self.providers], "batch": BATCH,
                "head_dim": HEAD_DIM, "threshold": threshold_for(self.dtype),
-               "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "timer": self.timer_kind}
+               "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "timer": self.timer_kind,
+               "rounds": self.rounds}
         if self.smoke:
             cfg["smoke_head_divisor"] = SMOKE_HEAD_DIVISOR
         return cfg
@@ -96,7 +98,8 @@ class Session:
             progress.advance(task)
             records = run_plan(plan, ctx, ceilings,
                                on_start=lambda desc: progress.update(task, description=desc),
-                               on_record=lambda rec: progress.advance(task))
+                               on_record=lambda rec: progress.advance(task),
+                               rounds=self.rounds)
         comparisons = compare(records)
         doc = build_document(date=now, mode="cpu-smoke" if self.smoke else "gpu",
                              env=environment(self.device), config=self.config(),
