@@ -11,6 +11,7 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh - bloom
 #     git archive 6bfa524 src | tar -x -C .gpu/before     # the tree before the paged change
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src paged
+#     OUT=/some/dir bash benchmarks/catchup.sh - prefill
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -31,10 +32,12 @@
 # 2026-12-05 late, CPU-tested, counted on sm_90 SASS): the serving suite's B = 1 points
 # (fp16; the bf16 ones after) before and after 5763d20 (page ids clamped in 32 bits, a
 # dense pool's strides as constants), alternating, twice each, one process per run.
-# Each part fits one call's 600 s.
+# prefill (about 5 minutes; no "before" tree): issue 18's operators through
+# `neptune-fusion bench` with the interleaved rounds of f5c6519 (each provider timed in 3
+# rounds, the order turned each round), fp16 then bf16. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next, bloom or paged}
+part=${2:?say which part: first, second, training, next, bloom, paged or prefill}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -93,6 +96,16 @@ serve after-1 src float16
 serve before-2 "$before" float16
 serve after-2 src float16
 serve after-bf16 src bfloat16
+elif [ "$part" = prefill ]; then
+for dt in float16 bfloat16; do
+  echo "== bench prefill $dt"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-prefill PYTHONPATH=src timeout 280 python -m \
+    neptune_fusion.bench --ops PF-Global,PF-Causal,PF-GQA,PF-ALiBi,PF-SoftCap,PF-Window \
+    --seqs 4096,16384 --providers neptune,sdpa-cudnn,flex --dtype $dt --no-plots \
+    --out "/tmp/prefill-$dt" > "$OUT/prefill-$dt-log.txt" 2>&1; echo "rc $?"
+  cp "/tmp/prefill-$dt/report.md" "$OUT/prefill-$dt-report.md"
+  cp "/tmp/prefill-$dt/results.json" "$OUT/prefill-$dt.json"
+done
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
