@@ -128,6 +128,7 @@ def timed_record(make: Callable[..., object], ready: Ready, times: list[float],
 
 
 def timing_failed(make: Callable[..., object], ready: Ready, exc: BaseException):
+    """The record of a :class:`Ready` point whose timing raised ``exc``."""
     status, reason = classify_failure(exc)
     return make(status=status, compile_ms=ready.compile_ms, error=ready.error,
                 reason="while timing: " + reason, note=ready.note)

@@ -58,10 +58,11 @@ INT32_MAX = 2 ** 31 - 1
 
 def _clamped(idx: Expr, extent) -> Expr:
     """A gathered index clamped into ``[0, extent - 1]``, as int64. A 32-bit index (a
-    page table's entry) is clamped in 32 bits, then widened -- the same value, since the
-    top ``min(extent - 1, 2**31 - 1)`` is formed in 64 bits once per program -- where the
-    64-bit clamp took two compare-and-select pairs per key (sm_90 SASS of the paged
-    decode: 622 -> 593 instructions per tile, docs/serving.md)."""
+    page table's entry) is clamped in 32 bits, then widened: the same value, since no
+    int32 exceeds the top ``min(extent - 1, 2**31 - 1)`` that replaces ``extent - 1``
+    (a scalar, once per program), where the 64-bit clamp took two compare-and-select
+    pairs per key (sm_90 SASS of the paged decode: 622 -> 593 instructions per tile,
+    docs/serving.md)."""
     top = Binary("sub", extent_expr(extent), Const(1, int64))
     if idx.dtype != int32:
         return Binary("minimum", Binary("maximum", fold(Cast(idx, int64)), Const(0, int64)),
