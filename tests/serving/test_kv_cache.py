@@ -293,6 +293,9 @@ def _pool():
     (lambda a: {"k": torch.zeros(5, 2, 24, D), "v": torch.zeros(5, 2, 24, D)},
      "power of two >= 16, got 24"),
     (lambda a: {"v": a["v"][:4]}, "must agree in num_pages and page_size"),
+    (lambda a: {"k": a["k"][:0], "v": a["v"][:0],
+                "kv_lens": torch.zeros(2, dtype=torch.int32)},
+     "need at least one page; got num_pages = 0"),
     (lambda a: {"kv_lens": torch.tensor([2 * PS + 1, 0], dtype=torch.int32)},
      r"kv_lens\[0\] = 33 is outside \[0, 32\], the cache length \(max_pages 2 x "
      r"page_size 16\)"),

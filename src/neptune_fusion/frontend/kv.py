@@ -50,6 +50,10 @@ def check_kv(q, k, v, kv_lens, block_table) -> int:
         raise FeedError(f"attention: with a block_table, k {tuple(k.shape)} and v "
                         f"{tuple(v.shape)} are page pools (num_pages, Hkv, page_size, D) "
                         "and must agree in num_pages and page_size")
+    if k.shape[0] < 1:   # the kernels clamp a page id into the pool: it needs a page
+        raise FeedError(f"attention: with a block_table, k {tuple(k.shape)} and v are page "
+                        "pools (num_pages, Hkv, page_size, D) and need at least one page; "
+                        "got num_pages = 0")
     ps = k.shape[2]
     if ps < MIN_PAGE or ps & (ps - 1):
         raise FeedError(f"attention: page size (dimension 2 of k with a block_table) must be "
