@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import neptune_fusion as nf
-from neptune_fusion.errors import CodegenError
+from neptune_fusion.errors import CodegenError, FeedError
 from neptune_fusion.runtime.pipeline import compile as nf_compile
 
 
@@ -45,6 +45,19 @@ def test_an_id_outside_the_tensor_reads_inside_it_not_past_it():
     xs = torch.rand(3, 20) + 1.0
     got = kernel(xs, torch.tensor([1, 3, -1, 1000], dtype=torch.int32))
     assert got.tolist() == [xs[1].max(), xs[2].max(), xs[0].max(), xs[2].max()]
+
+
+def test_an_empty_dimension_read_through_ids_is_refused():
+    """Every read of ``x[idx[i], j]`` with no row in ``x`` falls outside it, where the clamp
+    has no element to land on (the interpreter crashed on it): a FeedError naming ``x``
+    and the dimension, before anything runs (also with no ids: the check reads shapes
+    alone). An empty id tensor over a full ``x`` gives no rows."""
+    out, ins = _rows()
+    kernel = nf_compile(out, ins, block_m=4, block_n=16)
+    with pytest.raises(FeedError, match=r"argument 0 \('x'\) has no elements along "
+                                        r"dimension 0, which the kernel indexes by values"):
+        kernel(torch.zeros(0, 20), torch.tensor([1, 0], dtype=torch.int32))
+    assert kernel(torch.rand(3, 20), torch.zeros(0, dtype=torch.int32)).shape == (0,)
 
 
 def test_a_shifted_tile_index_is_still_refused():

@@ -111,3 +111,35 @@ def check_inputs(name: str, inputs, tensors) -> tuple[dict, object]:
     if device is not None and device.type not in ("cuda", "cpu"):
         raise FeedError(f"inputs are on {device}; the kernel runs on CUDA or CPU tensors")
     return sizes, device
+
+
+def gathered_dims(outputs, inputs) -> tuple[tuple[int, int], ...]:
+    """``(input position, dimension)`` of every input dimension that the definition of
+    ``outputs`` indexes by values read from another tensor (``x[idx[i], j]``, a page
+    pool's ``k[table[b, j // page], ...]``): the generated kernels clamp such an index
+    into the dimension, which needs an element to land on (:func:`check_gathered`)."""
+    from ..ir.graph import tensors_in_order
+    from ..ir.nodes import Compute, Load
+    from ..ir.traverse import walk
+    where = {p: k for k, p in enumerate(inputs)}
+    out = set()
+    for t in tensors_in_order(list(outputs)):
+        if not isinstance(t, Compute):
+            continue
+        for x in walk(t.body):
+            if isinstance(x, Load) and x.tensor in where:
+                out.update((where[x.tensor], d) for d, i in enumerate(x.indices)
+                           if any(isinstance(y, Load) for y in walk(i)))
+    return tuple(sorted(out))
+
+
+def check_gathered(name: str, inputs, tensors, dims) -> None:
+    """A :class:`FeedError` when a dimension of ``dims`` (:func:`gathered_dims`) is
+    empty: every read through it would fall outside the tensor (the clamp of a gathered
+    index needs an element; on the CPU such a read crashed the interpreter)."""
+    for k, d in dims:
+        if tensors[k].shape[d] == 0:
+            raise FeedError(f"kernel {name}: argument {k} ({inputs[k].name!r}) has no "
+                            f"elements along dimension {d}, which the kernel indexes by "
+                            f"values read from another tensor; every such read would fall "
+                            f"outside it (shape {tuple(tensors[k].shape)})")

@@ -21,7 +21,7 @@ from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
 from ..schedule.schedule import Schedule
 from .descriptors import bind_context, maker
-from .inputs import CacheInfo, check_inputs, remember, signature
+from .inputs import CacheInfo, check_gathered, check_inputs, gathered_dims, remember, signature
 from .launcher import (
     ARG_CONST,
     ARG_SIZE,
@@ -156,6 +156,7 @@ class Kernel:
         # for the calls the Gluon kernel cannot take (:meth:`takes`); None: refuse them
         self.fallback = None
         self._reaches = None   # bare indices checked per call setup (analysis.reach)
+        self._gathered = None  # input dimensions indexed by other tensors (inputs.py)
         self._gluon = any(sp.dialect == "gluon" for sp in self.specs)
         names = [s.name for p in self.inputs for s in p.shape if isinstance(s, Size)]
         self._size_names = {s: s.name for p in self.inputs for s in p.shape
@@ -303,6 +304,9 @@ class Kernel:
             return setup
         self._misses += 1
         sizes, device = self._check(tensors) if checked is None else checked
+        if self._gathered is None:
+            self._gathered = gathered_dims(self.outputs, self.inputs)
+        check_gathered(self.specs[0].name, self.inputs, tensors, self._gathered)
         named = {self._size_names.get(s, s.name): v for s, v in sizes.items()}
         if self._reaches is None:
             self._reaches = reaches(self.outputs)
