@@ -12,6 +12,7 @@ from rich.console import Console
 from neptune_fusion.bench.chain_report import (
     CHAIN_COMPARISON_KEYS,
     CHAIN_TOP_KEYS,
+    _rounds_note,
     build_chain_document,
     chain_markdown,
     compare_chains,
@@ -39,7 +40,7 @@ EXPECTED_TOP = ["schema", "schema_version", "suite", "date", "mode", "environmen
                 "providers", "ceilings", "records", "comparisons", "summary"]
 EXPECTED_RECORD = ["chain", "dtype", "sizes", "single_pass", "bound", "provider", "group",
                    "status", "ms", "compile_ms", "error", "threshold", "throughput", "unit",
-                   "fraction_of_ceiling", "reason", "note"]
+                   "fraction_of_ceiling", "reason", "note", "ms_spread"]
 
 
 def fake(name, prepare, group="neptune"):
@@ -86,6 +87,26 @@ def test_each_failure_becomes_a_record_and_the_run_goes_on():
     assert broken.reason == "CodegenError: no schedule of the search space fits NVIDIA H200"
     assert by["layer-stats", "bfloat16", "na"].status == "unsupported"
     assert by["layer-stats", "bfloat16", "torch-eager"].status == "ok"
+
+
+def test_rounds_time_every_right_provider_and_keep_their_spread():
+    """With rounds, each right provider is timed once per round (the median counts, the
+    spread is kept and the report names the widest); failures are never timed."""
+    calls = []
+
+    def timer(fn):
+        calls.append(fn)
+        return [3.0, 1.0, 2.0][sum(f is fn for f in calls) - 1]
+    ctx = RunContext(torch.device("cpu"), torch.float32, timer, smoke=True)
+    providers = [fake("good", exact), fake("wrong", off_by_one_percent), EAGER]
+    recs = run_chains([CHAINS["logsumexp"]], [torch.float32], providers, ctx,
+                      Ceilings(None, None), rounds=3)
+    by = {r.provider: r for r in recs}
+    assert len(calls) == 2 * 3 and by["wrong"].ms is None and by["wrong"].ms_spread is None
+    for name in ("good", "torch-eager"):
+        assert by[name].ms == 2.0 and by[name].ms_spread == pytest.approx(1.0)
+    assert "widest spread between a provider's rounds: 100.0 %" in _rounds_note(
+        {"rounds": 3}, recs)
 
 
 def test_gate_checks_every_output_and_the_tf32_bound():

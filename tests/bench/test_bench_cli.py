@@ -67,7 +67,7 @@ def test_bad_names_are_usage_errors(args, text, capsys):
 
 
 @pytest.mark.parametrize("args, text", [
-    (["--suite", "chains", "--rounds", "2"], "--rounds is an option of the attention"),
+    (["--suite", "serving", "--rounds", "2"], "--rounds is an option of the attention"),
     (["--backward", "--rounds", "2"], "--rounds is an option of the attention"),
     (["--rounds", "0"], "--rounds must be at least 1, not 0"),
 ])

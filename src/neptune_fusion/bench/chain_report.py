@@ -173,6 +173,17 @@ HEAD = ["chain", "dtype", "sizes", "passes", "neptune ms", "eager ms", "torch.co
         "cold compile s (NF / compile)", "correct (NF / eager / compile)"]
 
 
+def _rounds_note(cfg: dict, records: Sequence[ChainRecord]) -> str:
+    """How many timing rounds, and the widest spread between a provider's rounds."""
+    spread = [r for r in records if r.ms_spread is not None]
+    if cfg.get("rounds", 1) <= 1 or not spread:
+        return ""
+    w = max(spread, key=lambda r: r.ms_spread)
+    return (f"; each provider timed in {cfg['rounds']} interleaved rounds, the median "
+            f"kept (widest spread between a provider's rounds: {100 * w.ms_spread:.1f} %, "
+            f"{w.chain} {w.dtype} {w.provider})")
+
+
 def chain_markdown(doc: dict, records: Sequence[ChainRecord],
                    comparisons: Sequence[ChainComparison]) -> str:
     """The chain suite's report.md."""
@@ -188,7 +199,7 @@ def chain_markdown(doc: dict, records: Sequence[ChainRecord],
             "the copy ceiling for memory-bound chains, TFLOP/s over the fp16 matmul "
             "ceiling for the projections; cold compile = first call, both sides cold",
             f"* times: {TIMERS.get(cfg.get('timer', 'bench'), cfg.get('timer'))}; the "
-            "ceilings with do_bench", ""]
+            "ceilings with do_bench" + _rounds_note(cfg, records), ""]
     if not smoke:
         out += ceiling_lines(ceil) + [
                 "## Summary", ""]

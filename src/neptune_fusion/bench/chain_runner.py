@@ -20,7 +20,7 @@ from .gate import GateResult, check
 from .providers.base import RunContext
 from .providers.chains import ChainProvider, dtype_name
 from .record import Checked, Status
-from .runner import classify_failure, measure_point, release_memory
+from .runner import Point, classify_failure, measure_points, release_memory
 from .timing import Ceilings
 
 TF32_THRESHOLD = 5e-3
@@ -61,6 +61,7 @@ class ChainRecord(Checked):
     fraction_of_ceiling: float | None = None
     reason: str = ""
     note: str = ""
+    ms_spread: float | None = None    # (max - min) / median of the timing rounds
 
 
 CHAIN_RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(ChainRecord))
@@ -108,31 +109,37 @@ def rate(chain: Chain, sizes: Sizes, ms: float, elem_size: int) -> float:
     return work / (ms * 1e-3) / 1e12
 
 
-def run_chain_point(provider: ChainProvider, chain: Chain, sizes: Sizes,
-                    tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor],
-                    ctx: RunContext, ceilings: Ceilings) -> ChainRecord:
-    """Prepare (cold), gate and time one provider on one chain; never raises for faults."""
+def chain_points(providers: Sequence[ChainProvider], chain: Chain, sizes: Sizes,
+                 tensors: Sequence[torch.Tensor], ref: Sequence[torch.Tensor],
+                 ctx: RunContext, ceilings: Ceilings) -> list[Point]:
+    """Each provider on one chain as a :class:`~.runner.Point`: prepared cold, gated,
+    rated by the chain's bytes or FLOPs."""
     limit = chain_threshold(chain, ctx.dtype)
-    base = dict(chain=chain.name, dtype=dtype_name(ctx.dtype), sizes=dict(sizes),
-                single_pass=chain.single_pass, bound=chain.bound, provider=provider.name,
-                group=provider.group, threshold=limit, unit=UNITS[chain.bound])
+
+    def make_of(provider):
+        base = dict(chain=chain.name, dtype=dtype_name(ctx.dtype), sizes=dict(sizes),
+                    single_pass=chain.single_pass, bound=chain.bound,
+                    provider=provider.name, group=provider.group, threshold=limit,
+                    unit=UNITS[chain.bound])
+        return lambda **f: ChainRecord(**base, **f)
 
     def rated(ms: float) -> tuple[float, float | None]:
         value = rate(chain, sizes, ms, ctx.dtype.itemsize)
         ceiling = ceilings.copy_tbps if chain.bound == "memory" else ceilings.matmul_tflops
         return value, value / ceiling if ceiling else None
-    return measure_point(lambda **f: ChainRecord(**base, **f),
-                         lambda: provider.prepare(chain, tensors, ctx),
-                         lambda out: gate_outputs(out, ref, ctx.dtype, limit), ctx.timer,
-                         ctx.device, rated)
+    return [Point(f"{chain.name} {dtype_name(ctx.dtype)}: {p.name}", make_of(p),
+                  lambda p=p: p.prepare(chain, tensors, ctx),
+                  lambda out: gate_outputs(out, ref, ctx.dtype, limit), rated)
+            for p in providers]
 
 
 def run_chains(chains: Sequence[Chain], dtypes: Sequence[torch.dtype],
                providers: Sequence[ChainProvider], ctx: RunContext, ceilings: Ceilings,
                on_start: Callable[[str], None] = lambda desc: None,
                on_record: Callable[[ChainRecord], None] = lambda rec: None,
-               ) -> list[ChainRecord]:
-    """Every (chain, dtype, provider) point, in that order."""
+               rounds: int = 1) -> list[ChainRecord]:
+    """Every (chain, dtype, provider) point, in that order; each (chain, dtype)'s
+    providers timed in ``rounds`` interleaved rounds (:func:`~.runner.measure_points`)."""
     records: list[ChainRecord] = []
     for chain in chains:
         sizes = chain.smoke if ctx.smoke else chain.sizes
@@ -155,10 +162,9 @@ def run_chains(chains: Sequence[Chain], dtypes: Sequence[torch.dtype],
                     on_record(rec)
                 continue
             with tf32(chain.contraction and dtype == torch.float32):
-                for provider in providers:
-                    on_start(f"{chain.name} {dtype_name(dtype)}: {provider.name}")
-                    rec = run_chain_point(provider, chain, sizes, tensors, ref, dctx, ceilings)
-                    release_memory(ctx.device, collect=rec.status == "error")
+                points = chain_points(providers, chain, sizes, tensors, ref, dctx, ceilings)
+                for rec in measure_points(points, dctx.timer, ctx.device, rounds, on_start,
+                                          f"{chain.name} {dtype_name(dtype)}"):
                     records.append(rec)
                     on_record(rec)
             del tensors, ref

@@ -32,6 +32,7 @@ class ChainSession:
     warmup_ms: int = 25
     rep_ms: int = 100
     timer: str = "bench"   # "bench": do_bench of eager calls; "graph": CUDA-graph replay
+    rounds: int = 1        # each point's providers timed in this many interleaved rounds
 
     def config(self) -> dict:
         """The ``config`` section of results.json."""
@@ -41,7 +42,8 @@ class ChainSession:
                 "providers": [p.name for p in self.providers],
                 "thresholds": {dtype_name(d): t for d, t in CHAIN_THRESHOLDS.items()},
                 "tf32_threshold": TF32_THRESHOLD,
-                "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "timer": self.timer}
+                "warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "timer": self.timer,
+                "rounds": self.rounds}
 
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
         """Run every point, write results.json and report.md to ``out_dir``, print the
@@ -61,7 +63,8 @@ class ChainSession:
             progress.advance(task)
             records = run_chains(self.chains, self.dtypes, self.providers, ctx, ceilings,
                                  on_start=lambda d: progress.update(task, description=d),
-                                 on_record=lambda rec: progress.advance(task))
+                                 on_record=lambda rec: progress.advance(task),
+                                 rounds=self.rounds)
         comparisons = compare_chains(records)
         doc = build_chain_document(date=now, mode="cpu-smoke" if self.smoke else "gpu",
                                    env=environment(self.device), config=self.config(),

@@ -84,7 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "cleared, launch and host work included) or graph (CUDA-graph "
                         "replay: GPU time alone)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="attention suite (forward): time each point's providers in this many "
+                   help="attention (forward) and chain suites: time each point's providers in "
+                        "this many "
                         "interleaved rounds, the order turned each round; the median counts "
                         "and the report gives the spread (default 3; 1 in --cpu-smoke)")
     p.add_argument("--warmup-ms", type=int, default=25, help="do_bench warm-up (ms)")
@@ -134,9 +135,9 @@ def run(args: argparse.Namespace, print_usage: Callable[[], None] = lambda: None
     if args.timer is not None and (args.suite == "serving" or args.backward):
         return _usage_error(console, print_usage, "--timer is an option of the attention "
                             "suite's forward and of the chain suite")
-    if args.rounds is not None and (args.suite != "attention" or args.backward):
+    if args.rounds is not None and (args.suite == "serving" or args.backward):
         return _usage_error(console, print_usage, "--rounds is an option of the attention "
-                            "suite's forward")
+                            "suite's forward and of the chain suite")
     if args.rounds is not None and args.rounds < 1:
         return _usage_error(console, print_usage, f"--rounds must be at least 1, not "
                             f"{args.rounds}")
@@ -222,7 +223,8 @@ def run_chains(args: argparse.Namespace, console, device,
     session = ChainSession(chains=chains, dtypes=tuple(getattr(torch, d) for d in dtypes),
                            providers=providers, device=device, smoke=args.cpu_smoke,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
-                           timer=args.timer or "bench")
+                           timer=args.timer or "bench",
+                           rounds=args.rounds or (1 if args.cpu_smoke else 3))
     return _run_session(args, console, session, device, "chains")
 
 

@@ -134,20 +134,65 @@ def timing_failed(make: Callable[..., object], ready: Ready, exc: BaseException)
                 reason="while timing: " + reason, note=ready.note)
 
 
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One provider at one benchmark point, as :func:`measure_points` takes it:
+    ``prepare()`` gives the prepared call, ``gate(out)`` judges its first output,
+    ``rate(ms)`` gives the throughput and its share of the ceiling, ``make(**fields)``
+    builds the record; ``label`` is what the progress display says while preparing."""
+
+    label: str
+    make: Callable[..., object]
+    prepare: Callable[[], object]
+    gate: Callable[[object], object]
+    rate: Callable[[float], tuple[float, float | None]]
+
+
+def measure_points(points, timer, device: torch.device, rounds: int = 1,
+                   on_start: Callable[[str], None] = lambda desc: None,
+                   title: str = "") -> list:
+    """The providers of one benchmark point, a record each, in order; never raises for
+    provider faults. Each is prepared and gated first (:func:`ready_point`); then the
+    right ones are timed in ``rounds`` rounds, one ``timer`` call each per round, the
+    order turned by one each round (``p0 p1 p2``, ``p1 p2 p0``, ...), so a drift of the
+    GPU's speed over the point (clocks, temperature: cuDNN's own time moved 2-4 %
+    between back-to-back runs on the H100, 2026-12-05) reaches every provider alike;
+    the median of its rounds is a provider's time and ``ms_spread`` their (max - min)
+    / median (with more than one round)."""
+    out: list = []
+    for p in points:
+        on_start(p.label)
+        got = ready_point(p.make, p.prepare, p.gate, device)
+        if not isinstance(got, Ready):   # a record (some suites build theirs as dicts)
+            status = got["status"] if isinstance(got, dict) else got.status
+            release_memory(device, collect=status == "error")
+        out.append(got)
+    times: dict[int, list[float]] = {i: [] for i, r in enumerate(out) if isinstance(r, Ready)}
+    order = list(times)
+    for r in range(rounds if order else 0):
+        if rounds > 1:
+            on_start(f"{title}: timing, round {r + 1} of {rounds}")
+        for i in order[r % len(order):] + order[:r % len(order)]:
+            if i not in times:   # failed in an earlier round
+                continue
+            try:
+                times[i].append(timer(out[i].prepared.fn))
+            except Exception as exc:  # noqa: BLE001
+                out[i] = timing_failed(points[i].make, out[i], exc)
+                del times[i]
+                release_memory(device)
+    for i, ms in times.items():
+        extra = {"ms_spread": (max(ms) - min(ms)) / statistics.median(ms)} \
+            if len(ms) > 1 else {}
+        out[i] = timed_record(points[i].make, out[i], ms, points[i].rate, **extra)
+    return out
+
+
 def measure_point(make: Callable[..., object], prepare: Callable[[], object],
                   gate: Callable[[object], object], timer, device: torch.device,
                   rate: Callable[[float], tuple[float, float | None]]):
-    """The steps every benchmark point takes, each fault a record instead of a raise:
-    :func:`ready_point`, then ``timer`` on the prepared call once; ``rate(ms)`` gives
-    the throughput and its share of the ceiling. ``make(**fields)`` builds the record."""
-    ready = ready_point(make, prepare, gate, device)
-    if not isinstance(ready, Ready):
-        return ready
-    try:
-        ms = timer(ready.prepared.fn)
-    except Exception as exc:  # noqa: BLE001
-        return timing_failed(make, ready, exc)
-    return timed_record(make, ready, [ms], rate)
+    """One provider at one point, timed once (:func:`measure_points`)."""
+    return measure_points([Point("", make, prepare, gate, rate)], timer, device)[0]
 
 
 def run_point(provider: Provider, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Tensor,
@@ -160,13 +205,8 @@ def run_providers(providers, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Ten
                   v: torch.Tensor, ref: torch.Tensor, ctx: RunContext, ceilings: Ceilings,
                   rounds: int = 1, on_start: Callable[[str], None] = lambda desc: None
                   ) -> list[Record]:
-    """Every provider on one point, a record each, in order; never raises for provider
-    faults. Each is prepared and gated first; then the right ones are timed in
-    ``rounds`` rounds, one ``ctx.timer`` each per round, the order turned by one each
-    round (``p0 p1 p2``, ``p1 p2 p0``, ...), so a drift of the GPU's speed over the
-    point (clocks, temperature: cuDNN's own time moved 2-4 % between back-to-back runs
-    on the H100, 2026-12-05) reaches every provider alike; the median of its rounds is
-    a provider's time and ``ms_spread`` their (max - min) / median."""
+    """Every provider on one attention point, timed in ``rounds`` interleaved rounds
+    (:func:`measure_points`)."""
     def make_of(provider):
         base = dict(op=op.name, phase=op.phase, seq=seq, provider=provider.name,
                     group=provider.group, unit=UNITS[op.phase])
@@ -176,32 +216,11 @@ def run_providers(providers, op: OpSpec, seq: int, q: torch.Tensor, k: torch.Ten
         value = throughput(op, seq, ms, ctx.dtype.itemsize)
         return value, fraction_of_ceiling(op.phase, value, ceilings.matmul_tflops,
                                           ceilings.copy_tbps)
-    out: list = []
-    for p in providers:
-        on_start(f"{op.name} S={seq}: {p.name}")
-        got = ready_point(make_of(p), lambda p=p: p.prepare(op, q, k, v, ctx),
-                          lambda o: check(o, ref, ctx.dtype), ctx.device)
-        if not isinstance(got, Ready):
-            release_memory(ctx.device, collect=got.status == "error")
-        out.append(got)
-    times: dict[int, list[float]] = {i: [] for i, r in enumerate(out) if isinstance(r, Ready)}
-    order = list(times)
-    for r in range(rounds if order else 0):
-        if rounds > 1:
-            on_start(f"{op.name} S={seq}: timing, round {r + 1} of {rounds}")
-        for i in order[r % len(order):] + order[:r % len(order)]:
-            if i not in times:   # failed in an earlier round
-                continue
-            try:
-                times[i].append(ctx.timer(out[i].prepared.fn))
-            except Exception as exc:  # noqa: BLE001
-                out[i] = timing_failed(make_of(providers[i]), out[i], exc)
-                del times[i]
-                release_memory(ctx.device)
-    for i, ms in times.items():
-        spread = (max(ms) - min(ms)) / statistics.median(ms) if len(ms) > 1 else None
-        out[i] = timed_record(make_of(providers[i]), out[i], ms, rate, ms_spread=spread)
-    return out
+    points = [Point(f"{op.name} S={seq}: {p.name}", make_of(p),
+                    lambda p=p: p.prepare(op, q, k, v, ctx),
+                    lambda o: check(o, ref, ctx.dtype), rate) for p in providers]
+    return measure_points(points, ctx.timer, ctx.device, rounds, on_start,
+                          f"{op.name} S={seq}")
 
 
 def run_plan(plan: Plan, ctx: RunContext, ceilings: Ceilings,
