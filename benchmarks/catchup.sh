@@ -34,7 +34,8 @@
 # dense pool's strides as constants), alternating, twice each, one process per run.
 # prefill (about 5 minutes; no "before" tree): issue 18's operators through
 # `neptune-fusion bench` with the interleaved rounds of f5c6519 (each provider timed in 3
-# rounds, the order turned each round), fp16 then bf16. Each part fits one call's 600 s.
+# rounds, the order turned each round), fp16 then bf16; then the bf16 chains that sat
+# at 0.98x torch.compile, timed the same way. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
 part=${2:?say which part: first, second, training, next, bloom, paged or prefill}
@@ -106,6 +107,7 @@ for dt in float16 bfloat16; do
   cp "/tmp/prefill-$dt/report.md" "$OUT/prefill-$dt-report.md"
   cp "/tmp/prefill-$dt/results.json" "$OUT/prefill-$dt.json"
 done
+bench chains-rounds src --dtype bfloat16 --ops variance,layer-stats,softmax --providers neptune,torch-compile
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
