@@ -179,8 +179,7 @@ def test_paged_without_lengths_reads_every_page():
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
-
-def _dense_flags(kern) -> list[bool]:
+def _dense_flags(kern) -> list[tuple[bool, ...]]:
     """The ``<pool>_DENSE`` constexprs of the partial kernel's launch steps so far."""
     spec = kern.specs[0]
     at = [i for i, a in enumerate(spec.args) if a[0] == "dense"]
@@ -209,6 +208,7 @@ def test_page_pools_of_any_layout():
     [kern] = cache.kernels()
     assert "if k_DENSE:" in kern.specs[0].source
     assert _dense_flags(kern) == [(False, False), (True, False), (True, True)]
+
 
 def test_the_reference_evaluates_the_same_ir(rng):
     """The float64 evaluator runs the paged, ragged definition the kernels compile: the
