@@ -87,15 +87,24 @@ def match_contraction(r: Reduce, role_of: Callable[[IndexVar], str | None],
     return Contraction(a, b, k, x, y, mask)
 
 
-def indirect_load(exprs) -> bool:
-    """Whether a load among ``exprs`` is indexed by another load: a gather through a
-    table, as a paged cache's ``k[block_table[b, j // page], h, j % page, c]``."""
+def gathered_dims(x: Load) -> tuple[int, ...]:
+    """The dimensions of load ``x`` indexed by values read from another tensor."""
+    return tuple(d for d, i in enumerate(x.indices)
+                 if any(isinstance(y, Load) for y in walk(i)))
+
+
+def gathered_loads(exprs):
+    """The loads among ``exprs`` indexed by another load: gathers through a table, as a
+    paged cache's ``k[block_table[b, j // page], h, j % page, c]``."""
     for e in exprs:
         for x in walk(e):
-            if isinstance(x, Load) and any(isinstance(y, Load) for i in x.indices
-                                           for y in walk(i)):
-                return True
-    return False
+            if isinstance(x, Load) and gathered_dims(x):
+                yield x
+
+
+def indirect_load(exprs) -> bool:
+    """Whether a load among ``exprs`` is indexed by another load (:func:`gathered_loads`)."""
+    return next(gathered_loads(exprs), None) is not None
 
 
 def gathers(prog) -> bool:

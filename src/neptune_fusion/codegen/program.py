@@ -66,6 +66,16 @@ def extent_expr(ext) -> Expr:
     return ext if isinstance(ext, Size) else Const(ext, int64)
 
 
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a row-major tensor of ``shape`` (ints), as ``torch.empty`` makes
+    them (an empty dimension counts as one)."""
+    out, step = [], 1
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(out))
+
+
 def extent_value(ext, sizes: dict) -> int:
     """An axis extent's value, ``sizes`` mapping each :class:`Size` to its bound value."""
     return sizes[ext] if isinstance(ext, Size) else int(ext)

@@ -25,7 +25,7 @@ from ..ir.traverse import substitute, walk
 from ..schedule.schedule import COL_GROUP
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
-from .patterns import indirect_load
+from .patterns import gathered_loads, indirect_load
 from .program import (
     BLOCK_N,
     COL_START,
@@ -36,6 +36,7 @@ from .program import (
     TILE_END,
     TILE_START,
     TileProgram,
+    contiguous_strides,
     extent_expr,
 )
 from .reuse import share_exponentials
@@ -95,11 +96,7 @@ def dense_strides(t) -> tuple[int, ...] | None:
     shape = t.tensor.shape
     if len(shape) < 2 or not all(isinstance(n, int) for n in shape[1:]):
         return None
-    out, step = [], 1
-    for n in reversed(shape[1:]):
-        out.append(step)
-        step *= max(n, 1)
-    return (step, *reversed(out))
+    return contiguous_strides([1, *shape[1:]])    # the first extent sets no stride
 
 
 def dense_candidates(prog: TileProgram) -> tuple:
@@ -111,9 +108,7 @@ def dense_candidates(prog: TileProgram) -> tuple:
     tensors of the same layout, not a 64-bit multiply per stride and tensor (sm_90 SASS
     of the paged decode's tile: 593 -> 479 instructions, where a contiguous cache's
     takes 456; docs/serving.md)."""
-    seen = {x.tensor for seg in prog.segments for _, e in seg.body for x in walk(e)
-            if isinstance(x, Load) and any(isinstance(y, Load) for i in x.indices
-                                           for y in walk(i))}
+    seen = {x.tensor for x in gathered_loads(e for seg in prog.segments for _, e in seg.body)}
     return tuple(t for t in prog.inputs if t.tensor in seen and dense_strides(t))
 
 

@@ -118,19 +118,14 @@ def gathered_dims(outputs, inputs) -> tuple[tuple[int, int], ...]:
     ``outputs`` indexes by values read from another tensor (``x[idx[i], j]``, a page
     pool's ``k[table[b, j // page], ...]``): the generated kernels clamp such an index
     into the dimension, which needs an element to land on (:func:`check_gathered`)."""
+    from ..codegen.patterns import gathered_dims as dims_of
+    from ..codegen.patterns import gathered_loads
     from ..ir.graph import tensors_in_order
-    from ..ir.nodes import Compute, Load
-    from ..ir.traverse import walk
+    from ..ir.nodes import Compute
     where = {p: k for k, p in enumerate(inputs)}
-    out = set()
-    for t in tensors_in_order(list(outputs)):
-        if not isinstance(t, Compute):
-            continue
-        for x in walk(t.body):
-            if isinstance(x, Load) and x.tensor in where:
-                out.update((where[x.tensor], d) for d, i in enumerate(x.indices)
-                           if any(isinstance(y, Load) for y in walk(i)))
-    return tuple(sorted(out))
+    bodies = (t.body for t in tensors_in_order(list(outputs)) if isinstance(t, Compute))
+    return tuple(sorted({(where[x.tensor], d) for x in gathered_loads(bodies)
+                         if x.tensor in where for d in dims_of(x)}))
 
 
 def check_gathered(name: str, inputs, tensors, dims) -> None:

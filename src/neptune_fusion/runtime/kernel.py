@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..analysis.reach import check_reaches, reaches
+from ..codegen.program import contiguous_strides
 from ..errors import CodegenError, FeedError
 from ..ir.nodes import Size, memo
 from ..ir.pow2 import tile_extent
@@ -374,7 +375,7 @@ class Kernel:
         strides = {f"in{i}": t.stride() for i, t in enumerate(tensors)}
         for kk in range(k + 1):
             for key, shape, _ in self.specs[kk].outputs:
-                strides[key] = _contiguous_strides([_value(x, sizes) for x in shape])
+                strides[key] = contiguous_strides([_value(x, sizes) for x in shape])
         if out_strides is not None:
             strides.update((key, st) for key, st in zip(out_keys, out_strides)
                            if st is not None)
@@ -623,11 +624,3 @@ def tma_strides(tensors) -> bool:
                                            for x, n in zip(st[:-1], t.shape))):
             return False
     return True
-
-
-def _contiguous_strides(shape: list[int]) -> tuple[int, ...]:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(out))
