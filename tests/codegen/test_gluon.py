@@ -7,8 +7,10 @@ The interpreter cannot run Gluon: the numbers come from the H200
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import neptune_fusion as nf
@@ -114,6 +116,31 @@ def test_window_softcap_gqa_source(golden):
     [prog] = _program("PF-Window", sched=Schedule(block_m=128, block_n=64, num_warps=8,
                                                   num_stages=3))
     golden("gluon_pf_window.py", generate(prog))
+
+
+def test_alibi_columns_convert_without_a_conversion_per_column():
+    """ALiBi's ``float(j - i_first)``: a part constant per register plus one taking two
+    values per thread (``Lowerer.column_float``), in every branch of every tile."""
+    [prog] = _program("PF-ALiBi")
+    src = generate(prog)
+    split = re.findall(r"\(cols_j(?:_\d+)? & -8\)\.to\(tl\.float32\) \+ "
+                       r"\(\(cols_j(?:_\d+)? & 7\) \+ \(j0(?:_\d+)? - i_first\)\)"
+                       r"\.to\(tl\.float32\)", src)
+    assert len(split) == 2 * len(prog.segments), src   # the first tile and the loop
+    assert "(offs_j - i_first).to(" not in src
+
+
+def test_alibi_column_split_is_exact():
+    """The split's claim: ``float(c & -8) + float((c & 7) + b)`` is ``float(c + b)``
+    bit for bit in float32 while every magnitude is below ``2**24`` (the far edge of
+    that range included)."""
+    rng = np.random.default_rng(7)
+    c = rng.integers(0, 256, 200_000)
+    b = np.concatenate([rng.integers(-(2**24) + 256, 2**24 - 256, 100_000),
+                        rng.integers(-300, 300, 100_000)])
+    whole = (c + b).astype(np.float32)
+    parts = (c & -8).astype(np.float32) + ((c & 7) + b).astype(np.float32)
+    assert np.array_equal(whole, parts)
 
 
 def test_every_prefill_operator_has_the_shape():

@@ -58,7 +58,8 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
         gl.thread_barrier()
         mbarrier.arrive(b_empty.index(0))
         j0 = 0 + 0 * BLOCK_N
-        offs_j = j0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        cols_j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        offs_j = j0 + cols_j
         if j0 < j_full_hi:
             t_2 = _nf_max(qk, 1, INTERPRET)
             m_tile = t_2 * 0.12751743082459868
@@ -95,7 +96,8 @@ def pf_causal_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             gl.thread_barrier()
             mbarrier.arrive(b_empty.index(buf))
             j0_2 = 0 + t * BLOCK_N
-            offs_j = j0_2 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+            cols_j_2 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+            offs_j = j0_2 + cols_j_2
             if j0_2 < j_full_hi:
                 t_3 = _nf_max(qk, 1, INTERPRET)
                 m_tile_3 = t_3 * 0.12751743082459868

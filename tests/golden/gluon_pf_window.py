@@ -61,7 +61,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
         gl.thread_barrier()
         mbarrier.arrive(b_empty.index(0))
         j0 = j_lo + 0 * BLOCK_N
-        offs_j = j0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        cols_j = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        offs_j = j0 + cols_j
         if j0 < j_full_lo:
             mask = (offs_j[None, :] <= offs_i[:, None]) & (offs_i[:, None] - offs_j[None, :] < 4096)
             x = qk * 0.001767766952966369
@@ -125,7 +126,8 @@ def pf_window_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0
             gl.thread_barrier()
             mbarrier.arrive(b_empty.index(buf))
             j0_2 = j_lo + t * BLOCK_N
-            offs_j = j0_2 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+            cols_j_2 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+            offs_j = j0_2 + cols_j_2
             if j0_2 < j_full_lo:
                 mask_3 = (offs_j[None, :] <= offs_i[:, None]) & (offs_i[:, None] - offs_j[None, :] < 4096)
                 x_4 = qk * 0.001767766952966369

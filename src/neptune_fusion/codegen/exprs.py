@@ -24,7 +24,7 @@ from ..ir.nodes import Binary, Cast, Const, Expr, IndexVar, Load, Param, Reduce,
 from ..ir.traverse import walk
 from .emitter import Block
 from .patterns import canonical, match_contraction
-from .program import INDEX_PARAMS, TileProgram
+from .program import INDEX_PARAMS, TILE_START, TileProgram
 from .tiles import TileOps, Val, masked_load
 from .triton_ops import (
     ADD,
@@ -60,8 +60,12 @@ class Lowerer(TileOps):
 
     def __init__(self, prog: TileProgram, env: dict[Expr, Val], block: Block,
                  hoist: Block | None, variant: frozenset, guard: bool = False,
-                 uses: dict | None = None, hints: dict | None = None) -> None:
+                 uses: dict | None = None, hints: dict | None = None,
+                 columns: tuple[str, int] | None = None) -> None:
         self.prog, self.env, self.block, self.hoist = prog, env, block, hoist
+        # the tile's column indices (an arange over BLOCK_N) and the period above which
+        # their bits are one constant per register in every thread (see ``cast``)
+        self.columns = columns
         self.variant_leaves, self.guard = variant, guard
         self.uses, self.hints = uses or {}, hints or {}
         self.roles = {a.var: a for a in prog.axes}
@@ -338,6 +342,9 @@ class Lowerer(TileOps):
 
     def cast(self, e: Cast, axes) -> Val:
         d = e.x
+        got = self.column_float(e)
+        if got is not None:
+            return got
         if e.dtype.is_float and isinstance(d, Binary) and d.op in ("add", "sub") \
                 and not d.dtype.is_float and self.tile_roles(d.a) < self.tile_roles(d) \
                 and self.tile_roles(d.b) < self.tile_roles(d):
@@ -353,6 +360,40 @@ class Lowerer(TileOps):
             return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
         kind = "i64" if e.dtype == int64 else "i32"
         return x if x.kind == kind else self.convert(x, kind)
+
+
+    def column_float(self, e: Cast) -> Val | None:
+        """``float(j +- s)`` for the loop index ``j`` and a per-tile scalar ``s``
+        (ALiBi's ``j - i_first``) where the dialect names its column layout
+        (``columns``: the in-tile index ``c`` and a period ``P``): ``float(c & -P) +
+        float((c & (P - 1)) + (j0 +- s))``. In a layout whose thread holds the columns
+        ``P k + r`` (Hopper's MMA accumulator: ``P = 8``, ``r`` from the lane and one
+        register bit), the first part is a constant per register and the second takes two
+        values per thread, so the per-column integer add and conversion are gone. The
+        same value while every magnitude is below ``2**24`` (both parts convert exactly
+        and their sum is exact); None where the form does not apply."""
+        d = e.x
+        if self.columns is None or not e.dtype.is_float or d.dtype.is_float \
+                or not isinstance(d, Binary) or d.op not in ("add", "sub"):
+            return None
+        loop, start = self.prog.loop.var, self.env.get(TILE_START)
+        if d.a is loop:
+            op, s = d.op, d.b
+        elif d.b is loop and d.op == "add":
+            op, s = "add", d.a
+        else:
+            return None
+        if start is None or self.tile_roles(s):
+            return None
+        cols, period = self.columns
+        sv = self.value(s, ())
+        if sv.kind not in ("i32", "i64"):
+            return None
+        sign = "+" if op == "add" else "-"
+        base = f"{start.code} {sign} {wrap(sv.code, sv.prec, MUL)}"
+        hi = f"({cols} & {-period}).to(tl.float32)"
+        lo = f"(({cols} & {period - 1}) + ({base})).to(tl.float32)"
+        return Val(f"{hi} + {lo}", ("loop",), "f32", ADD)
 
 
 _F32_MAX = 3.4028234663852886e38

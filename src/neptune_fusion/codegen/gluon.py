@@ -758,7 +758,9 @@ class _Kernel:
         loop = prog.loop.name
         j0 = into.bind(f"{loop}0", f"{lo} + {t} * BLOCK_N")
         offs = f"offs_{loop}"
-        into.emit(f"{offs} = {j0} + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))")
+        cols = into.bind(f"cols_{loop}",
+                         "gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))")
+        into.emit(f"{offs} = {j0} + {cols}")
         rows = [s for s in prog.state if s.name != sh.acc]
         outs = [into.names.fresh(f"{s.name}_next") for s in rows]
         p_name, f_name = into.names.fresh("p_next"), into.names.fresh("f_next")
@@ -780,8 +782,11 @@ class _Kernel:
                 uses = count_uses(roots)
                 for r in roots:   # a root another root reads is bound once, not twice
                     uses[r] = uses.get(r, 0) + 1
+                # a thread of the wgmma accumulator holds the columns 8 k + r (r from
+                # the lane and one register bit): Lowerer.column_float
                 low = Lowerer(prog, local, br, hoist, self.state_params | {TILE_START, TILE_END},
-                              guard=seg.guard, uses=uses, hints=dict(seg.hints))
+                              guard=seg.guard, uses=uses, hints=dict(seg.hints),
+                              columns=(cols, 8))
                 vals = [low.value(body[s.name]) for s in rows]
                 pv, fv = low.value(p, ("row", "loop")), low.value(f)
                 br.emit(f"{', '.join(outs + [p_name, f_name])} = "
