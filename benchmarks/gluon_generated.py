@@ -192,7 +192,7 @@ def triton_cdiv(a, b):
 
 
 def compile_only(args):
-    from sm90 import compile_sm90, sass_counts, sass_loops
+    from sm90 import compile_sm90, sass_counts, sass_paths
 
     for name, d, (bm, bn, st, *rp), edit in itertools.product(
             args.ops, args.head_dims or [128], args.tiles, args.edits):
@@ -228,7 +228,7 @@ def compile_only(args):
         rec(op=name, d=d, block_m=bm, block_n=bn, stages=st, row_programs=rp[0] if rp else 0,
             edit=edit, ok=True,
             shared=k.metadata.shared, s=round(time.time() - t0, 1), ptxas=info,
-            sass=sass_counts(k), loops=[n for n, _ in sass_loops(k)])
+            sass=sass_counts(k), loops=[list(x) for x in sass_paths(k)])
 
 
 def reference(op, q, k, v, scale):

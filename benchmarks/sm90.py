@@ -89,17 +89,12 @@ def compile_triton_sm90(fn, constexprs: dict, num_warps: int, num_stages: int,
     return k, _ptxas(k)
 
 
-def sass_loops(kernel, least: int = 60) -> list[tuple[int, dict]]:
-    """The loops of ``kernel``'s sm_90 SASS (a backward branch to a label and the
-    instructions from that label to it) of at least ``least`` instructions, in order:
-    ``(instructions, {opcode: count})``, the most frequent opcodes first. A tile loop's
-    count is what one tile costs each thread in issue slots."""
+def _instructions(kernel) -> tuple[dict, list]:
+    """``({label: index}, [instruction text])`` of ``kernel``'s sm_90 SASS."""
     import re
-    from collections import Counter
 
-    sass = _sass(kernel)
     labels, ins = {}, []
-    for line in sass.splitlines():
+    for line in _sass(kernel).splitlines():
         got = re.match(r"^(\.L_x_\d+):", line.strip())
         if got:
             labels[got.group(1)] = len(ins)
@@ -107,12 +102,67 @@ def sass_loops(kernel, least: int = 60) -> list[tuple[int, dict]]:
         got = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
         if got:
             ins.append(got.group(1))
-    loops = []
+    return labels, ins
+
+
+def _loops(labels: dict, ins: list, least: int) -> list[tuple[int, int]]:
+    """``(first, last)`` instruction of each loop: a backward branch to a label."""
+    import re
+
+    out = []
     for i, text in enumerate(ins):
         got = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
         if got and labels.get(got.group(1), i) < i and i + 1 - labels[got.group(1)] >= least:
-            body = ins[labels[got.group(1)]:i + 1]
-            ops = Counter(re.match(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", x).group(1)
-                          for x in body)
-            loops.append((len(body), dict(ops.most_common(12))))
+            out.append((labels[got.group(1)], i))
+    return out
+
+
+def sass_loops(kernel, least: int = 60) -> list[tuple[int, dict]]:
+    """The loops of ``kernel``'s sm_90 SASS (a backward branch to a label and the
+    instructions from that label to it) of at least ``least`` instructions, in order:
+    ``(instructions, {opcode: count})``, the most frequent opcodes first. The count
+    holds every branch of the body once; :func:`sass_paths` gives what one pass costs."""
+    import re
+    from collections import Counter
+
+    labels, ins = _instructions(kernel)
+    loops = []
+    for first, last in _loops(labels, ins, least):
+        body = ins[first:last + 1]
+        ops = Counter(re.match(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", x).group(1)
+                      for x in body)
+        loops.append((len(body), dict(ops.most_common(12))))
     return loops
+
+
+def sass_paths(kernel, least: int = 60) -> list[tuple[int, int, int]]:
+    """Per loop of :func:`sass_loops`: ``(instructions, shortest, longest)``, the
+    instructions issued by one pass from the loop's label to its backward branch along
+    the shortest and the longest forward path (inner loops -- a barrier's wait -- counted
+    once). For a tile loop whose body branches on the tile's kind, the shortest pass is
+    usually an interior tile and the longest a masked one: what one tile costs each
+    thread in issue slots."""
+    import re
+
+    labels, ins = _instructions(kernel)
+    out = []
+    for first, last in _loops(labels, ins, least):
+        # forward-branch DAG over the body's instructions: best[i] = (short, long) from i
+        best = {last + 1: (0, 0)}
+        for i in range(last, first - 1, -1):
+            text = ins[i]
+            nxt = [i + 1] if i < last else [last + 1]
+            got = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
+            if got and i < last:
+                to = labels.get(got.group(1))
+                cond = re.match(r"@!?U?P[T\d]+\s", text) is not None
+                if to is not None and i < to <= last + 1:
+                    nxt = [to, i + 1] if cond else [to]
+                elif to is not None and not cond:
+                    nxt = [last + 1] if to > last else [i + 1]   # leaves, or an inner loop
+            if re.match(r"(?:@!?U?P[T\d]+\s+)?(EXIT|RET)", text):
+                nxt = [last + 1]
+            opts = [best[j] for j in nxt if j in best]
+            best[i] = (1 + min(o[0] for o in opts), 1 + max(o[1] for o in opts))
+        out.append((last + 1 - first, *best[first]))
+    return out
