@@ -12,6 +12,8 @@
 #     git archive 6bfa524 src | tar -x -C .gpu/before     # the tree before the paged change
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/before/src paged
 #     OUT=/some/dir bash benchmarks/catchup.sh - prefill
+#     git archive 678fd8a src | tar -x -C .gpu/head       # the tree before the column split
+#     OUT=/some/dir bash benchmarks/catchup.sh .gpu/head/src column
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -35,10 +37,14 @@
 # prefill (about 5 minutes; no "before" tree): issue 18's operators through
 # `neptune-fusion bench` with the interleaved rounds of f5c6519 (each provider timed in 3
 # rounds, the order turned each round), fp16 then bf16; then the bf16 chains that sat
-# at 0.98x torch.compile, timed the same way. Each part fits one call's 600 s.
+# at 0.98x torch.compile, timed the same way. column (about 5 minutes; landed 2026-12-05
+# night, CPU-tested, counted on sm_90 SASS): PF-ALiBi against FlexAttention before and
+# after 878fba3 (ALiBi's column positions without a conversion per column: 657 -> 597
+# instructions an interior tile), fp16, then after in bf16; the bench's float64 gate
+# checks the new kernel. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next, bloom, paged or prefill}
+part=${2:?say which part: first, second, training, next, bloom, paged, prefill or column}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -108,6 +114,19 @@ for dt in float16 bfloat16; do
   cp "/tmp/prefill-$dt/results.json" "$OUT/prefill-$dt.json"
 done
 bench chains-rounds src --dtype bfloat16 --ops variance,layer-stats,softmax --providers neptune,torch-compile
+elif [ "$part" = column ]; then
+alibi() { # name src dtype
+  echo "== PF-ALiBi $1 $3"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-$1 PYTHONPATH=$2 timeout 140 python -m neptune_fusion.bench \
+    --ops PF-ALiBi --seqs 4096,16384 --providers neptune,flex --dtype "$3" --no-plots \
+    --out "/tmp/alibi-$1" > "/tmp/alibi-$1.log" 2>&1; echo "rc $?"
+  tail -3 "/tmp/alibi-$1.log"
+  cp "/tmp/alibi-$1/report.md" "$OUT/alibi-$1-report.md"
+}
+alibi after-fp16 src float16
+alibi before-fp16 "$before" float16
+alibi after-fp16-2 src float16
+alibi after-bf16 src bfloat16
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
