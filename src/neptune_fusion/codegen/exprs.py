@@ -64,7 +64,7 @@ class Lowerer(TileOps):
                  columns: tuple[str, int] | None = None) -> None:
         self.prog, self.env, self.block, self.hoist = prog, env, block, hoist
         # the tile's column indices (an arange over BLOCK_N) and the period above which
-        # their bits are one constant per register in every thread (see ``cast``)
+        # their bits are one constant per register in every thread (``column_float``)
         self.columns = columns
         self.variant_leaves, self.guard = variant, guard
         self.uses, self.hints = uses or {}, hints or {}
@@ -360,7 +360,6 @@ class Lowerer(TileOps):
             return Val(f"{wrap(x.code, x.prec, 2)} != 0", x.axes, "bool", 1)
         kind = "i64" if e.dtype == int64 else "i32"
         return x if x.kind == kind else self.convert(x, kind)
-
 
     def column_float(self, e: Cast) -> Val | None:
         """``float(j +- s)`` for the loop index ``j`` and a per-tile scalar ``s``
