@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=32)
     ap.add_argument("--schedule", default="4x128/4/3", help="splits x tile / warps / stages")
     a = ap.parse_args()
-    from sm90 import compile_triton_sm90, sass_loops
+    from sm90 import compile_triton_sm90, sass_loops, sass_paths
 
     from neptune_fusion.runtime.loader import load_kernel_module
 
@@ -81,10 +81,9 @@ def main() -> None:
             k, info = compile_triton_sm90(fn, consts, warps, stages)
             what = "contiguous" if not page else \
                 f"pages of {page}, strides {'constant' if flag else 'arguments'}"
-            loops = sass_loops(k)
             print(f"{what}: {info}")
-            for n, ops in loops:
-                print(f"  loop of {n} instructions: {ops}")
+            for (n, ops), (_, short, long) in zip(sass_loops(k), sass_paths(k)):
+                print(f"  loop of {n} instructions (a pass: {short}-{long}): {ops}")
 
 
 if __name__ == "__main__":
