@@ -4,8 +4,13 @@ is counted. Shared by the probes (``gluon_probe.py``, ``gluon_generated.py``,
 ``paged_sass.py``); needs a Triton whose API the kernel is written in (3.6, the
 device's)."""
 import os
+import re
 import subprocess
 import tempfile
+
+# a predicate (@P0, @!UPT, ...) before an instruction; a branch and its label
+_PRED = r"@!?U?P[T\d]+\s+"
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
 
 
 def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int):
@@ -52,10 +57,8 @@ def sass_counts(kernel, opcodes=("I2FP", "I2F", "FFMA", "FMUL", "FADD", "MUFU", 
     """Static counts of some opcodes in ``kernel``'s sm_90 SASS (``nvdisasm`` of its
     cubin; every path of the kernel once, not per executed tile) and of all
     instructions: a CPU-side view of what an edit of the source changes."""
-    import re
-
     sass = _sass(kernel)
-    names = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    names = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:" + _PRED + r")?([A-Z][A-Z0-9_]*)", sass)
     return {"all": len(names), **{op: names.count(op) for op in opcodes}}
 
 
@@ -66,8 +69,6 @@ def compile_triton_sm90(fn, constexprs: dict, num_warps: int, num_stages: int,
     pointers 16-byte aligned (``dtype``; int32 for ``kv_lens`` and ``block_table``, fp32
     for split-k workspaces), the strides ``*_s0`` .. ``*_s2`` (not the block table's)
     i32 multiples of 16, everything else plain i32. ``(kernel, ptxas's lines)``."""
-    import re
-
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import ASTSource
@@ -91,8 +92,6 @@ def compile_triton_sm90(fn, constexprs: dict, num_warps: int, num_stages: int,
 
 def _instructions(kernel) -> tuple[dict, list]:
     """``({label: index}, [instruction text])`` of ``kernel``'s sm_90 SASS."""
-    import re
-
     labels, ins = {}, []
     for line in _sass(kernel).splitlines():
         got = re.match(r"^(\.L_x_\d+):", line.strip())
@@ -107,11 +106,9 @@ def _instructions(kernel) -> tuple[dict, list]:
 
 def _loops(labels: dict, ins: list, least: int) -> list[tuple[int, int]]:
     """``(first, last)`` instruction of each loop: a backward branch to a label."""
-    import re
-
     out = []
     for i, text in enumerate(ins):
-        got = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
+        got = _BRANCH.search(text)
         if got and labels.get(got.group(1), i) < i and i + 1 - labels[got.group(1)] >= least:
             out.append((labels[got.group(1)], i))
     return out
@@ -122,14 +119,13 @@ def sass_loops(kernel, least: int = 60) -> list[tuple[int, dict]]:
     instructions from that label to it) of at least ``least`` instructions, in order:
     ``(instructions, {opcode: count})``, the most frequent opcodes first. The count
     holds every branch of the body once; :func:`sass_paths` gives what one pass costs."""
-    import re
     from collections import Counter
 
     labels, ins = _instructions(kernel)
     loops = []
     for first, last in _loops(labels, ins, least):
         body = ins[first:last + 1]
-        ops = Counter(re.match(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", x).group(1)
+        ops = Counter(re.match(r"(?:" + _PRED + r")?([A-Z][A-Z0-9_]*)", x).group(1)
                       for x in body)
         loops.append((len(body), dict(ops.most_common(12))))
     return loops
@@ -142,8 +138,6 @@ def sass_paths(kernel, least: int = 60) -> list[tuple[int, int, int]]:
     once). For a tile loop whose body branches on the tile's kind, the shortest pass is
     usually an interior tile and the longest a masked one: what one tile costs each
     thread in issue slots."""
-    import re
-
     labels, ins = _instructions(kernel)
     out = []
     for first, last in _loops(labels, ins, least):
@@ -152,15 +146,15 @@ def sass_paths(kernel, least: int = 60) -> list[tuple[int, int, int]]:
         for i in range(last, first - 1, -1):
             text = ins[i]
             nxt = [i + 1] if i < last else [last + 1]
-            got = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", text)
+            got = _BRANCH.search(text)
             if got and i < last:
                 to = labels.get(got.group(1))
-                cond = re.match(r"@!?U?P[T\d]+\s", text) is not None
+                cond = re.match(_PRED, text) is not None
                 if to is not None and i < to <= last + 1:
                     nxt = [to, i + 1] if cond else [to]
                 elif to is not None and not cond:
                     nxt = [last + 1] if to > last else [i + 1]   # leaves, or an inner loop
-            if re.match(r"(?:@!?U?P[T\d]+\s+)?(EXIT|RET)", text):
+            if re.match(r"(?:" + _PRED + r")?(EXIT|RET)", text):
                 nxt = [last + 1]
             opts = [best[j] for j in nxt if j in best]
             best[i] = (1 + min(o[0] for o in opts), 1 + max(o[1] for o in opts))
