@@ -136,12 +136,51 @@ def _block_order(group: int):
     return edit
 
 
+def _skip_rescale(lag: float | None):
+    """The accumulator's rescale behind a warpgroup-wide vote, skipped where every row's
+    factor is 1 (exact: a product by 1); with ``lag``, a row's running maximum moves only
+    when a tile's exceeds it by more than ``lag`` (log2 units: the probabilities stay
+    below ``2**lag``), so the vote almost always skips -- FlashAttention-4's conditional
+    rescale, an experiment before the compiler does it."""
+    def edit(src):
+        out, hits = [], 0
+        for line in src.splitlines():
+            pad = line[:len(line) - len(line.lstrip())]
+            got = re.match(r"\s*(\w+) = _nf_maximum\(m, (.+)\)$", line)
+            if lag is not None and got:
+                x = got.group(2)
+                line = (f"{pad}{got.group(1)} = tl.where(({x}) <= m + {lag}, m, "
+                        f"_nf_maximum(m, {x}))")
+            got = re.match(r"\s*(\w+) = \1 \* gl\.convert_layout\((\w+), ", line)
+            if got:
+                hits += 1
+                out.append(f"{pad}if tl.max(tl.where({got.group(2)} != 1.0, 1, 0), 0) > 0:")
+                line = "    " + line
+            out.append(line)
+        if not hits:
+            raise ValueError("the edit does not apply to this source")
+        return "\n".join(out) + "\n"
+    return edit
+
+
+def _unsplit_cols(src: str) -> str:
+    """ALiBi's column positions converted per column again, as before 878fba3: the
+    split's A/B in one process."""
+    got = re.sub(r"\((\w+) & -8\)\.to\(tl\.float32\) \+ \(\(\1 & 7\) \+ \((\w+) - (\w+)\)\)"
+                 r"\.to\(tl\.float32\)", r"(\2 + \1 - \3).to(tl.float32)", src)
+    if got == src:
+        raise ValueError("the edit does not apply to this source")
+    return got
+
+
 # --edits: textual edits of the generated source, each timed beside the unedited kernel;
 # a "diag-" edit changes the result and is timed without the float64 check
 EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
          "diag-no-store": _no_store, "pb-heads2": _block_order(2),
          "pb-heads4": _block_order(4), "pb-heads8": _block_order(8),
-         "pb-heads64": _block_order(64)}
+         "pb-heads64": _block_order(64), "skip-rescale": _skip_rescale(None),
+         "lazy-rescale": _skip_rescale(8.0),
+         "unsplit-cols": _unsplit_cols}
 
 
 def kernel_of(prog, edit: str = "none"):
