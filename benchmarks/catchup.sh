@@ -14,6 +14,7 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh - prefill
 #     git archive 678fd8a src | tar -x -C .gpu/head       # the tree before the column split
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/head/src column
+#     OUT=/some/dir bash benchmarks/catchup.sh - mma-bias
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -41,10 +42,15 @@
 # night, CPU-tested, counted on sm_90 SASS): PF-ALiBi against FlexAttention before and
 # after 878fba3 (ALiBi's column positions without a conversion per column: 657 -> 597
 # instructions an interior tile), fp16, then after in bf16; the bench's float64 gate
-# checks the new kernel. Each part fits one call's 600 s.
+# checks the new kernel. mma-bias (about 3 minutes; no "before" tree; written
+# 2026-12-06, compiled for sm_90 on the CPU, never run): `gluon_generated.py --edits
+# mma-bias`, ALiBi's column term added by one more 16-wide MMA step instead of per score
+# (interior tile 597 -> 487 sm_90 instructions, PF-Causal 464), fp16 and bf16, beside the
+# unedited kernel twice and PF-Causal, each checked against float64 (docs/hopper.md,
+# "Where issue 18 stands (2026-12-06)"). Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next, bloom, paged, prefill or column}
+part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column or mma-bias}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -127,6 +133,15 @@ alibi after-fp16 src float16
 alibi before-fp16 "$before" float16
 alibi after-fp16-2 src float16
 alibi after-bf16 src bfloat16
+elif [ "$part" = mma-bias ]; then
+for dt in float16 bfloat16; do
+  echo "== gluon_generated mma-bias $dt"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-gg PYTHONPATH=src:benchmarks timeout 150 python \
+    benchmarks/gluon_generated.py --ops PF-ALiBi,PF-Causal --seqs 16384,4096 \
+    --tiles 128x128x2 --dtype $dt --edits none,mma-bias,none --flex --budget 120 \
+    --out "$OUT" >> "$OUT/gluon_generated.log" 2>&1; echo "rc $?"
+done
+grep -h '"ms"' "$OUT/gluon_generated.jsonl" | cut -c1-300
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
