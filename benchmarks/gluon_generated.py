@@ -179,7 +179,9 @@ def _mma_bias(src: str) -> str:
     column offsets ``j - j0`` in shared memory (exact in fp16 and bf16 below 256), so
     ``q . k`` arrives with the term in it and the element work is PF-Causal's (the
     tile's ``t (j0 - i_first)`` is a scalar). An experiment before the emitter does it:
-    the 128 x 128 tiles of PF-ALiBi only (one more MMA step per tile, 1/16 more work)."""
+    PF-ALiBi on a program per row block (compiled at 128 x 128 and 128 x 64, fp16 and
+    bf16; the persistent walk not tried), one more MMA step per tile (1/16 more work at
+    head dim 128)."""
     lines, out = src.splitlines(), []
     dt = "tl.bfloat16" if "p.to(tl.bfloat16)" in src else "tl.float16"
     scores = {}      # the name of a branch's scores -> the scale
