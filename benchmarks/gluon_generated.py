@@ -163,11 +163,15 @@ def _skip_rescale(lag: float | None):
     return edit
 
 
+# ALiBi's column positions as Lowerer.column_float prints them: columns, tile start, row
+SPLIT_COLS = (r"\((\w+) & -8\)\.to\(tl\.float32\) \+ \(\(\1 & 7\) \+ \((\w+) - (\w+)\)\)"
+              r"\.to\(tl\.float32\)")
+
+
 def _unsplit_cols(src: str) -> str:
     """ALiBi's column positions converted per column again, as before 878fba3: the
     split's A/B in one process."""
-    got = re.sub(r"\((\w+) & -8\)\.to\(tl\.float32\) \+ \(\(\1 & 7\) \+ \((\w+) - (\w+)\)\)"
-                 r"\.to\(tl\.float32\)", r"(\2 + \1 - \3).to(tl.float32)", src)
+    got = re.sub(SPLIT_COLS, r"(\2 + \1 - \3).to(tl.float32)", src)
     if got == src:
         raise ValueError("the edit does not apply to this source")
     return got
@@ -188,10 +192,9 @@ def _mma_bias(src: str) -> str:
     for line in lines:
         pad = line[:len(line) - len(line.lstrip())]
         line = line.replace("v_smem, a_bar", "v_smem, x_smem, a_bar")
-        got = re.match(r"\s*(\w+) = \((\w+) & -8\)\.to\(tl\.float32\) \+ \(\(\2 & 7\) \+ "
-                       r"\((\w+) - i_first\)\)\.to\(tl\.float32\)$", line)
-        if got:
-            out.append(f"{pad}bt = t_2 * ({got.group(3)} - i_first).to(tl.float32)")
+        got = re.fullmatch(r"\s*\w+ = " + SPLIT_COLS, line)
+        if got and got.group(3) == "i_first":
+            out.append(f"{pad}bt = t_2 * ({got.group(2)} - i_first).to(tl.float32)")
             continue
         got = re.match(r"\s*(\w+) = qk \* ([\d.e-]+) \+ \(t_2 \* \w+\)\[None, :\]$", line)
         if got:   # interior: the scores are not bound; max and exp read qk
