@@ -15,6 +15,7 @@
 #     git archive 678fd8a src | tar -x -C .gpu/head       # the tree before the column split
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/head/src column
 #     OUT=/some/dir bash benchmarks/catchup.sh - mma-bias
+#     OUT=/some/dir bash benchmarks/catchup.sh - mma-emit
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -47,10 +48,13 @@
 # mma-bias`, ALiBi's column term added by one more 16-wide MMA step instead of per score
 # (interior tile 597 -> 487 sm_90 instructions, PF-Causal 464), fp16 and bf16, beside the
 # unedited kernel twice and PF-Causal, each checked against float64 (docs/hopper.md,
-# "Where issue 18 stands (2026-12-06)"). Each part fits one call's 600 s.
+# "Where issue 18 stands (2026-12-06)"). mma-emit (about 4 minutes; no "before" tree):
+# the emitter's column term through the MMA (codegen/mma_bias.py): the Gluon GPU tests
+# of ALiBi and the column terms against float64, then PF-ALiBi and PF-Causal through
+# `neptune-fusion bench`, fp16 then bf16. Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column or mma-bias}
+part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column, mma-bias or mma-emit}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -142,6 +146,20 @@ for dt in float16 bfloat16; do
     --out "$OUT" >> "$OUT/gluon_generated.log" 2>&1; echo "rc $?"
 done
 grep -h '"ms"' "$OUT/gluon_generated.jsonl" | cut -c1-300
+elif [ "$part" = mma-emit ]; then
+echo "== Gluon GPU tests: column terms through the MMA"; date -u
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 170 python -m pytest -q \
+  -p no:cacheprovider tests/codegen/test_gluon.py -m gpu -k "column_terms or ALiBi" 2>&1 | tail -4
+for dt in float16 bfloat16; do
+  echo "== bench prefill ALiBi, Causal $dt"; date -u
+  NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-prefill PYTHONPATH=src timeout 190 python -m \
+    neptune_fusion.bench --ops PF-ALiBi,PF-Causal --seqs 4096,16384 \
+    --providers neptune,sdpa-cudnn,flex --dtype $dt --no-plots \
+    --out "/tmp/prefill-$dt" > "$OUT/prefill-$dt-log.txt" 2>&1; echo "rc $?"
+  cp "/tmp/prefill-$dt/report.md" "$OUT/prefill-$dt-report.md"
+  cp "/tmp/prefill-$dt/results.json" "$OUT/prefill-$dt.json"
+  grep -E "PF-ALiBi|PF-Causal" "$OUT/prefill-$dt-report.md" | head -12
+done
 elif [ "$part" = bloom ]; then
 echo "== jit_gpt2_training bloom"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \

@@ -118,16 +118,97 @@ def test_window_softcap_gqa_source(golden):
     golden("gluon_pf_window.py", generate(prog))
 
 
-def test_alibi_columns_convert_without_a_conversion_per_column():
-    """ALiBi's ``float(j - i_first)``: a part constant per register plus one taking two
-    values per thread (``Lowerer.column_float``), in every branch of every tile."""
+def _scored(name: str, score_mod, dtype: str = "float16", sched: Schedule = HOPPER):
+    """A causal attention program of 4 heads (head dim 64) with ``score_mod``."""
+    from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+    [o], ins = attention_definition(AttentionSpec(dtype, 4, 4, 64, 64, 64 ** -0.5,
+                                                  score_mod=score_mod,
+                                                  mask_mod=ops.Causal()))
+    return o, ins, build_programs(plan([o]), ins, replace(sched, dialect="gluon"), name)
+
+
+def _row_bias(s, b, h, i, j):
+    """A column term with a per-row coefficient (and log2 e folded onto the column)."""
+    return s + nf.cast(i, "float32") * 1e-3 * nf.cast(j, "float32")
+
+
+def test_alibi_column_term_through_the_mma(golden):
+    """PF-ALiBi's ``slope * float(j - i_first)`` is one more 16-wide MMA step of q . k
+    (a constant block of ``j - j0`` against the slope over the scale in three bfloat16
+    parts): after the first tile's product and in the loop; the element work then reads
+    the product and one value a tile, no column position (.mma_bias)."""
     [prog] = _program("PF-ALiBi")
+    bias = shape_of(prog).bias
+    assert bias is not None and bias.scale == pytest.approx(128 ** -0.5 * np.log2(np.e))
+    src = generate(prog)
+    assert src.count("warpgroup_mma(qx_op, x_smem.permute((1, 0)), ") == 2, src
+    assert "x_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 16]" in src
+    loop = src[src.index("for t in range"):src.index("last = n_tiles - 1")]
+    assert "cols_j" not in loop.replace("cols_j_2 = gl.arange", "").replace(
+        "offs_j = j0_2 + cols_j_2", "")
+    assert "offs_j.to(" not in src and "& -8" not in src
+    golden("gluon_pf_alibi.py", src)
+
+
+def test_column_term_with_a_per_row_coefficient():
+    """``C * float(j)`` with ``C`` per row: the MMA step's A operand holds each row's
+    ``C / k``, converted from the rows' layout."""
+    _, _, [prog] = _scored("rowbias", _row_bias)
+    bias = shape_of(prog).bias
+    assert bias is not None
+    src = generate(prog)
+    assert "gl.convert_layout(coef, gl.SliceLayout(1, XB))" in src
+    assert src.count("warpgroup_mma(qx_op, ") == 2
+
+
+@pytest.mark.parametrize("mod", [
+    ops.score_mod_of(30.0, ops.Alibi(4)),                               # read in tanh
+    lambda s, b, h, i, j: s + nf.cast(j, "float32") * nf.cast(j, "float32") * 1e-4,
+    lambda s, b, h, i, j: s * nf.cast(j, "float32") * 1e-3,            # not a sum
+    lambda s, b, h, i, j: s + s * nf.cast(j - i, "float32") * 1e-3,    # C reads q . k
+    None])
+def test_no_column_term_through_the_mma_where_it_does_not_apply(mod):
+    """The rewrite needs every read of the contraction inside ``k * qk + C * float(j op
+    s)`` with ``C`` free of the loop: a soft-capped score (the contraction inside tanh),
+    a square of the column, a product, a coefficient that reads the scores, no term."""
+    _, _, [prog] = _scored("plain", mod)
+    assert shape_of(prog).bias is None
+    assert "qx_op" not in generate(prog)
+
+
+def test_softcap_alibi_columns_convert_without_a_conversion_per_column():
+    """Where the column term stays per score (soft-cap then ALiBi: the contraction is
+    read inside tanh), ``float(j - i_first)`` is a part constant per register plus one
+    taking two values per thread (``Lowerer.column_float``), in every branch of every
+    tile."""
+    _, _, [prog] = _scored("capped", ops.score_mod_of(30.0, ops.Alibi(4)))
     src = generate(prog)
     split = re.findall(r"\(cols_j(?:_\d+)? & -8\)\.to\(tl\.float32\) \+ "
                        r"\(\(cols_j(?:_\d+)? & 7\) \+ \(j0(?:_\d+)? - i_first\)\)"
                        r"\.to\(tl\.float32\)", src)
     assert len(split) == 2 * len(prog.segments), src   # the first tile and the loop
     assert "(offs_j - i_first).to(" not in src
+
+
+def test_column_term_split_in_three_bfloat16_parts_is_float32_close():
+    """The MMA step's claim: ``u = C / k`` as three bfloat16 parts (what the kernel
+    computes in float32) times ``j - j0`` (exact in bfloat16 below 256), scaled by
+    ``k`` and added to ``C * float(j0 - s)``, is ``C * (j - s)`` to float32's precision,
+    for coefficients from 1e-30 to 1e30 of either sign (bfloat16 has float32's range)."""
+    import torch
+    rng = np.random.default_rng(11)
+    c = (rng.choice([-1.0, 1.0], 4000) * 10.0 ** rng.uniform(-30, 30, 4000))
+    c = torch.tensor(c, dtype=torch.float32)
+    k = torch.tensor(0.12751743082459868, dtype=torch.float32)
+    u = c / k
+    u1 = u.to(torch.bfloat16).float()
+    u2 = (u - u1).to(torch.bfloat16).float()
+    u3 = (u - u1 - u2).to(torch.bfloat16).float()
+    x = torch.arange(256, dtype=torch.float64)
+    tile = (u1.double()[:, None] + u2.double()[:, None] + u3.double()[:, None]) * x * float(k)
+    want = c.double()[:, None] * x
+    rel = ((tile - want).abs() / want.abs().clamp_min(1e-300))[:, 1:]
+    assert float(rel.max()) < 2 ** -21, float(rel.max())
 
 
 def test_alibi_column_split_is_exact():
@@ -203,7 +284,8 @@ def _gluon_of_triton_36():
 
 @pytest.mark.parametrize("name, walk, rows", [
     ("PF-Causal", 0, 128), ("PF-ALiBi", 0, 128), ("PF-Window", 0, 128), ("PF-Causal", 1, 128),
-    ("PF-GQA", 1, 128), ("ragged", 0, 128), ("ragged", 1, 128), ("PF-GQA", 0, 192)])
+    ("PF-GQA", 1, 128), ("ragged", 0, 128), ("ragged", 1, 128), ("PF-GQA", 0, 192),
+    ("PF-ALiBi", 1, 128), ("PF-ALiBi", 0, 192), ("rowbias", 0, 128)])
 def test_compiles_for_sm90(name, walk, rows):
     """Where Triton 3.6 is installed (the H200 machine's): the source compiles for sm_90
     with no GPU (layouts, types and the pipeline's barriers are checked by the compiler)."""
@@ -220,6 +302,8 @@ def test_compiles_for_sm90(name, walk, rows):
     if name == "ragged":
         o, ins = _ragged()
         [prog] = build_programs(plan([o]), ins, sched, "ragged")
+    elif name == "rowbias":
+        _, _, [prog] = _scored("rowbias", _row_bias, sched=sched)
     else:
         [prog] = _program(name, 64, sched)
     fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
@@ -329,6 +413,34 @@ def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype, rows):
         got = k(*x).double().cpu().numpy()
         err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
         assert err < (2e-3 if dtype == "float16" else 1e-2), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("walk, block_n", [(0, 64), (0, 128), (1, 128)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mod", [
+    _row_bias, lambda s, b, h, i, j: s + 0.75 * nf.cast(j - i, "float32"),
+    lambda s, b, h, i, j: s - 1e-4 * nf.cast(j + 7, "float32")], ids=["row", "big", "small"])
+def test_column_terms_through_the_mma_match_float64_on_hopper(mod, dtype, walk, block_n):
+    """On a Hopper GPU with Triton 3.6: column terms taken by the MMA step (.mma_bias)
+    with a per-row coefficient, a large one and a small negative one, both tiles, a
+    persistent grid, fp16 and bf16, against the float64 reference on the same data."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper-class GPU")
+    _gluon_of_triton_36()
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
+    o, ins, [prog] = _scored("bias", mod, dtype)
+    assert shape_of(prog).bias is not None
+    k = nf_compile(o, ins, schedule=replace(GLUON, row_programs=walk, block_n=block_n))
+    assert "qx_op" in k.source
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    x = [torch.randn(2, 4, 333, 64, device="cuda", dtype=getattr(torch, dtype),
+                     generator=gen) for _ in range(3)]
+    want = nf.evaluate(o, {p: t.cpu() for p, t in zip(ins, x)})
+    got = k(*x).double().cpu().numpy()
+    err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
+    assert err < (2e-3 if dtype == "float16" else 1e-2), err
 
 
 @pytest.mark.gpu

@@ -47,6 +47,10 @@ made per item).
 Segments (interior / boundary tiles) become branches of one pipelined loop, chosen per
 tile by the segment bounds, so the pipeline never drains between them.
 
+A score term linear in the loop index (ALiBi's ``slope * float(j - i_first)``) is added
+by the tensor cores, one more 16-wide MMA step of ``q . k``, where every read of the
+contraction allows it (:mod:`.mma_bias`): the element work is then a causal kernel's.
+
 The (row, col) outputs are converted from the MMA layout to 16-byte vectors before
 their store (:func:`store_layout`): stored from the MMA layout, the address tile alone
 was 64 pointers a thread, and the consumers spilled.
@@ -72,6 +76,8 @@ from ..ir.nodes import Binary, Expr, IndexVar, Load, Param, Reduce
 from ..ir.traverse import walk
 from .emitter import Block, Names
 from .exprs import Lowerer, Val, count_uses
+from .mma_bias import BIASED, ColumnBias
+from .mma_bias import find as find_bias
 from .patterns import gathers, loaded, match_contraction
 from .program import BLOCK_N, I_FIRST, LOOP_LO, TILE_END, TILE_START, TileProgram, extent_expr
 from .source import (
@@ -111,7 +117,7 @@ SKELETON_NAMES = frozenset((
     "STAGES", "S_LAYOUT", "O_LAYOUT", "P_LAYOUT", "ST_LAYOUT", "a_bar", "b_full", "v_full",
     "b_empty", "v_empty", "st", "WG", "WG_ROWS", "q_half", "phase", "n_tiles", "s_zero", "qk",
     "qk_token", "acc_token", "p", "p_op", "t", "buf", "prev", "last", "q_empty", "w", "n_blocks",
-    "n_grid", "base", "it", "g", "back", *NAN_HELPERS))
+    "n_grid", "base", "it", "g", "back", "x_smem", "qx_op", "XB", *NAN_HELPERS))
 # rows per program: two or three consumer warpgroups of 64 rows (a partition each)
 ROW_TILES = (128, 192)
 WG_ROWS = 64
@@ -145,6 +151,8 @@ class AttentionShape:
     # the per-program length past which b and v read as zeros (``where(j < L, k, 0)``:
     # a ragged batch's kv_lens[b]), or None: the loop axis's extent
     loop_bound: Expr | None = None
+    # a column term of the scores added by one more MMA step (.mma_bias), or None
+    bias: ColumnBias | None = None
 
 
 def _accumulation(e: Expr, acc: Param) -> tuple[Expr, Reduce] | None:
@@ -247,8 +255,13 @@ def shape_of(prog: TileProgram) -> AttentionShape:
     if len(bounds) > 1:
         refuse("the key and value tiles end at different lengths")
     [(a, b)] = operands
+    rows = [s.name for s in prog.state if s is not acc]
+    reads = [(qk, [dict((s.name, e) for s, e in seg.body)[r] for r in rows] + list(pf))
+             for qk, seg, pf in zip(qks, prog.segments, updates)]
+    bias = find_bias(reads, prog.loop.var, prog.row.var, low.tile_roles,
+                     frozenset(s.param for s in prog.state))
     return AttentionShape(tuple(qks), a, b, vs.pop(), acc.name, tuple(updates),
-                          bounds.pop() if bounds else None)
+                          bounds.pop() if bounds else None, bias)
 
 
 def _masked(p: Expr, mask: Expr, low: Lowerer, refuse) -> Expr:
@@ -343,13 +356,22 @@ def check_schedule(prog: TileProgram) -> None:
                                f"one tile of 16-256 (a power of two); it is {got}")
     width = {ax.role: ax.block_size for ax in prog.axes if ax.role in ("col", "inner")}
     need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
-                * (width["inner"] + width["col"]))   # 16-bit q, and the k and v rings
+                * (width["inner"] + width["col"])) + _bias_bytes(prog)  # 16-bit q, k, v
     if need > SHARED_BYTES:
         raise CodegenError(
             f"the Gluon dialect's buffers need {need // 1024} KiB of shared memory at "
             f"block_n={s.block_n}, num_stages={s.num_stages} and head dims "
             f"{width['inner']}/{width['col']}; Hopper has {SHARED_BYTES // 1024} KiB per "
             "program (take block_n=64 or fewer stages)")
+
+
+def _bias_bytes(prog: TileProgram) -> int:
+    """The shared memory of the column term's constant block (:mod:`.mma_bias`): 16
+    bfloat16 values a key of the tile."""
+    try:
+        return 32 * prog.schedule.block_n if shape_of(prog).bias is not None else 0
+    except CodegenError:
+        return 0
 
 
 def store_layout(prog: TileProgram, tiles: list) -> str | None:
@@ -364,7 +386,8 @@ def store_layout(prog: TileProgram, tiles: list) -> str | None:
                                if ax.role in ("col", "inner")}
     size = max(o.arg.tensor.dtype.bits for o in tiles) // 8
     need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
-                * (width["inner"] + width["col"])) + WG_ROWS * width["col"] * size
+                * (width["inner"] + width["col"])) + WG_ROWS * width["col"] * size \
+        + _bias_bytes(prog)
     if need > SHARED_BYTES:
         return None
     vec = min(16 // size, width["col"])
@@ -428,7 +451,8 @@ class _Kernel:
         params = [x.name + (": tl.constexpr" if x.kind in CONSTEXPR_KINDS else "")
                   for x in self.args]
         shared = [f"{a}_smem", f"{b}_smem", f"{v}_smem", "a_bar", "b_full", "v_full",
-                  "b_empty", "v_empty"] + (["q_empty"] if self.walk else [])
+                  "b_empty", "v_empty"] + (["q_empty"] if self.walk else []) \
+            + (["x_smem"] if sh.bias is not None else [])
         plain = [x.name for x in self.args]
         rows, loads = f"{prog.name}_rows", f"{prog.name}_loads"
         out = []
@@ -452,6 +476,19 @@ class _Kernel:
                 else f"[STAGES, BLOCK_N, {inner.block}]"
             top.emit(f"{self.tensor[ld]}_smem = gl.allocate_shared_memory("
                      f"{tl_dtype(self.dt)}, {shape}, {lay})")
+        if sh.bias is not None:
+            top.comment("the column term's constant block (mma_bias): j - j0 in columns 0-2")
+            top.emit("x_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 16], "
+                     f"{_shared_layout(16, self.dt)})")
+            lay = self.names.fresh("XL")
+            top.emit(f"{lay}: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], "
+                     f"threads_per_warp=[32, 1], warps_per_cta=[{LAUNCH_WARPS}, 1], "
+                     "order=[1, 0])")
+            xr = top.bind("x_rows", f"gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, {lay}))")
+            xc = top.bind("x_cols", f"gl.arange(0, 16, layout=gl.SliceLayout(0, {lay}))")
+            top.emit(f"x_smem.store(gl.where(({xc} < 3)[None, :], {xr}[:, None], 0)"
+                     ".to(gl.bfloat16))")
+            top.emit("gl.thread_barrier()")
         top.emit("a_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())")
         for name in ("b_full", "v_full", "b_empty", "v_empty"):
             top.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [STAGES, 1], "
@@ -701,12 +738,18 @@ class _Kernel:
             # 0.44 ms at 4096, 0.34 with the slope computed in the kernel)
             hoist = Block(self.names, outer.level, parent=outer)
             run = Block(self.names, outer.level, parent=hoist)
+            if sh.bias is not None:
+                self._bias_operand(hoist, env)
+            # the column term's tile part (mma_bias): one more 16-wide step of q . k
+            xk = "warpgroup_mma(qx_op, x_smem.permute((1, 0)), "
             run.emit(f"mbarrier.wait(a_bar, {'it & 1' if self.walk else '0'})")
             first = "base % STAGES" if self.walk else "0"
             run.emit(f"mbarrier.wait(b_full.index({first}), "
                      f"{'(base // STAGES) & 1' if self.walk else '0'})")
             run.emit(f"qk = warpgroup_mma(q_half, {b}_smem.index({first}).permute((1, 0)), "
                      "s_zero, use_acc=False)")
+            if sh.bias is not None:
+                run.emit(f"qk = {xk}qk)")
             _release(run, "b", first)
             p, _ = self._tile(run, env, bounds, lo, "0", hoist)
             run.emit(f"p = {p}")
@@ -719,6 +762,8 @@ class _Kernel:
                 body.emit(f"mbarrier.wait(b_full.index(buf), ({g} // STAGES) & 1)")
                 body.emit(f"qk_token = warpgroup_mma(q_half, {b}_smem.index(buf)"
                           ".permute((1, 0)), s_zero, use_acc=False, is_async=True)")
+                if sh.bias is not None:
+                    body.emit(f"qk_token = {xk}qk_token, is_async=True)")
                 body.emit(f"mbarrier.wait(v_full.index(prev), (({g} - 1) // STAGES) & 1)")
                 body.emit(f"p_op = gl.convert_layout(p.to({cast}), P_LAYOUT)")
                 body.comment("the product of tile t - 1 runs under tile t's element work")
@@ -746,6 +791,29 @@ class _Kernel:
         self._epilogue(pre, env)
         self._close_items(top, pre)
         return top
+
+    def _bias_operand(self, into: Block, env: dict) -> None:
+        """``qx_op``, the A operand of the column term's MMA step (:mod:`.mma_bias`):
+        per row ``u = C / k`` in three bfloat16 parts, in columns 0-2 of 16."""
+        bias = self.shape.bias
+        into.emit("XB: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], "
+                  "threads_per_warp=[32, 1], warps_per_cta=[4, 1], order=[1, 0])")
+        # bound and remembered here: the tiles' element work reads the same name
+        c = Lowerer(self.prog, env, into, None, frozenset()).lower(bias.coef, force="coef")
+        coef = c.code
+        if c.axes:   # per row: from the accumulator's row layout
+            u = into.bind("u", f"gl.convert_layout({coef}, gl.SliceLayout(1, XB)) / "
+                          f"{bias.scale!r}")
+        else:
+            u = into.bind("u", f"gl.full([WG_ROWS], {coef} / {bias.scale!r}, gl.float32, "
+                          "gl.SliceLayout(1, XB))")
+        u1 = into.bind("u1", f"{u}.to(gl.bfloat16).to(gl.float32)")
+        u2 = into.bind("u2", f"({u} - {u1}).to(gl.bfloat16).to(gl.float32)")
+        k = into.bind("x_k", "gl.arange(0, 16, layout=gl.SliceLayout(0, XB))[None, :]")
+        into.emit(f"qx_op = gl.convert_layout(gl.where({k} == 0, {u1}[:, None], gl.where("
+                  f"{k} == 1, {u2}[:, None], gl.where({k} == 2, ({u} - {u1} - {u2})"
+                  "[:, None], 0.0))).to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, "
+                  "parent=S_LAYOUT, k_width=2))")
 
     def _tile(self, into: Block, env: dict, bounds: dict, lo: str, t: str,
               hoist: Block) -> tuple[str, str]:
@@ -779,16 +847,24 @@ class _Kernel:
                                                                 ATOM))
                 body = dict((s.name, e) for s, e in seg.body)
                 roots = [body[s.name] for s in rows] + [p, f]
+                variant, hints = self.state_params | {TILE_START, TILE_END}, dict(seg.hints)
+                if sh.bias is not None:   # q . k arrives with the column term's tile part
+                    roots = [sh.bias.apply(r, sh.qks[k], prog.loop.var, prog.row.var)
+                             for r in roots]
+                    hints = {sh.bias.apply(e, sh.qks[k], prog.loop.var, prog.row.var): n
+                             for e, n in hints.items()}
+                    local[BIASED] = Val("qk", ("row", "loop"), "f32", ATOM)
+                    variant |= {BIASED}
                 uses = count_uses(roots)
                 for r in roots:   # a root another root reads is bound once, not twice
                     uses[r] = uses.get(r, 0) + 1
                 # a thread of the wgmma accumulator holds the columns 8 k + r (r from
                 # the lane and one register bit): Lowerer.column_float
-                low = Lowerer(prog, local, br, hoist, self.state_params | {TILE_START, TILE_END},
-                              guard=seg.guard, uses=uses, hints=dict(seg.hints),
+                low = Lowerer(prog, local, br, hoist, variant,
+                              guard=seg.guard, uses=uses, hints=hints,
                               columns=(cols, 8))
-                vals = [low.value(body[s.name]) for s in rows]
-                pv, fv = low.value(p, ("row", "loop")), low.value(f)
+                vals = [low.value(r) for r in roots[:len(rows)]]
+                pv, fv = low.value(roots[-2], ("row", "loop")), low.value(roots[-1])
                 br.emit(f"{', '.join(outs + [p_name, f_name])} = "
                         f"{', '.join([v.code for v in vals] + [pv.code, fv.code])}")
         if rows:

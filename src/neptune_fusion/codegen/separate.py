@@ -47,12 +47,21 @@ Terms = list[tuple[int, Expr]]   # (sign, term)
 class _Split:
     """The signed terms of expressions, A (reading the loop variable) and R (not)."""
 
-    def __init__(self, loop: IndexVar, row: IndexVar) -> None:
-        self.loop, self.row = loop, row
+    def __init__(self, loop: IndexVar, row: IndexVar, variant: frozenset = frozenset()
+                 ) -> None:
+        self.loop, self.row, self.variant = loop, row, variant
         self.moved = False          # a term was taken out of a product, cast or select
 
     def varies(self, e: Expr) -> bool:
-        return self.loop in e.free_vars
+        return self.loop in e.free_vars or bool(self.variant) and self._reads(e)
+
+    def _reads(self, e: Expr) -> bool:
+        """Whether ``e`` reads a ``variant`` leaf outside a reduction over the loop."""
+        if e in self.variant:
+            return True
+        if isinstance(e, Reduce) and self.loop in e.axes:
+            return False
+        return any(self._reads(c) for c in e.children())
 
     def terms(self, e: Expr, sign: int = 1) -> tuple[Terms, Terms]:
         if not self.varies(e):
@@ -115,9 +124,13 @@ def total(terms: Terms) -> Expr:
     return out
 
 
-def separate_expr(e: Expr, loop: IndexVar, row: IndexVar) -> Expr:
+def separate_expr(e: Expr, loop: IndexVar, row: IndexVar,
+                  variant: frozenset = frozenset()) -> Expr:
     """``e`` with the per-row terms of its tile maxima/minima and exponentials moved
-    outside the per-element work (module docstring)."""
+    outside the per-element work (module docstring). ``variant``: leaves that vary
+    along the loop though they do not name it (the Gluon dialect's contraction with its
+    column term, :mod:`.mma_bias`: what is left of the term is one value a tile, taken
+    out as a per-row one is)."""
     def fn(node: Expr) -> Expr | None:
         if isinstance(node, Reduce) and node.op in ("max", "min") and node.axes == (loop,):
             body, select = node.body, None
@@ -127,7 +140,7 @@ def separate_expr(e: Expr, loop: IndexVar, row: IndexVar) -> Expr:
                 body, select = body.a, body
             if not body.dtype.is_float:
                 return None
-            a, r = _Split(loop, row).terms(body)
+            a, r = _Split(loop, row, variant).terms(body)
             if not a or not r:
                 return None
             inner = total(a) if select is None else Where(select.cond, total(a), select.b)
@@ -136,7 +149,7 @@ def separate_expr(e: Expr, loop: IndexVar, row: IndexVar) -> Expr:
             arg, factor = node.x, None
             if isinstance(arg, Binary) and arg.op == "mul" and isinstance(arg.b, Const):
                 arg, factor = arg.a, arg.b   # exp2's factored (x - m) * c: kept whole
-            sp = _Split(loop, row)
+            sp = _Split(loop, row, variant)
             a, r = sp.terms(arg)
             if not a or not r or not (sp.moved or len(r) > 1):
                 return None
