@@ -20,6 +20,11 @@ backend (``nf.jit``, the rest to Inductor):
   whose attention the backend makes ``nf.attention``'s op in training
   (dynamo/alibi_attention.py; ``made_nf_attention`` counts them).
 
+Every check's tolerance is at least 1.5x the error eager PyTorch makes in the same
+dtype (``eager_rel_err`` in each record): on 2026-12-06 (H100) a bf16 Bloom step was
+0.25 off float32 through Inductor and 0.21 through ours, past the 0.05 asked, so the
+bare tolerance measured the dtype, not the backend.
+
 Each step is timed with ``do_bench`` (median) and in GPU time (``gpu_ms``, the
 profiler's kernel time a step, as ``jit_training.py``); the cold first step and the peak
 memory of a step are reported. Usage (GPU): ``PYTHONPATH=src python benchmarks/jit_gpt2_training.py
@@ -156,10 +161,15 @@ def main(argv=None) -> None:
         provs = {"eager": fn, "inductor": torch.compile(fn),
                  "neptune_fusion": nf.jit(fn, rest="eager" if args.smoke else "inductor")}
         provs = {name: provs[name] for name in args.providers.split(",")}
+        # the yardstick: eager PyTorch's own error in this dtype (a bf16 step of a random
+        # Bloom is 0.2-0.25 off float32 in its worst gradient for every provider)
+        floor = max(rel(a, b) for a, b in zip(step(fn), want))
+        tol = max(tol, 1.5 * floor)
         times, gpus = {}, {}
         for name, prov in provs.items():
             torch._dynamo.reset()
-            rec = {"work": work, "dtype": args.dtype, "provider": name}
+            rec = {"work": work, "dtype": args.dtype, "provider": name,
+                   "eager_rel_err": floor, "tol": tol}
             try:
                 t0 = time.perf_counter()
                 got = step(prov)
