@@ -415,12 +415,27 @@ def test_gluon_kernels_match_float64_on_hopper(name, walk, dtype, rows):
         assert err < (2e-3 if dtype == "float16" else 1e-2), err
 
 
+COLUMN_MODS = [_row_bias, lambda s, b, h, i, j: s + 0.75 * nf.cast(j - i, "float32"),
+               lambda s, b, h, i, j: s - 1e-4 * nf.cast(j + 7, "float32")]
+
+
+@pytest.mark.parametrize("mod, coef", zip(COLUMN_MODS, [
+    "cast(i, float32) * 0.001 * 1.4427", "1.08202", "-0.00014427"]),
+    ids=["row", "big", "small"])
+def test_column_terms_found(mod, coef):
+    """A per-row coefficient with log2 e folded onto the column, ALiBi's distance with a
+    constant, and a difference with ``float(j + 7)``: each is taken by the MMA step,
+    with the coefficient of ``j`` as the printed IR shows it."""
+    _, _, [prog] = _scored("bias", mod)
+    bias = shape_of(prog).bias
+    assert bias is not None and str(bias.coef) == coef
+    assert bias.scale == pytest.approx(64 ** -0.5 * np.log2(np.e))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("walk, block_n", [(0, 64), (0, 128), (1, 128)])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("mod", [
-    _row_bias, lambda s, b, h, i, j: s + 0.75 * nf.cast(j - i, "float32"),
-    lambda s, b, h, i, j: s - 1e-4 * nf.cast(j + 7, "float32")], ids=["row", "big", "small"])
+@pytest.mark.parametrize("mod", COLUMN_MODS, ids=["row", "big", "small"])
 def test_column_terms_through_the_mma_match_float64_on_hopper(mod, dtype, walk, block_n):
     """On a Hopper GPU with Triton 3.6: column terms taken by the MMA step (.mma_bias)
     with a per-row coefficient, a large one and a small negative one, both tiles, a
