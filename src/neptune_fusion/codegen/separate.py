@@ -51,17 +51,19 @@ class _Split:
                  ) -> None:
         self.loop, self.row, self.variant = loop, row, variant
         self.moved = False          # a term was taken out of a product, cast or select
+        self._read: dict[int, bool] = {}   # _reads by node (bodies share subtrees)
 
     def varies(self, e: Expr) -> bool:
         return self.loop in e.free_vars or bool(self.variant) and self._reads(e)
 
     def _reads(self, e: Expr) -> bool:
         """Whether ``e`` reads a ``variant`` leaf outside a reduction over the loop."""
-        if e in self.variant:
-            return True
-        if isinstance(e, Reduce) and self.loop in e.axes:
-            return False
-        return any(self._reads(c) for c in e.children())
+        got = self._read.get(id(e))
+        if got is None:
+            got = e in self.variant or not (isinstance(e, Reduce) and self.loop in e.axes) \
+                and any(self._reads(c) for c in e.children())
+            self._read[id(e)] = got
+        return got
 
     def terms(self, e: Expr, sign: int = 1) -> tuple[Terms, Terms]:
         if not self.varies(e):
