@@ -250,7 +250,9 @@ def _scale(src: str) -> str:
 
 
 # --edits: textual edits of the generated source, each timed beside the unedited kernel;
-# a "diag-" edit changes the result and is timed without the float64 check
+# a "diag-" edit changes the result and is timed without the float64 check. Since 58bab3d
+# the emitter prints ALiBi's column term through the MMA itself (codegen/mma_bias.py), so
+# "unsplit-cols" and "mma-bias" apply only to the sources of older trees (PYTHONPATH)
 EDITS = {"none": lambda s: s, "magic-cvt": _magic_cvt, "hoisted-cols": _hoisted_cols,
          "diag-no-store": _no_store, "pb-heads2": _block_order(2),
          "pb-heads4": _block_order(4), "pb-heads8": _block_order(8),
