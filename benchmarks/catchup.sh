@@ -16,6 +16,7 @@
 #     OUT=/some/dir bash benchmarks/catchup.sh .gpu/head/src column
 #     OUT=/some/dir bash benchmarks/catchup.sh - mma-bias
 #     OUT=/some/dir bash benchmarks/catchup.sh - mma-emit
+#     OUT=/some/dir bash benchmarks/catchup.sh - roofline
 #
 # first (about 6 minutes): gpu.txt; GPT-2 training steps against Inductor; the bf16
 # chain reports A/B. second (about 6 minutes): the fp32 A/B, the jit modules, training
@@ -51,10 +52,14 @@
 # "Where issue 18 stands (2026-12-06)"). mma-emit (about 4 minutes; no "before" tree):
 # the emitter's column term through the MMA (codegen/mma_bias.py): the Gluon GPU tests
 # of ALiBi and the column terms against float64, then PF-ALiBi and PF-Causal through
-# `neptune-fusion bench`, fp16 then bf16. Each part fits one call's 600 s.
+# `neptune-fusion bench`, fp16 then bf16. roofline (about 3 minutes; written 2026-12-06,
+# CPU smoke-checked): benchmarks/paged_roofline.py, the best read bandwidth of a
+# read-only kernel over the B = 1, 32-head cache contiguous, paged in order and paged
+# through a shuffled table (issue 17's last point, docs/serving.md). Each part fits one
+# call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
-part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column, mma-bias or mma-emit}
+part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column, mma-bias, mma-emit or roofline}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$OUT/gpu.txt"
 python -c "import torch, triton; print(torch.__version__, triton.__version__)" >> "$OUT/gpu.txt"
@@ -146,6 +151,10 @@ for dt in float16 bfloat16; do
     --out "$OUT" >> "$OUT/gluon_generated.log" 2>&1; echo "rc $?"
 done
 grep -h '"ms"' "$OUT/gluon_generated.jsonl" | cut -c1-300
+elif [ "$part" = roofline ]; then
+echo "== paged read roofline"; date -u
+PYTHONPATH=src timeout 300 python benchmarks/paged_roofline.py --out "$OUT/paged_roofline.jsonl" \
+  2>&1 | tail -8
 elif [ "$part" = mma-emit ]; then
 echo "== Gluon GPU tests: column terms through the MMA"; date -u
 NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 170 python -m pytest -q \
