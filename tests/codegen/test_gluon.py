@@ -285,7 +285,8 @@ def _gluon_of_triton_36():
 @pytest.mark.parametrize("name, walk, rows", [
     ("PF-Causal", 0, 128), ("PF-ALiBi", 0, 128), ("PF-Window", 0, 128), ("PF-Causal", 1, 128),
     ("PF-GQA", 1, 128), ("ragged", 0, 128), ("ragged", 1, 128), ("PF-GQA", 0, 192),
-    ("PF-ALiBi", 1, 128), ("PF-ALiBi", 0, 192), ("rowbias", 0, 128)])
+    ("PF-ALiBi", 1, 128), ("PF-ALiBi", 0, 192), ("rowbias", 0, 128), ("ragged-alibi", 0, 128),
+    ("ragged-alibi", 1, 128)])
 def test_compiles_for_sm90(name, walk, rows):
     """Where Triton 3.6 is installed (the H200 machine's): the source compiles for sm_90
     with no GPU (layouts, types and the pipeline's barriers are checked by the compiler)."""
@@ -304,6 +305,12 @@ def test_compiles_for_sm90(name, walk, rows):
         [prog] = build_programs(plan([o]), ins, sched, "ragged")
     elif name == "rowbias":
         _, _, [prog] = _scored("rowbias", _row_bias, sched=sched)
+    elif name == "ragged-alibi":
+        from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+        [o], ins = attention_definition(AttentionSpec(
+            "float16", 4, 2, 64, 64, 64 ** -0.5, score_mod=ops.Alibi(4),
+            mask_mod=ops.Causal(), kv_lens=True))
+        [prog] = build_programs(plan([o]), ins, sched, "ragged_alibi")
     else:
         [prog] = _program(name, 64, sched)
     fn = getattr(load_kernel_module(generate(prog), prog.name, interpret=False), prog.name)
@@ -456,6 +463,47 @@ def test_column_terms_through_the_mma_match_float64_on_hopper(mod, dtype, walk, 
     got = k(*x).double().cpu().numpy()
     err = float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5)
     assert err < (2e-3 if dtype == "float16" else 1e-2), err
+
+
+def _ragged_alibi_case(schedule, device):
+    """PF-ALiBi over a ragged batch (lengths 333, 200, 131 of a 333-key cache, the
+    queries the last 130 of each): the kernel's output and the float64 reference."""
+    import torch
+
+    from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+    from neptune_fusion.runtime.pipeline import compile as nf_compile
+    [o], ins = attention_definition(AttentionSpec("float16", 4, 2, 64, 64, 64 ** -0.5,
+                                                  score_mod=ops.Alibi(4),
+                                                  mask_mod=ops.Causal(), kv_lens=True))
+    k = nf_compile(o, ins, schedule=schedule)
+    gen = torch.Generator(device=device).manual_seed(6)
+    x = [torch.randn(3, h, n, 64, device=device, dtype=torch.float16, generator=gen)
+         for h, n in ((4, 130), (2, 333), (2, 333))]
+    x.append(torch.tensor([333, 200, 131], device=device, dtype=torch.int32))
+    want = nf.evaluate(o, {p: t.cpu() for p, t in zip(ins, x)})
+    return k, k(*x).double().cpu().numpy(), want
+
+
+def test_ragged_alibi_case_on_the_interpreter():
+    """The ragged ALiBi case of the Hopper test below, through the Triton dialect on the
+    CPU: the case and its reference agree where the interpreter can run them."""
+    _, got, want = _ragged_alibi_case(Schedule(block_m=32, block_n=32, num_warps=4,
+                                               num_stages=1), "cpu")
+    assert float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("walk", [0, 1])
+def test_column_terms_over_a_ragged_batch_match_float64_on_hopper(walk):
+    """ALiBi's column term through the MMA step with kv_lens (the key and value boxes
+    ending at each sequence's length), a program per block and a walk."""
+    import torch
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper-class GPU")
+    _gluon_of_triton_36()
+    k, got, want = _ragged_alibi_case(replace(GLUON, row_programs=walk, block_n=128), "cuda")
+    assert "qx_op" in k.source
+    assert float(((got - want) ** 2).sum() ** 0.5 / (want ** 2).sum() ** 0.5) < 2e-3
 
 
 @pytest.mark.gpu
