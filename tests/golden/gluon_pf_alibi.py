@@ -52,6 +52,7 @@ def pf_alibi_rows(q_ptr, q_s0, q_s1, q_s2, k_ptr, k_s0, k_s1, k_s2, v_ptr, v_s0,
     if n_tiles > 0:
         q_half = q_smem.index(WG)
         s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+        # the column term C * float(j - s) as one more 16-wide K step of q . k (mma_bias): u = C / scale in three bfloat16 parts against x_smem's j - j0
         XB: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[32, 1], warps_per_cta=[4, 1], order=[1, 0])
         coef = tl.exp2(tl.cast(h + 1, tl.float32) * -0.25) * 1.4426950408889634
         u = gl.full([WG_ROWS], coef / 0.12751743082459868, gl.float32, gl.SliceLayout(1, XB))

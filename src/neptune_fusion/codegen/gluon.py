@@ -796,6 +796,9 @@ class _Kernel:
         """``qx_op``, the A operand of the column term's MMA step (:mod:`.mma_bias`):
         per row ``u = C / k`` in three bfloat16 parts, in columns 0-2 of 16."""
         bias = self.shape.bias
+        into.comment("the column term C * float(j - s) as one more 16-wide K step of q . k "
+                     "(mma_bias): u = C / scale in three bfloat16 parts against x_smem's "
+                     "j - j0")
         into.emit("XB: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], "
                   "threads_per_warp=[32, 1], warps_per_cta=[4, 1], order=[1, 0])")
         # bound and remembered here: the tiles' element work reads the same name

@@ -9,15 +9,15 @@ PF-Causal's time, where FlexAttention's ALiBi costs it 4 %.
 
 Written as ``C * float(j - s) = k * u * (j - j0) + C * float(j0 - s)`` with ``u = C /
 k`` and ``j0`` the tile's first index, the first part is a product the tensor cores can
-take: ``q`` gets a 17th 16-wide K block holding ``u`` (split into three bfloat16 parts,
+take: ``q`` gets one more 16-wide K block holding ``u`` (split into three bfloat16 parts,
 ``u = u1 + u2 + u3`` to about float32's precision: bfloat16 has float32's range, so no
 ``C`` overflows it) against a constant shared-memory block whose first three columns
 hold ``j - j0`` (integers below 256: exact in bfloat16). The product then arrives as
 ``qk + u (j - j0)`` and the element work is PF-Causal's: ``k * qk' + b`` with ``b = C *
-float(j0 - s)`` one value per tile (or row). One more 16-wide MMA step a tile, 1/16 of a
-head-dim-128 product. Measured (H100, 2026-12-06, as a textual edit of the printed
-kernel; ``benchmarks/results/2026-12-06-h100-mma-bias``): PF-ALiBi 9-11 % faster at
-4096 and 16384 keys, fp16 and bf16, the float64 error unchanged.
+float(j0 - s)`` one value per tile (or row). One more 16-wide MMA step a tile: 1/16
+more of a tile's two products at head dim 128. Measured (H100, 2026-12-06, as a textual
+edit of the printed kernel; ``benchmarks/results/2026-12-06-h100-mma-bias``): PF-ALiBi
+9-11 % faster at 4096 and 16384 keys, fp16 and bf16, the float64 error unchanged.
 
 Legality (:func:`find`): every read of the contraction in the program's element work is
 inside such a sum (the same ``k``, ``C``, ``s`` everywhere), ``k`` a non-zero constant,
