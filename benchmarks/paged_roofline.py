@@ -11,9 +11,15 @@ reports the best read bandwidth of each layout. If the shuffled pool's best is b
 contiguous cache's by what separates our paged decode from cuDNN, the gap belongs to the
 memory system, not to the decode kernel.
 
+Beside each layout's roofline our own decode (``nf.attention`` with ``kv_lens``, and
+``block_table`` for a pool; DC-Causal's shape, one query a head) is timed in GPU time
+over the same cache (``decode_ms``, ``decode_of_roofline``), its output compared with
+the contiguous cache's (``--no-decode`` skips it).
+
 Usage (GPU): ``PYTHONPATH=src python benchmarks/paged_roofline.py --out f.jsonl
 [--keys 31090] [--heads 32] [--pages 16,64]``; ``--smoke`` runs a tiny case on the
-interpreter (TRITON_INTERPRET=1) and checks the sums against torch.
+interpreter (TRITON_INTERPRET=1) and checks the sums against torch and our decode's
+output through each layout against the contiguous one.
 """
 import argparse
 import itertools
@@ -76,6 +82,19 @@ def run(layout, keys, heads, d, page, split, block, warps, stages):
     return out
 
 
+def decode(layout, keys: int, heads: int, d: int, q):
+    """Our decode over ``layout`` (``nf.attention`` with ``kv_lens``, and ``block_table``
+    for a pool): the call, for timing, and its output."""
+    from neptune_fusion.frontend.attention import attention
+    k, v, table, _, _, paged = layout
+    lens = torch.tensor([keys], device=q.device, dtype=torch.int32)
+    tab = table[None] if paged else None
+
+    def call():
+        return attention(q, k, v, kv_lens=lens, block_table=tab)
+    return call, call()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=31090)
@@ -83,6 +102,8 @@ def main() -> None:
     ap.add_argument("--pages", default="16,64")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-decode", action="store_true",
+                    help="skip timing our decode (nf.attention) over each layout")
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -91,11 +112,13 @@ def main() -> None:
     grid = list(itertools.product((1, 2) if args.smoke else (4, 8, 16),
                                   (16,) if args.smoke else (64, 128), (4,) if args.smoke
                                   else (4, 8), (2,) if args.smoke else (3, 4)))
+    q = torch.randn(1, heads, 1, d, device=dev, dtype=torch.float16, generator=gen)
     pages = [int(p) for p in args.pages.split(",")]
     first = pages[0]
     for page in pages:
         every = layouts(keys, heads, d, page, dev, gen)
         contiguous = every["contiguous"][:2]
+        base = None if args.no_decode else decode(every["contiguous"], keys, heads, d, q)[1]
         for name, lay in every.items():
             if name == "contiguous" and page != first and not args.smoke:
                 continue   # the same bytes as for the first page size
@@ -108,6 +131,9 @@ def main() -> None:
                     rows = slice(sp * span, min(sp * span + span, keys))
                     want = (k[0, h, rows].float().sum() + v[0, h, rows].float().sum()).item()
                     assert abs(got[h, sp].item() - want) <= 1e-3 * abs(want) + 1e-2, name
+                if base is not None:   # our decode reads the same keys through the layout
+                    out = decode(lay, keys, heads, d, q)[1]
+                    assert torch.allclose(out.float(), base.float(), atol=1e-3), name
                 print(json.dumps({"layout": name, "ok": True}))
                 continue
             from triton.testing import do_bench
@@ -122,6 +148,15 @@ def main() -> None:
                    "tb_s": round(4 * keys * heads * d / ms / 1e9, 3), "splits": split,
                    "block": block, "warps": warps, "stages": stages,
                    "gpu": torch.cuda.get_device_name()}
+            if base is not None:   # ours over the same bytes, GPU time (graph replay)
+                from triton.testing import do_bench_cudagraph
+                call, out = decode(lay, keys, heads, d, q)
+                torch.cuda.synchronize()
+                ours = do_bench_cudagraph(call, rep=100, return_mode="median")
+                rec.update(decode_ms=round(ours, 5), decode_tb_s=round(
+                    4 * keys * heads * d / ours / 1e9, 3), decode_of_roofline=round(
+                    ms / ours, 3), decode_agrees=bool(torch.allclose(
+                        out.float(), base.float(), atol=2e-3)))
             print(json.dumps(rec), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
