@@ -6,8 +6,9 @@ it once against the float64 reference on a small fresh random problem of the sam
 class (a wrong candidate may never win), runs it on the caller's tensors -- comparing its
 output with the first candidate's -- and times it as GPU time: replayed from a CUDA graph
 (``triton.testing.do_bench_cudagraph``, median), so host launch overhead, the same for
-every schedule, does not drown the differences of short (decode) kernels. The fastest
-correct candidate wins.
+every schedule, does not drown the differences of short (decode) kernels; then once more
+in reverse order, each candidate's time the mean of its two (a clock drifting over the
+tuning cancels). The fastest correct candidate wins.
 
 The check problem keeps every symbolic size that is at most 96 and replaces a larger one
 by ``80 + size % 16``: tiles still end ragged, and Triton's integer specialisation
