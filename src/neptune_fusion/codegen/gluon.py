@@ -339,7 +339,7 @@ def descriptor_args(prog: TileProgram) -> tuple:
     return tuple(out)
 
 
-def check_schedule(prog: TileProgram) -> None:
+def check_schedule(prog: TileProgram, shape: AttentionShape) -> None:
     s = prog.schedule
     if s.block_m not in ROW_TILES or s.num_warps != s.block_m // 16:
         raise CodegenError(f"the Gluon dialect takes block_m in {ROW_TILES} with 16 rows "
@@ -356,7 +356,7 @@ def check_schedule(prog: TileProgram) -> None:
                                f"one tile of 16-256 (a power of two); it is {got}")
     width = {ax.role: ax.block_size for ax in prog.axes if ax.role in ("col", "inner")}
     need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
-                * (width["inner"] + width["col"])) + _bias_bytes(prog)  # 16-bit q, k, v
+                * (width["inner"] + width["col"])) + _bias_bytes(prog, shape)  # 16-bit q, k, v
     if need > SHARED_BYTES:
         raise CodegenError(
             f"the Gluon dialect's buffers need {need // 1024} KiB of shared memory at "
@@ -365,16 +365,13 @@ def check_schedule(prog: TileProgram) -> None:
             "program (take block_n=64 or fewer stages)")
 
 
-def _bias_bytes(prog: TileProgram) -> int:
+def _bias_bytes(prog: TileProgram, shape: AttentionShape) -> int:
     """The shared memory of the column term's constant block (:mod:`.mma_bias`): 16
     bfloat16 values a key of the tile."""
-    try:
-        return 32 * prog.schedule.block_n if shape_of(prog).bias is not None else 0
-    except CodegenError:
-        return 0
+    return 32 * prog.schedule.block_n if shape.bias is not None else 0
 
 
-def store_layout(prog: TileProgram, tiles: list) -> str | None:
+def store_layout(prog: TileProgram, tiles: list, shape: AttentionShape) -> str | None:
     """The blocked layout the (row, col) outputs ``tiles`` are stored from: 16-byte
     vectors along the columns, a warpgroup's 64 rows; None (store from the MMA layout)
     where there is none or the conversion's shared memory (one warpgroup's tile) would
@@ -387,7 +384,7 @@ def store_layout(prog: TileProgram, tiles: list) -> str | None:
     size = max(o.arg.tensor.dtype.bits for o in tiles) // 8
     need = 2 * (s.block_m * width["inner"] + s.num_stages * s.block_n
                 * (width["inner"] + width["col"])) + WG_ROWS * width["col"] * size \
-        + _bias_bytes(prog)
+        + _bias_bytes(prog, shape)
     if need > SHARED_BYTES:
         return None
     vec = min(16 // size, width["col"])
@@ -400,7 +397,7 @@ def generate(prog: TileProgram) -> str:
     """The Gluon source of ``prog`` (same parameters as the Triton kernel's, plus the
     constexpr ``STAGES``), or a CodegenError when it has not the attention shape."""
     shape = shape_of(prog)
-    check_schedule(prog)
+    check_schedule(prog, shape)
     args = gluon_args(prog)
     dt = shape.a.tensor.dtype
     if dt.name not in ("float16", "bfloat16") or \
@@ -895,7 +892,7 @@ class _Kernel:
         env[col.var] = Val(f"offs_{col.name}", ("col",), "i32")
         tiles = [o for o in prog.outputs if prog.row.var in o.axes and col.var in o.axes]
         rest = [o for o in prog.outputs if o not in tiles]
-        layout = store_layout(prog, tiles)
+        layout = store_layout(prog, tiles, self.shape)
         if layout is None:
             _store_outputs(prog, pre, env, self.state_params, prog.outputs)
             return
