@@ -40,7 +40,8 @@ EXPECTED_TOP = ["schema", "schema_version", "suite", "date", "mode", "environmen
                 "providers", "ceilings", "records", "comparisons", "summary"]
 EXPECTED_RECORD = ["chain", "dtype", "sizes", "single_pass", "bound", "provider", "group",
                    "status", "ms", "compile_ms", "error", "threshold", "throughput", "unit",
-                   "fraction_of_ceiling", "reason", "note", "ms_spread"]
+                   "fraction_of_ceiling", "reason", "note", "ms_spread", "sm_mhz_min",
+                   "sm_mhz_max", "power_capped"]
 
 
 def fake(name, prepare, group="neptune"):

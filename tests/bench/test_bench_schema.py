@@ -26,7 +26,7 @@ EXPECTED_TOP = ["schema", "schema_version", "date", "mode", "environment", "conf
                 "providers", "ceilings", "records", "comparisons", "summary"]
 EXPECTED_RECORD = ["op", "phase", "seq", "provider", "group", "status", "ms", "compile_ms",
                    "error", "throughput", "unit", "fraction_of_ceiling", "reason", "note",
-                   "ms_spread"]
+                   "ms_spread", "sm_mhz_min", "sm_mhz_max", "power_capped"]
 EXPECTED_COMPARISON = ["op", "phase", "seq", "neptune_ms", "baseline", "baseline_ms",
                        "vs_baseline", "compiler", "compiler_ms", "vs_compiler"]
 EXPECTED_SUMMARY = ["geomean_vs_baseline", "points_vs_baseline", "geomean_vs_compiler",

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .chain_runner import ChainRecord
+from .clocks import clock_lines
 from .metrics import geomean, ratio
 from .providers.chains import ChainProvider
 from .report import _num, ceiling_lines, header
@@ -210,6 +211,7 @@ def chain_markdown(doc: dict, records: Sequence[ChainRecord],
                        f" vs torch.compile over {s['points']} single-pass chain(s); below 1x: "
                        f"{', '.join(s['below_1x']) or 'none'}; multi-pass: {multi}")
         out.append("")
+        out += clock_lines(records)
     head = HEAD_SMOKE if smoke else HEAD
     out += ["## Per chain", "", "| " + " | ".join(head) + " |",
             "|" + "|".join("---" for _ in head) + "|"]

@@ -13,6 +13,7 @@ from rich.progress import Progress
 from .chain_report import build_chain_document, chain_markdown, compare_chains, render_chains
 from .chain_runner import CHAIN_THRESHOLDS, TF32_THRESHOLD, run_chains
 from .chains import Chain
+from .clocks import clock_lines, watched
 from .providers.base import RunContext
 from .providers.chains import ChainProvider, dtype_name
 from .results import environment, write_json
@@ -48,12 +49,12 @@ class ChainSession:
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
         """Run every point, write results.json and report.md to ``out_dir``, print the
         table; returns the results document."""
-        timer = graph_timer(self.rep_ms) if self.timer == "graph" and not self.smoke else \
+        plain = graph_timer(self.rep_ms) if self.timer == "graph" and not self.smoke else \
             run_timer(self.smoke, self.warmup_ms, self.rep_ms)
-        ctx = RunContext(device=self.device, dtype=self.dtypes[0], timer=timer,
-                         smoke=self.smoke)
         steps = len(self.chains) * len(self.dtypes) * len(self.providers)
-        with torch.no_grad(), progress:
+        with torch.no_grad(), progress, watched(plain, self.device, self.smoke) as timer:
+            ctx = RunContext(device=self.device, dtype=self.dtypes[0], timer=timer,
+                             smoke=self.smoke)
             task = progress.add_task("measuring ceilings", total=steps + 1)
             # the ceilings always with do_bench: a 1 GiB copy and an 8192^3 matmul are long
             # enough for its launch to vanish, and a copy captured in a CUDA graph becomes
@@ -74,5 +75,7 @@ class ChainSession:
         write_json(doc, out_dir / "results.json")
         (out_dir / "report.md").write_text(chain_markdown(doc, records, comparisons))
         render_chains(console, comparisons, records, self.smoke)
+        for line in clock_lines(records)[:1]:
+            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
         return doc

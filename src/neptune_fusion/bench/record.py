@@ -51,6 +51,11 @@ class Record(Checked):
     reason: str = ""
     note: str = ""
     ms_spread: float | None = None    # (max - min) / median of the timing rounds
+    # the SM clock over the timing rounds, and whether a power cap or slowdown was active
+    # (bench/clocks.py; None where nothing was sampled)
+    sm_mhz_min: int | None = None
+    sm_mhz_max: int | None = None
+    power_capped: bool | None = None
 
 
 RECORD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Record))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .clocks import clock_lines, mhz_text
 from .metrics import Comparison
 from .record import Record
 from .table import fmt_err, fmt_ratio
@@ -24,9 +25,9 @@ def records_table(records: Sequence[Record], smoke: bool) -> list[str]:
         lines = ["| operator | S | provider | status | rel. error | reason / note |",
                  "|---|---:|---|---|---:|---|"]
     else:
-        lines = ["| operator | S | provider | status | ms | spread | throughput | % ceiling | "
-                 "rel. error | compile s | reason / note |",
-                 "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
+        lines = ["| operator | S | provider | status | ms | spread | SM MHz | throughput | "
+                 "% ceiling | rel. error | compile s | reason / note |",
+                 "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in records:
         text = _escape(r.reason or r.note)
         if smoke:
@@ -37,8 +38,10 @@ def records_table(records: Sequence[Record], smoke: bool) -> list[str]:
         pct = "—" if r.fraction_of_ceiling is None else f"{100 * r.fraction_of_ceiling:.0f}%"
         comp = _num(None if r.compile_ms is None else r.compile_ms / 1e3, ".2f")
         spread = "—" if r.ms_spread is None else f"{100 * r.ms_spread:.1f}%"
+        mhz = mhz_text(r.sm_mhz_min, r.sm_mhz_max, r.power_capped)
         lines.append(f"| {r.op} | {r.seq} | {r.provider} | {r.status} | {_num(r.ms, '.4f')} | "
-                     f"{spread} | {rate} | {pct} | {fmt_err(r.error)} | {comp} | {text} |")
+                     f"{spread} | {mhz} | {rate} | {pct} | {fmt_err(r.error)} | {comp} | "
+                     f"{text} |")
     return lines
 
 
@@ -102,7 +105,7 @@ def markdown(doc: dict, records: Sequence[Record], comparisons: Sequence[Compari
                        f"the fastest baseline ({s['points_vs_baseline']} points), "
                        f"{fmt_ratio(s['geomean_vs_compiler'])} over the fastest compiler "
                        f"({s['points_vs_compiler']} points)")
-        out += [""] + comparisons_table(comparisons) + [""]
+        out += [""] + comparisons_table(comparisons) + [""] + clock_lines(records)
     out += ["## Every measurement", ""] + records_table(records, smoke) + [""]
     out += ["## Plots", ""]
     out += [f"![{p}]({p})" for p in plots] or [plot_note or "No plots."]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ops import OpSpec
+from .clocks import window_fields
 from .gate import check
 from .metrics import UNITS, fraction_of_ceiling, throughput
 from .providers.base import NO_KERNEL_MARKERS, Provider, RunContext, Unsupported, UnsupportedError
@@ -158,7 +159,8 @@ def measure_points(points, timer, device: torch.device, rounds: int = 1,
     GPU's speed over the point (clocks, temperature: cuDNN's own time moved 2-4 %
     between back-to-back runs on the H100, 2026-12-05) reaches every provider alike;
     the median of its rounds is a provider's time and ``ms_spread`` their (max - min)
-    / median (with more than one round)."""
+    / median (with more than one round). A :class:`~.clocks.WatchedTimer` adds the SM
+    clock range of the provider's rounds and whether the power cap was active."""
     out: list = []
     for p in points:
         on_start(p.label)
@@ -168,6 +170,7 @@ def measure_points(points, timer, device: torch.device, rounds: int = 1,
             release_memory(device, collect=status == "error")
         out.append(got)
     times: dict[int, list[float]] = {i: [] for i, r in enumerate(out) if isinstance(r, Ready)}
+    clocks: dict[int, list] = {i: [] for i in times}   # a WatchedTimer's windows
     order = list(times)
     for r in range(rounds if order else 0):
         if rounds > 1:
@@ -177,6 +180,7 @@ def measure_points(points, timer, device: torch.device, rounds: int = 1,
                 continue
             try:
                 times[i].append(timer(out[i].prepared.fn))
+                clocks[i].append(getattr(timer, "last", None))
             except Exception as exc:  # noqa: BLE001
                 out[i] = timing_failed(points[i].make, out[i], exc)
                 del times[i]
@@ -184,6 +188,7 @@ def measure_points(points, timer, device: torch.device, rounds: int = 1,
     for i, ms in times.items():
         extra = {"ms_spread": (max(ms) - min(ms)) / statistics.median(ms)} \
             if len(ms) > 1 else {}
+        extra.update(window_fields(clocks[i]))
         out[i] = timed_record(points[i].make, out[i], ms, points[i].rate, **extra)
     return out
 

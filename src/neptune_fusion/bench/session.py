@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..ops import HEAD_DIM, OpSpec
+from .clocks import clock_lines, watched
 from .gate import threshold_for
 from .metrics import compare
 from .plots import plot_operators
@@ -86,10 +87,11 @@ class Session:
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
         """Run everything, write the outputs to ``out_dir``, print the tables; returns the
         results document."""
-        timer = self.timer()
-        ctx = RunContext(device=self.device, dtype=self.dtype, timer=timer, smoke=self.smoke)
         plan = Plan(self.ops, self.seqs, self.providers)
-        with torch.no_grad(), progress:
+        with torch.no_grad(), progress, watched(self.timer(), self.device,
+                                                self.smoke) as timer:
+            ctx = RunContext(device=self.device, dtype=self.dtype, timer=timer,
+                             smoke=self.smoke)
             task = progress.add_task("measuring ceilings", total=plan.steps + 1)
             # the ceilings always with do_bench (a copy captured in a CUDA graph runs on
             # the copy engine: chain_session.py)
@@ -114,6 +116,8 @@ class Session:
         rel = [str(p.relative_to(out_dir)) for p in plot_paths]
         (out_dir / "report.md").write_text(markdown(doc, records, comparisons, rel, plot_note))
         render(console, records, comparisons, self.providers, self.smoke)
+        for line in clock_lines(records)[:1]:
+            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
         if plot_note:
             console.print(f"[yellow]note:[/] {plot_note}")
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}, "
