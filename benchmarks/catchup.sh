@@ -158,7 +158,7 @@ PYTHONPATH=src timeout 300 python benchmarks/paged_roofline.py --out "$OUT/paged
   2>&1 | tail -8
 elif [ "$part" = mma-emit ]; then
 echo "== Gluon GPU tests: column terms through the MMA"; date -u
-NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 170 python -m pytest -q \
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 170 python -m pytest \
   -p no:cacheprovider tests/codegen/test_gluon.py -m gpu -k "column_terms or ALiBi" 2>&1 | tail -4
 for dt in float16 bfloat16; do
   echo "== bench prefill ALiBi, Causal $dt"; date -u
@@ -176,7 +176,7 @@ NEPTUNE_FUSION_CACHE_DIR=/tmp/jb PYTHONPATH=src timeout 330 python \
   benchmarks/jit_gpt2_training.py --work bloom --providers inductor,neptune_fusion \
   --out "$OUT/jit_bloom_training.jsonl" 2>&1 | grep '^{' | cut -c1-300
 echo "== Gluon GPU tests not reached"; date -u
-NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 200 python -m pytest -q \
+NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 200 python -m pytest \
   -p no:cacheprovider tests/codegen/test_gluon.py -m gpu -k "ragged or views" 2>&1 | tail -3
 elif [ "$part" = first ]; then
 echo "== jit_gpt2_training"; date -u

@@ -9,12 +9,14 @@ cache, a page pool in page order, and the pool through a shuffled block table (p
 ``--pages``) -- over a grid of programs (heads x splits), tiles, warps and stages, and
 reports the best read bandwidth of each layout. If the shuffled pool's best is below the
 contiguous cache's by what separates our paged decode from cuDNN, the gap belongs to the
-memory system, not to the decode kernel.
+memory system, not to the decode kernel. Every kernel here is timed the same way: the
+median of CUDA-graph replays (``do_bench_cudagraph``), GPU time alone.
 
 Beside each layout's roofline our own decode (``nf.attention`` with ``kv_lens``, and
 ``block_table`` for a pool; DC-Causal's shape, one query a head) is timed in GPU time
 over the same cache (``decode_ms``, ``decode_of_roofline``), its output compared with
-the contiguous cache's (``--no-decode`` skips it).
+the contiguous cache's (``--no-decode`` skips it), and cuDNN's SDPA over the contiguous
+cache -- issue 17's comparison -- once (``cudnn_ms``, ``decode_of_cudnn``).
 
 Usage (GPU): ``PYTHONPATH=src python benchmarks/paged_roofline.py --out f.jsonl
 [--keys 31090] [--heads 32] [--pages 16,64]``; ``--smoke`` runs a tiny case on the
@@ -95,6 +97,27 @@ def decode(layout, keys: int, heads: int, d: int, q):
     return call, call()
 
 
+def cudnn_ms(layout, q, base) -> dict:
+    """cuDNN's SDPA over the contiguous cache, GPU time (graph replay), and whether its
+    output agrees with our decode's (``base``); an empty dict where it cannot run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench_cudagraph
+    k, v = layout[:2]
+
+    def call():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    try:
+        out = call()
+        torch.cuda.synchronize()
+        ms = do_bench_cudagraph(call, rep=100, return_mode="median")
+    except RuntimeError as e:   # no cuDNN attention on this build or device
+        return {"cudnn_error": str(e).splitlines()[0][:200]}
+    agrees = None if base is None else bool(torch.allclose(out.float(), base.float(),
+                                                            atol=2e-3))
+    return {"cudnn_ms": round(ms, 5), "cudnn_agrees": agrees}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=31090)
@@ -102,6 +125,8 @@ def main() -> None:
     ap.add_argument("--pages", default="16,64")
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--every", action="store_true",
+                    help="print every configuration's time, not only each layout's best")
     ap.add_argument("--no-decode", action="store_true",
                     help="skip timing our decode (nf.attention) over each layout")
     args = ap.parse_args()
@@ -109,12 +134,13 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     d = 128
     keys, heads = (100, 2) if args.smoke else (args.keys, args.heads)
-    grid = list(itertools.product((1, 2) if args.smoke else (4, 8, 16),
+    grid = list(itertools.product((1, 2) if args.smoke else (4, 8, 16, 32),
                                   (16,) if args.smoke else (64, 128), (4,) if args.smoke
                                   else (4, 8), (2,) if args.smoke else (3, 4)))
     q = torch.randn(1, heads, 1, d, device=dev, dtype=torch.float16, generator=gen)
     pages = [int(p) for p in args.pages.split(",")]
     first = pages[0]
+    cudnn: dict = {}
     for page in pages:
         every = layouts(keys, heads, d, page, dev, gen)
         contiguous = every["contiguous"][:2]
@@ -136,11 +162,16 @@ def main() -> None:
                     assert torch.allclose(out.float(), base.float(), atol=1e-3), name
                 print(json.dumps({"layout": name, "ok": True}))
                 continue
-            from triton.testing import do_bench
+            from triton.testing import do_bench_cudagraph
             best = None
             for split, block, warps, stages in grid:
                 cfg = (lay, keys, heads, d, page, split, block, warps, stages)
-                ms = do_bench(lambda c=cfg: run(*c), return_mode="median")
+                run(*cfg)   # compiled before the capture
+                ms = do_bench_cudagraph(lambda c=cfg: run(*c), rep=50, return_mode="median")
+                if args.every:
+                    print(json.dumps({"layout": name, "ms": round(ms, 5), "tb_s": round(
+                        4 * keys * heads * d / ms / 1e9, 3), "splits": split, "block": block,
+                        "warps": warps, "stages": stages}), flush=True)
                 if best is None or ms < best[0]:
                     best = (ms, split, block, warps, stages)
             ms, split, block, warps, stages = best
@@ -148,8 +179,10 @@ def main() -> None:
                    "tb_s": round(4 * keys * heads * d / ms / 1e9, 3), "splits": split,
                    "block": block, "warps": warps, "stages": stages,
                    "gpu": torch.cuda.get_device_name()}
+            if name == "contiguous":
+                cudnn = cudnn_ms(lay, q, base)
+                rec.update(cudnn)
             if base is not None:   # ours over the same bytes, GPU time (graph replay)
-                from triton.testing import do_bench_cudagraph
                 call, out = decode(lay, keys, heads, d, q)
                 torch.cuda.synchronize()
                 ours = do_bench_cudagraph(call, rep=100, return_mode="median")
@@ -157,6 +190,8 @@ def main() -> None:
                     4 * keys * heads * d / ours / 1e9, 3), decode_of_roofline=round(
                     ms / ours, 3), decode_agrees=bool(torch.allclose(
                         out.float(), base.float(), atol=2e-3)))
+                if cudnn.get("cudnn_ms"):
+                    rec["decode_of_cudnn"] = round(cudnn["cudnn_ms"] / ours, 3)
             print(json.dumps(rec), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
