@@ -52,12 +52,11 @@
 # "Where issue 18 stands (2026-12-06)"). mma-emit (about 4 minutes; no "before" tree):
 # the emitter's column term through the MMA (codegen/mma_bias.py): the Gluon GPU tests
 # of ALiBi and the column terms against float64, then PF-ALiBi and PF-Causal through
-# `neptune-fusion bench`, fp16 then bf16. roofline (about 4 minutes; written 2026-12-06,
-# CPU smoke-checked): benchmarks/paged_roofline.py, the best read bandwidth of a
-# read-only kernel over the B = 1, 32-head cache contiguous, paged in order and paged
-# through a shuffled table, and our decode over each (issue 17's last point,
-# docs/serving.md). Each part fits one
-# call's 600 s.
+# `neptune-fusion bench`, fp16 then bf16. roofline (about 2 minutes; run on an H100 on
+# 2026-12-06: benchmarks/results/2026-12-06-h100-b1-decode): benchmarks/paged_roofline.py,
+# the best read bandwidth of a read-only kernel over the B = 1, 32-head cache contiguous,
+# paged in order and paged through a shuffled table, with our decode and cuDNN beside it
+# (issue 17's last point, docs/serving.md). Each part fits one call's 600 s.
 set -u
 before=${1:?give the src directory of the tree to compare against}
 part=${2:?say which part: first, second, training, next, bloom, paged, prefill, column, mma-bias, mma-emit or roofline}

@@ -10,7 +10,8 @@ cache, a page pool in page order, and the pool through a shuffled block table (p
 reports the best read bandwidth of each layout. If the shuffled pool's best is below the
 contiguous cache's by what separates our paged decode from cuDNN, the gap belongs to the
 memory system, not to the decode kernel. Every kernel here is timed the same way: the
-median of CUDA-graph replays (``do_bench_cudagraph``), GPU time alone.
+median of CUDA-graph replays (``do_bench_cudagraph``), GPU time alone. (Answered on an
+H100 on 2026-12-06: the layout cost the reader nothing; docs/serving.md.)
 
 Beside each layout's roofline our own decode (``nf.attention`` with ``kv_lens``, and
 ``block_table`` for a pool; DC-Causal's shape, one query a head) is timed in GPU time
