@@ -36,6 +36,7 @@ from neptune_fusion.bench.providers.chains import EAGER
 from neptune_fusion.bench.record import Record
 from neptune_fusion.bench.report import records_table
 from neptune_fusion.bench.results import environment
+from neptune_fusion.bench.serving_session import markdown as serving_markdown
 from neptune_fusion.bench.timing import Ceilings, wall_timer
 
 
@@ -143,3 +144,20 @@ def test_records_carry_the_clock_of_their_rounds():
                                providers=[EAGER], ceilings=Ceilings(None, None),
                                records=[rec], comparisons=compare_chains([rec]))
     assert "**The GPU ran power-capped**" in chain_markdown(doc, [rec], compare_chains([rec]))
+
+
+def test_the_serving_report_says_when_the_clock_was_capped():
+    """The serving suite's records are dicts: the same paragraph, from their keys."""
+    def rec(provider, ms, capped):
+        return {"point": "B1-32/32-paged16", "dtype": "float16", "provider": provider,
+                "status": "ok", "ms": ms, "throughput": 3.0, "fraction_of_ceiling": 0.9,
+                "sm_mhz_min": 1400 if capped else 1980, "sm_mhz_max": 1980,
+                "power_capped": capped}
+    doc = {"mode": "gpu", "date": "2026-12-06T06:00:00", "config": {"lengths": [1, 2]},
+           "records": [rec("neptune", 0.17, False), rec("flex", 0.30, True)]}
+    text = serving_markdown(doc)
+    assert "**The GPU ran power-capped** (or slowed down) in 1 of 2" in text
+    assert "down to 1400" in text
+    doc["records"] = [dict(r, sm_mhz_min=None) for r in doc["records"]]
+    assert "power-capped" not in serving_markdown(doc)
+    assert "SM clock" not in serving_markdown(doc)

@@ -201,20 +201,26 @@ def mhz_text(mhz_min: int | None, mhz_max: int | None, capped: bool | None) -> s
     return span + (" cap" if capped else "")
 
 
+def _field(record, key: str):
+    return record.get(key) if isinstance(record, dict) else getattr(record, key, None)
+
+
 def clock_lines(records: Sequence) -> list[str]:
     """A report's paragraph on the clocks its timings ran at (empty when none was
-    sampled): the SM clock range over every timing, and how many ran power-capped."""
-    seen = [r for r in records if getattr(r, "sm_mhz_min", None) is not None]
+    sampled): the SM clock range over every timing, and how many ran power-capped.
+    ``records``: dataclass records or the serving suite's dicts."""
+    seen = [(_field(r, "sm_mhz_min"), _field(r, "sm_mhz_max"), _field(r, "power_capped"))
+            for r in records if _field(r, "sm_mhz_min") is not None]
     if not seen:
         return []
-    lo = min(r.sm_mhz_min for r in seen)
-    hi = max(r.sm_mhz_max for r in seen)
-    capped = [r for r in seen if r.power_capped]
+    lo = min(r[0] for r in seen)
+    hi = max(r[1] for r in seen)
+    capped = [r for r in seen if r[2]]
     if not capped:
         return [f"SM clock {lo}-{hi} MHz while timing; no power cap or slowdown was "
                 "active (nvidia-smi, sampled every 100 ms).", ""]
     return [f"**The GPU ran power-capped** (or slowed down) in {len(capped)} of {len(seen)} "
-            f"timed points: the SM clock went down to {min(r.sm_mhz_min for r in capped)} "
+            f"timed points: the SM clock went down to {min(r[0] for r in capped)} "
             f"MHz (range {lo}-{hi} over the run; nvidia-smi, sampled every 100 ms). A "
             "kernel's time follows the clock, so ratios from such a run carry that noise: "
             "see each provider's spread between rounds, and time again with more "

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from .clocks import clock_lines, watched
 from .gate import check
 from .providers.base import Prepared, Unsupported
 from .results import environment, write_json
@@ -145,9 +146,9 @@ class ServingSession:
                 else "CUDA-graph replay (triton.testing.do_bench_cudagraph), median"}
 
     def run(self, console: Console, progress: Progress, out_dir: Path, now: datetime) -> dict:
-        timer = wall_timer() if self.smoke else graph_timer(self.rep_ms)
+        plain = wall_timer() if self.smoke else graph_timer(self.rep_ms)
         records: list[dict] = []
-        with torch.no_grad(), progress:
+        with torch.no_grad(), progress, watched(plain, self.device, self.smoke) as timer:
             task = progress.add_task("measuring ceilings",
                                      total=len(self.points) * len(self.dtypes) + 1)
             ceilings = run_ceilings(console, timer, self.device, self.smoke)
@@ -166,6 +167,8 @@ class ServingSession:
         write_json(doc, out_dir / "results.json")
         (out_dir / "report.md").write_text(markdown(doc))
         _print(console, records, self.smoke)
+        for line in clock_lines(records)[:1]:
+            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
         return doc
 
@@ -312,7 +315,8 @@ def markdown(doc: dict) -> str:
                      f"{_f(r.get('tbps'), '.2f')} | {_f(r.get('share'), '.0%')} | "
                      f"{_f(r.get('vs flex'), '.2f')} | {_f(r.get('vs sdpa-cudnn'), '.2f')} | "
                      f"{r.get('replay', '')} |")
-    return "\n".join(lines + _failures(doc)) + "\n"
+    clocks = clock_lines(doc["records"])
+    return "\n".join(lines + ([""] + clocks[:1] if clocks else []) + _failures(doc)) + "\n"
 
 
 def _failures(doc: dict) -> list[str]:
