@@ -68,6 +68,10 @@ SETTINGS: tuple[Setting, ...] = (
             "is fastest; a call such a kernel cannot take (CPU tensors, an address or "
             "stride off the 16-byte grid) runs the same tile in the Triton dialect. `0`: "
             "the Triton dialect only (a first compile a few seconds shorter)."),
+    Setting("CUDA_VISIBLE_DEVICES", "",
+            "CUDA's own variable, only read: the benchmark's clock watch maps the GPU it "
+            "times to `nvidia-smi`'s id through it ([benchmarks.md](benchmarks.md), "
+            "\"Timing\")."),
     Setting("TRITON_INTERPRET", "0",
             "Triton's own variable. neptune-fusion sets it only while it imports or runs a "
             "kernel under the interpreter (CPU tensors); the benchmark refuses to time with "
@@ -151,6 +155,11 @@ def direct_launch() -> bool:
 def gluon_enabled() -> bool:
     """``$NEPTUNE_FUSION_GLUON``: the auto-scheduler offers the Gluon dialect."""
     return _flag("NEPTUNE_FUSION_GLUON")
+
+
+def cuda_visible_devices() -> str:
+    """``$CUDA_VISIBLE_DEVICES`` as set (empty when unset)."""
+    return _raw("CUDA_VISIBLE_DEVICES")
 
 
 def triton_interpret() -> bool:

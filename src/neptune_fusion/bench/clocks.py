@@ -159,12 +159,12 @@ def start_sampler(device) -> ClockSampler | None:
     PATH, else None."""
     if device.type != "cuda" or shutil.which("nvidia-smi") is None:
         return None
-    import os
-
     import torch
+
+    from ..settings import cuda_visible_devices
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
-        return ClockSampler(nvidia_smi_id(index, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        return ClockSampler(nvidia_smi_id(index, cuda_visible_devices()))
     except OSError:
         return None
 
