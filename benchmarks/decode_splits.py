@@ -14,8 +14,8 @@ Usage (GPU): ``PYTHONPATH=src python benchmarks/decode_splits.py --out f.jsonl``
 """
 import argparse
 import itertools
-import json
 
+import jsonl
 import torch
 
 from neptune_fusion import ops
@@ -79,10 +79,7 @@ def main() -> None:
         return round(do_bench_cudagraph(fn, rep=60, return_mode="median"), 5)
 
     def emit(rec):
-        print(json.dumps(rec), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+        jsonl.emit(rec, args.out)
 
     cudnn = None
     if not args.smoke:

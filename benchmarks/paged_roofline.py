@@ -31,6 +31,7 @@ import json
 import torch
 import triton
 import triton.language as tl
+from jsonl import emit
 
 
 @triton.jit
@@ -193,10 +194,7 @@ def main() -> None:
                         out.float(), base.float(), atol=2e-3)))
                 if cudnn.get("cudnn_ms"):
                     rec["decode_of_cudnn"] = round(cudnn["cudnn_ms"] / ours, 3)
-            print(json.dumps(rec), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+            emit(rec, args.out)
 
 
 if __name__ == "__main__":
