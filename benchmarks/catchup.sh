@@ -52,7 +52,8 @@
 # "Where issue 18 stands (2026-12-06)"). mma-emit (about 4 minutes; no "before" tree):
 # the emitter's column term through the MMA (codegen/mma_bias.py): the Gluon GPU tests
 # of ALiBi and the column terms against float64, then PF-ALiBi and PF-Causal through
-# `neptune-fusion bench`, fp16 then bf16. roofline (about 2 minutes; run on an H100 on
+# `neptune-fusion bench`, fp16 then bf16, 5 rounds (an H100's power cap moved our
+# kernels 5-18 % between rounds: 2026-12-06-h100-alibi-rounds). roofline (about 2 minutes; run on an H100 on
 # 2026-12-06: benchmarks/results/2026-12-06-h100-b1-decode): benchmarks/paged_roofline.py,
 # the best read bandwidth of a read-only kernel over the B = 1, 32-head cache contiguous,
 # paged in order and paged through a shuffled table, with our decode and cuDNN beside it
@@ -162,7 +163,7 @@ NEPTUNE_FUSION_CACHE_DIR=/tmp/jt PYTHONPATH=src:tests timeout 170 python -m pyte
 for dt in float16 bfloat16; do
   echo "== bench prefill ALiBi, Causal $dt"; date -u
   NEPTUNE_FUSION_CACHE_DIR=/tmp/cache-prefill PYTHONPATH=src timeout 190 python -m \
-    neptune_fusion.bench --ops PF-ALiBi,PF-Causal --seqs 4096,16384 \
+    neptune_fusion.bench --ops PF-ALiBi,PF-Causal --seqs 4096,16384 --rounds 5 \
     --providers neptune,sdpa-cudnn,flex --dtype $dt --no-plots \
     --out "/tmp/prefill-$dt" > "$OUT/prefill-$dt-log.txt" 2>&1; echo "rc $?"
   cp "/tmp/prefill-$dt/report.md" "$OUT/prefill-$dt-report.md"
