@@ -13,7 +13,7 @@ from rich.progress import Progress
 from .chain_report import build_chain_document, chain_markdown, compare_chains, render_chains
 from .chain_runner import CHAIN_THRESHOLDS, TF32_THRESHOLD, run_chains
 from .chains import Chain
-from .clocks import clock_lines, watched
+from .clocks import print_clock_line, watched
 from .providers.base import RunContext
 from .providers.chains import ChainProvider, dtype_name
 from .results import environment, write_json
@@ -75,7 +75,6 @@ class ChainSession:
         write_json(doc, out_dir / "results.json")
         (out_dir / "report.md").write_text(chain_markdown(doc, records, comparisons))
         render_chains(console, comparisons, records, self.smoke)
-        for line in clock_lines(records)[:1]:
-            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
+        print_clock_line(console, records)
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
         return doc

@@ -225,3 +225,9 @@ def clock_lines(records: Sequence) -> list[str]:
             "kernel's time follows the clock, so ratios from such a run carry that noise: "
             "see each provider's spread between rounds, and time again with more "
             "`--rounds`.", ""]
+
+
+def print_clock_line(console, records: Sequence) -> None:
+    """:func:`clock_lines`' paragraph on the console (rich), when there is one."""
+    for line in clock_lines(records)[:1]:
+        console.print(f"[yellow]clock:[/] {line.replace('**', '')}")

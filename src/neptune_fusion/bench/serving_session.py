@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from .clocks import clock_lines, watched
+from .clocks import clock_lines, print_clock_line, watched
 from .gate import check
 from .providers.base import Prepared, Unsupported
 from .results import environment, write_json
@@ -167,8 +167,7 @@ class ServingSession:
         write_json(doc, out_dir / "results.json")
         (out_dir / "report.md").write_text(markdown(doc))
         _print(console, records, self.smoke)
-        for line in clock_lines(records)[:1]:
-            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
+        print_clock_line(console, records)
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}")
         return doc
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..ops import HEAD_DIM, OpSpec
-from .clocks import clock_lines, watched
+from .clocks import print_clock_line, watched
 from .gate import threshold_for
 from .metrics import compare
 from .plots import plot_operators
@@ -116,8 +116,7 @@ class Session:
         rel = [str(p.relative_to(out_dir)) for p in plot_paths]
         (out_dir / "report.md").write_text(markdown(doc, records, comparisons, rel, plot_note))
         render(console, records, comparisons, self.providers, self.smoke)
-        for line in clock_lines(records)[:1]:
-            console.print(f"[yellow]clock:[/] {line.replace('**', '')}")
+        print_clock_line(console, records)
         if plot_note:
             console.print(f"[yellow]note:[/] {plot_note}")
         console.print(f"results: {out_dir / 'results.json'}, report: {out_dir / 'report.md'}, "
