@@ -57,14 +57,14 @@ def main() -> None:
     lens = torch.tensor([keys], device=dev, dtype=torch.int32)
     grid = [(2, 64, 4, 3), (4, 64, 4, 3)] if args.smoke else list(
         itertools.product((4, 8, 16, 32, 33), (64, 128), (4, 8), (3, 4)))
-    deep = set()
+    deep = set()    # indices into grid of the schedules forced to the deep loop
     if args.schedules:
         grid = []
         for text in args.schedules.split(","):
             ks, w, st = text.rstrip("d").split("/")
-            grid.append((*(int(x) for x in ks.split("x")), int(w), int(st)))
             if text.endswith("d"):
-                deep.add(grid[-1])
+                deep.add(len(grid))
+            grid.append((*(int(x) for x in ks.split("x")), int(w), int(st)))
     sms = 1 if args.smoke else torch.cuda.get_device_properties(0).multi_processor_count
     every = layouts(keys, heads, d, args.page, dev, gen)
     kw = dict(scale=d ** -0.5, causal=True, q_start=keys - 1, kv_lens=lens)
@@ -95,9 +95,8 @@ def main() -> None:
     for name, (k, v, table) in every.items():
         opts = dict(kw, block_table=table)
         runs = [("auto", None)]
-        for splits, bn, w, st in grid:
-            gathers = table is not None and st >= 3 and (
-                heads * splits <= sms or (splits, bn, w, st) in deep)
+        for at, (splits, bn, w, st) in enumerate(grid):
+            gathers = table is not None and st >= 3 and (heads * splits <= sms or at in deep)
             runs.append((f"split {splits} x {bn} w{w} s{st}" + (" deep" if gathers else ""),
                          Schedule(strategy="split", splits=splits, block_m=16, block_n=bn,
                                   num_warps=w, num_stages=st,
