@@ -1,0 +1,122 @@
+"""The serving surface in the bounded fuzz campaign: random ragged (``kv_lens``) and paged
+(``block_table``) caches through ``nf.attention``, against a float64 reference computed per
+sequence (docs/serving.md).
+
+Each example draws a batch of sequences with lengths from 0 to the cache's capacity
+(page boundaries favoured), one to four queries per sequence at the end of each (the
+positions the mods see), GQA, a score and a mask mod, a dtype and a schedule; the values
+past each length and in the pages no sequence uses are NaN, and table entries past a
+sequence's pages point outside the pool, so a kernel that reads either fails. Every
+example calls twice on one cache: a second set of lengths (and, paged, a reshuffled pool)
+must give its own right answer with the first call's kernels.
+
+The 2026-12-04 campaign (about 1,700 cases, tests/serving/test_fuzz_finds.py) ran as a
+script; this keeps its core in the suite. ``NF_FUZZ`` sizes it as the rest of tests/fuzz.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fuzz.test_fuzz import DTYPES, FUZZ, MASKS, SCORE_MODS, _examples
+from neptune_fusion.frontend.attention import AttentionCache, attention
+from neptune_fusion.schedule.schedule import Schedule
+
+D = 16
+SCHEDULES = {"auto": None,
+             "split": Schedule(block_m=16, block_n=16, strategy="split", splits=3),
+             "rolling": Schedule(block_m=16, block_n=32)}
+OUTSIDE = 10 ** 6     # a table entry no sequence reaches
+
+
+def reference(q, keys, vals, lens, score, keep, slopes):
+    """float64 attention of sequence ``b`` over its ``lens[b]`` keys (``keys[b]``:
+    ``(Hkv, >= lens[b], D)``), its queries at ``lens[b] - N ...``; a row with no key is 0."""
+    b_, hq, n, _ = q.shape
+    out = torch.zeros(b_, hq, n, vals[0].shape[-1], dtype=torch.float64)
+    for b in range(b_):
+        m = int(lens[b])
+        g = hq // keys[b].shape[0]
+        k = keys[b][:, :m].double().repeat_interleave(g, 0)
+        v = vals[b][:, :m].double().repeat_interleave(g, 0)
+        s = q[b].double() @ k.transpose(-1, -2) * D ** -0.5
+        h = torch.arange(hq)[:, None, None]
+        i = torch.arange(n)[:, None] + (m - n)
+        j = torch.arange(m)[None, :]
+        if slopes is not None:
+            s = s + slopes.double()[h] * (j - i)
+        elif score is not None:
+            s = score(s, h, i, j)
+        if keep is not None:
+            s = s.masked_fill(~keep(i, j), float("-inf"))
+        out[b] = torch.softmax(s, -1).nan_to_num(0.0) @ v
+    return out
+
+
+def cache(lens, hkv, page, max_pages, dtype, gen):
+    """``(k, v, block_table or None, keys, vals)``: the cache holding each sequence's
+    keys (``keys[b]``, ``(Hkv, capacity, D)``, NaN past its length); ``page`` 0: a
+    contiguous cache of ``max_pages * 16`` keys."""
+    cap = max_pages * (page or 16)
+    keys = [torch.randn(hkv, cap, D, generator=gen).to(dtype) for _ in lens]
+    vals = [torch.randn(hkv, cap, D, generator=gen).to(dtype) for _ in lens]
+    for k, v, x in zip(keys, vals, lens):
+        k[:, x:] = float("nan")
+        v[:, x:] = float("nan")
+    if not page:
+        return torch.stack(keys), torch.stack(vals), None, keys, vals
+    pages = len(lens) * max_pages + 2
+    kp = torch.full((pages, hkv, page, D), float("nan"), dtype=dtype)
+    vp = torch.full_like(kp, float("nan"))
+    order = torch.randperm(pages, generator=gen).tolist()
+    table = torch.full((len(lens), max_pages), OUTSIDE, dtype=torch.int32)
+    for b, x in enumerate(lens):
+        for p in range(-(-x // page)):
+            at = order.pop()
+            table[b, p] = at
+            kp[at] = keys[b][:, p * page:(p + 1) * page]
+            vp[at] = vals[b][:, p * page:(p + 1) * page]
+    return kp, vp, table, keys, vals
+
+
+def lengths(b: int, cap: int):
+    """``b`` lengths in ``[0, cap]``, page and tile boundaries favoured."""
+    edges = sorted({0, 1, 15, 16, 17, 31, 32, 33, cap - 1, cap} & set(range(cap + 1)))
+    one = st.one_of(st.sampled_from(edges), st.integers(0, cap))
+    return st.lists(one, min_size=b, max_size=b)
+
+
+@settings(max_examples=_examples(12, 300), **FUZZ)
+@given(data=st.data(), b=st.integers(1, 3), hkv=st.integers(1, 2),
+       group=st.sampled_from((1, 2, 4)), n=st.sampled_from((1, 2, 4)),
+       page=st.sampled_from((0, 16, 32)), max_pages=st.integers(1, 3),
+       dtype=st.sampled_from(sorted(DTYPES)), score=st.sampled_from(sorted(SCORE_MODS)),
+       mask=st.sampled_from(sorted(MASKS)), schedule=st.sampled_from(sorted(SCHEDULES)),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_ragged_and_paged_caches(data, b, hkv, group, n, page, max_pages, dtype, score,
+                                      mask, schedule, seed):
+    tdtype, tol = DTYPES[dtype]
+    gen = torch.Generator().manual_seed(seed)
+    hq = hkv * group
+    cap = max_pages * (page or 16)
+    score_mod, score_ref = SCORE_MODS[score]
+    mask_mod, keep = MASKS[mask]
+    slopes = torch.rand(hq, generator=gen) * 0.5 if score == "slopes" else None
+    q = torch.randn(b, hq, n, D, generator=gen).to(tdtype)
+    shared = AttentionCache(store=False)
+    for call in range(2):    # new lengths (and pages) on the first call's kernels
+        lens = data.draw(lengths(b, cap), label=f"lens {call}")
+        k, v, table, keys, vals = cache(lens, hkv, page, max_pages, tdtype, gen)
+        kv_lens = torch.tensor(lens, dtype=torch.int32)
+        out = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod,
+                        enable_gqa=group > 1, kv_lens=kv_lens, block_table=table,
+                        buffers={"slopes": slopes} if slopes is not None else None,
+                        cache=shared, schedule=SCHEDULES[schedule])
+        want = reference(q, keys, vals, lens, score_ref, keep, slopes)
+        assert out.shape == want.shape and out.dtype == tdtype
+        assert torch.isfinite(out).all(), f"call {call}: a non-finite value"
+        err = float((out.double() - want).abs().max())
+        assert err <= tol * max(1.0, float(want.abs().max())), (call, err)
+    assert len(shared.kernels()) == 1, "new lengths or pages compiled another kernel"
