@@ -7,8 +7,9 @@ Each example draws a batch of sequences with lengths from 0 to the cache's capac
 positions the mods see), GQA, a score and a mask mod, a dtype and a schedule; the values
 past each length and in the pages no sequence uses are NaN, and table entries past a
 sequence's pages point outside the pool, so a kernel that reads either fails. Every
-example calls twice on one cache: a second set of lengths (and, paged, a reshuffled pool)
-must give its own right answer with the first call's kernels.
+example calls twice on one cache, through ``nf.attention`` and through one prepared call
+bound on the first: a second set of lengths (and, paged, a reshuffled pool) must give its
+own right answer with the first call's kernels.
 
 The 2026-12-04 campaign (about 1,700 cases, tests/serving/test_fuzz_finds.py) ran as a
 script; this keeps its core in the suite. ``NF_FUZZ`` sizes it as the rest of tests/fuzz.
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from fuzz.test_fuzz import DTYPES, FUZZ, MASKS, SCORE_MODS, _examples
 from neptune_fusion.frontend.attention import AttentionCache, attention
+from neptune_fusion.frontend.prepared import prepare_attention
 from neptune_fusion.schedule.schedule import Schedule
 
 D = 16
@@ -106,17 +108,22 @@ def test_fuzz_ragged_and_paged_caches(data, b, hkv, group, n, page, max_pages, d
     slopes = torch.rand(hq, generator=gen) * 0.5 if score == "slopes" else None
     q = torch.randn(b, hq, n, D, generator=gen).to(tdtype)
     shared = AttentionCache(store=False)
+    bufs = {"slopes": slopes} if slopes is not None else None
+    kw = dict(score_mod=score_mod, mask_mod=mask_mod, enable_gqa=group > 1, buffers=bufs,
+              cache=shared, schedule=SCHEDULES[schedule])
+    prepared = None
     for call in range(2):    # new lengths (and pages) on the first call's kernels
         lens = data.draw(lengths(b, cap), label=f"lens {call}")
         k, v, table, keys, vals = cache(lens, hkv, page, max_pages, tdtype, gen)
         kv_lens = torch.tensor(lens, dtype=torch.int32)
-        out = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod,
-                        enable_gqa=group > 1, kv_lens=kv_lens, block_table=table,
-                        buffers={"slopes": slopes} if slopes is not None else None,
-                        cache=shared, schedule=SCHEDULES[schedule])
         want = reference(q, keys, vals, lens, score_ref, keep, slopes)
-        assert out.shape == want.shape and out.dtype == tdtype
-        assert torch.isfinite(out).all(), f"call {call}: a non-finite value"
-        err = float((out.double() - want).abs().max())
-        assert err <= tol * max(1.0, float(want.abs().max())), (call, err)
+        outs = {"call": attention(q, k, v, kv_lens=kv_lens, block_table=table, **kw)}
+        if prepared is None:     # bound to the first call's signature, run on both
+            prepared = prepare_attention(q, k, v, kv_lens=kv_lens, block_table=table, **kw)
+        outs["prepared"] = prepared(q, k, v, bufs, kv_lens, table).clone()
+        for how, out in outs.items():
+            assert out.shape == want.shape and out.dtype == tdtype
+            assert torch.isfinite(out).all(), f"{how} {call}: a non-finite value"
+            err = float((out.double() - want).abs().max())
+            assert err <= tol * max(1.0, float(want.abs().max())), (how, call, err)
     assert len(shared.kernels()) == 1, "new lengths or pages compiled another kernel"
