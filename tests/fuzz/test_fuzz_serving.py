@@ -17,8 +17,9 @@ script; this keeps its core in the suite. ``NF_FUZZ`` sizes it as the rest of te
 
 from __future__ import annotations
 
+import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fuzz.test_fuzz import DTYPES, FUZZ, MASKS, SCORE_MODS, _examples
@@ -90,15 +91,33 @@ def lengths(b: int, cap: int):
     return st.lists(one, min_size=b, max_size=b)
 
 
+DRAWS = dict(data=st.data(), b=st.integers(1, 3), hkv=st.integers(1, 2),
+             group=st.sampled_from((1, 2, 4)), n=st.sampled_from((1, 2, 4)),
+             page=st.sampled_from((0, 16, 32)), max_pages=st.integers(1, 3),
+             dtype=st.sampled_from(sorted(DTYPES)), score=st.sampled_from(sorted(SCORE_MODS)),
+             mask=st.sampled_from(sorted(MASKS)), schedule=st.sampled_from(sorted(SCHEDULES)),
+             seed=st.integers(0, 2 ** 31 - 1))
+
+
 @settings(max_examples=_examples(12, 300), **FUZZ)
-@given(data=st.data(), b=st.integers(1, 3), hkv=st.integers(1, 2),
-       group=st.sampled_from((1, 2, 4)), n=st.sampled_from((1, 2, 4)),
-       page=st.sampled_from((0, 16, 32)), max_pages=st.integers(1, 3),
-       dtype=st.sampled_from(sorted(DTYPES)), score=st.sampled_from(sorted(SCORE_MODS)),
-       mask=st.sampled_from(sorted(MASKS)), schedule=st.sampled_from(sorted(SCHEDULES)),
-       seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_ragged_and_paged_caches(data, b, hkv, group, n, page, max_pages, dtype, score,
-                                      mask, schedule, seed):
+@given(**DRAWS)
+def test_fuzz_ragged_and_paged_caches(**drawn):
+    check("cpu", **drawn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@settings(max_examples=_examples(12, 300), **FUZZ)
+@given(**DRAWS)
+def test_fuzz_ragged_and_paged_caches_on_gpu(**drawn):
+    """The generated kernels compiled for the GPU (explicit schedules: "auto" would tune
+    every shape class drawn)."""
+    assume(drawn["schedule"] != "auto")
+    check("cuda", **drawn)
+
+
+def check(device, data, b, hkv, group, n, page, max_pages, dtype, score, mask, schedule,
+          seed):
     tdtype, tol = DTYPES[dtype]
     gen = torch.Generator().manual_seed(seed)
     hq = hkv * group
@@ -108,7 +127,7 @@ def test_fuzz_ragged_and_paged_caches(data, b, hkv, group, n, page, max_pages, d
     slopes = torch.rand(hq, generator=gen) * 0.5 if score == "slopes" else None
     q = torch.randn(b, hq, n, D, generator=gen).to(tdtype)
     shared = AttentionCache(store=False)
-    bufs = {"slopes": slopes} if slopes is not None else None
+    bufs = {"slopes": slopes.to(device)} if slopes is not None else None
     kw = dict(score_mod=score_mod, mask_mod=mask_mod, enable_gqa=group > 1, buffers=bufs,
               cache=shared, schedule=SCHEDULES[schedule])
     prepared = None
@@ -117,11 +136,14 @@ def test_fuzz_ragged_and_paged_caches(data, b, hkv, group, n, page, max_pages, d
         k, v, table, keys, vals = cache(lens, hkv, page, max_pages, tdtype, gen)
         kv_lens = torch.tensor(lens, dtype=torch.int32)
         want = reference(q, keys, vals, lens, score_ref, keep, slopes)
-        outs = {"call": attention(q, k, v, kv_lens=kv_lens, block_table=table, **kw)}
+        qd, k, v, kv_lens = (t.to(device) for t in (q, k, v, kv_lens))
+        table = None if table is None else table.to(device)
+        outs = {"call": attention(qd, k, v, kv_lens=kv_lens, block_table=table, **kw)}
         if prepared is None:     # bound to the first call's signature, run on both
-            prepared = prepare_attention(q, k, v, kv_lens=kv_lens, block_table=table, **kw)
-        outs["prepared"] = prepared(q, k, v, bufs, kv_lens, table).clone()
+            prepared = prepare_attention(qd, k, v, kv_lens=kv_lens, block_table=table, **kw)
+        outs["prepared"] = prepared(qd, k, v, bufs, kv_lens, table).clone()
         for how, out in outs.items():
+            out = out.cpu()
             assert out.shape == want.shape and out.dtype == tdtype
             assert torch.isfinite(out).all(), f"{how} {call}: a non-finite value"
             err = float((out.double() - want).abs().max())
