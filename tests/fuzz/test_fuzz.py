@@ -4,7 +4,8 @@ compiled and run, against the float64 reference.
 CI size: a few examples per test (derandomised under ``CI=1``, see tests/conftest.py), so
 the campaign stays within about a minute on two CPU cores under Triton's interpreter. For a
 longer local campaign set ``NF_FUZZ=long`` (hundreds of random examples; minutes to hours)
-or ``NF_FUZZ=<n>`` for n examples per test.
+or ``NF_FUZZ=<n>`` for n examples per test. ``test_fuzz_attention_on_gpu`` (marked ``gpu``)
+draws the same attention calls and runs them compiled for a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -32,6 +34,7 @@ def _examples(ci: int, long: int) -> int:
 FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                   HealthCheck.filter_too_much])
 CACHE = AttentionCache(store=False)   # one per module: shape classes drawn twice hit it
+GPU_CACHE = AttentionCache(store=False)
 DTYPES = {"float32": (torch.float32, 2e-4), "float16": (torch.float16, 2e-2),
           "bfloat16": (torch.bfloat16, 6e-2)}
 
@@ -78,15 +81,34 @@ def reference(q, k, v, scale, score, keep, offset, slopes):
     return torch.where(l_ > 0, (p @ v) / torch.where(l_ > 0, l_, 1.0), 0.0)
 
 
+ATTENTION_DRAWS = dict(
+    b=st.integers(0, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
+    n=st.integers(0, 20), m=st.integers(0, 40), d=st.sampled_from((8, 16)),
+    dv=st.sampled_from((8, 16)), dtype=st.sampled_from(sorted(DTYPES)),
+    score=st.sampled_from(sorted(SCORE_MODS)), mask=st.sampled_from(sorted(MASKS)),
+    offset=st.sampled_from(("none", "end", "3")), scale=st.sampled_from((None, 0.3)),
+    schedule=st.sampled_from(sorted(SCHEDULES)), seed=st.integers(0, 2 ** 31 - 1))
+
+
 @settings(max_examples=_examples(60, 400), **FUZZ)
-@given(b=st.integers(0, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
-       n=st.integers(0, 20), m=st.integers(0, 40), d=st.sampled_from((8, 16)),
-       dv=st.sampled_from((8, 16)), dtype=st.sampled_from(sorted(DTYPES)),
-       score=st.sampled_from(sorted(SCORE_MODS)), mask=st.sampled_from(sorted(MASKS)),
-       offset=st.sampled_from(("none", "end", "3")), scale=st.sampled_from((None, 0.3)),
-       schedule=st.sampled_from(sorted(SCHEDULES)), seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_attention(b, hkv, group, n, m, d, dv, dtype, score, mask, offset, scale,
-                        schedule, seed):
+@given(**ATTENTION_DRAWS)
+def test_fuzz_attention(**drawn):
+    check_attention("cpu", CACHE, **drawn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@settings(max_examples=_examples(60, 400), **FUZZ)
+@given(**ATTENTION_DRAWS)
+def test_fuzz_attention_on_gpu(**drawn):
+    """The kernels compiled for the GPU (explicit schedules: "auto" would tune every
+    shape class drawn)."""
+    assume(drawn["schedule"] != "auto")
+    check_attention("cuda", GPU_CACHE, **drawn)
+
+
+def check_attention(device, cache, b, hkv, group, n, m, d, dv, dtype, score, mask, offset,
+                    scale, schedule, seed):
     tdtype, tol = DTYPES[dtype]
     gen = torch.Generator().manual_seed(seed)
     hq = hkv * group
@@ -98,10 +120,10 @@ def test_fuzz_attention(b, hkv, group, n, m, d, dv, dtype, score, mask, offset, 
     score_mod, score_ref = SCORE_MODS[score]
     mask_mod, keep = MASKS[mask]
     slopes = torch.rand(hq, generator=gen) * 0.5 if score == "slopes" else None
-    out = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, scale=scale,
-                    enable_gqa=group > 1, q_offset=q_offset,
-                    buffers={"slopes": slopes} if slopes is not None else None,
-                    cache=CACHE, schedule=SCHEDULES[schedule])
+    out = attention(q.to(device), k.to(device), v.to(device), score_mod=score_mod,
+                    mask_mod=mask_mod, scale=scale, enable_gqa=group > 1, q_offset=q_offset,
+                    buffers={"slopes": slopes.to(device)} if slopes is not None else None,
+                    cache=cache, schedule=SCHEDULES[schedule]).cpu()
     want = reference(q, k, v, d ** -0.5 if scale is None else scale, score_ref, keep, off,
                      slopes)
     assert out.shape == want.shape and out.dtype == tdtype
