@@ -5,7 +5,8 @@ CI size: a few examples per test (derandomised under ``CI=1``, see tests/conftes
 the campaign stays within about a minute on two CPU cores under Triton's interpreter. For a
 longer local campaign set ``NF_FUZZ=long`` (hundreds of random examples; minutes to hours)
 or ``NF_FUZZ=<n>`` for n examples per test. ``test_fuzz_attention_on_gpu`` (marked ``gpu``)
-draws the same attention calls and runs them compiled for a CUDA GPU.
+draws the same attention calls and runs them compiled for a CUDA GPU;
+``test_fuzz_chains_on_gpu`` the random chains.
 """
 
 from __future__ import annotations
@@ -133,13 +134,29 @@ def check_attention(device, cache, b, hkv, group, n, m, d, dv, dtype, score, mas
         assert err <= tol * max(1.0, float(want.abs().max())), err
 
 
+CHAIN_DRAWS = dict(tree=trees(), producer=st.sampled_from(sorted(REDUCE)),
+                   consumer=st.sampled_from(sorted(REDUCE)), rows=st.integers(0, 5),
+                   seed=st.integers(0, 2 ** 31 - 1))
+
+
 @settings(max_examples=_examples(10, 200), **FUZZ)
-@given(tree=trees(), producer=st.sampled_from(sorted(REDUCE)),
-       consumer=st.sampled_from(sorted(REDUCE)), rows=st.integers(0, 5),
-       seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_chains_compile_and_match(tree, producer, consumer, rows, seed):
+@given(**CHAIN_DRAWS)
+def test_fuzz_chains_compile_and_match(**drawn):
     """A random chain (see tests/algebra/test_random_chains.py), compiled: fused or not, the
     kernels agree with the float64 reference."""
+    check_chain("cpu", **drawn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@settings(max_examples=_examples(10, 200), **FUZZ)
+@given(**CHAIN_DRAWS)
+def test_fuzz_chains_on_gpu(**drawn):
+    """The same random chains, compiled for a CUDA GPU and run there."""
+    check_chain("cuda", **drawn)
+
+
+def check_chain(device, tree, producer, consumer, rows, seed):
     assume(uses(tree, "r") and (uses(tree, "c") or uses(tree, "c2")))   # a chain
     k1, k2 = nf.reduce_axis(D, "k"), nf.reduce_axis(D, "k")
     prod = nf.compute((nf.size("N"),), lambda i: REDUCE[producer](X[i, k1], k1), name="p")
@@ -147,14 +164,16 @@ def test_fuzz_chains_compile_and_match(tree, producer, consumer, rows, seed):
         build(tree, X[i, k2], Y[i, k2], prod[i]), k2), name="out")
     rng = np.random.default_rng(seed)
     feeds = {"x": rng.uniform(0.5, 1.5, (rows, D)), "y": rng.uniform(-1.0, 1.0, (rows, D))}
-    _compiled_matches(out, feeds, f"{tree} {producer} -> {consumer}")
+    _compiled_matches(out, feeds, f"{tree} {producer} -> {consumer}", device)
 
 
-def _compiled_matches(out, feeds: dict, label: str) -> None:
-    """``nf.compile(out)`` on float32 ``feeds`` against the float64 reference."""
+def _compiled_matches(out, feeds: dict, label: str, device: str = "cpu") -> None:
+    """``nf.compile(out)`` on float32 ``feeds`` (on ``device``) against the float64
+    reference."""
     kernel = nf.compile(out)
     names = [p.name for p in kernel.inputs]
-    got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32) for n in names))
+    got = kernel(*(torch.tensor(feeds[n], dtype=torch.float32, device=device)
+                   for n in names)).cpu()
     want = nf.evaluate(out, {n: feeds[n] for n in names})
     assert got.shape == want.shape
     scale = np.abs(want).max(initial=1.0)
