@@ -151,6 +151,44 @@ def test_auto_cache_miss_hit_and_corruption(tmp_path):
     assert fourth.last_choice.source == "model"
 
 
+def _empty_then_one(device, tmp_path):
+    """An auto kernel called with no rows and keys, then with one of each: the same shape
+    class (sizes go to the next power of two, 0 to 1)."""
+    o, ins, tensors = _small_causal()
+    store = DiskCache(tmp_path)
+    kern = nf.compile(o, ins, cache=store)
+    q, k, v = (t.to(device) for t in tensors)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = kern(q[:, :, :0], k[:, :, :0], v[:, :, :0])
+    assert out.shape == (1, 2, 0, 32)
+    empty = kern.last_choice
+    got = kern(q[:, :, :1], k[:, :, :1], v[:, :, :1]).cpu()
+    assert (got.double() - _ref(*(t[:, :, :1].cpu() for t in (q, k, v)))).abs().max() < 1e-4
+    return empty, kern.last_choice, store, [str(w.message) for w in seen]
+
+
+def test_an_empty_call_neither_tunes_nor_is_remembered(tmp_path):
+    """A zero size has nothing to time: the cost model's pick, kept neither on disk nor
+    for the class, whose next (non-empty) call chooses afresh and is stored."""
+    empty, one, store, _ = _empty_then_one("cpu", tmp_path)
+    assert empty.source == "model"
+    assert one.source == "model" and one.key == empty.key
+    [entry] = store.entries()
+    assert Schedule.from_dict(entry["record"]["schedule"]) == one.schedule
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_empty_call_is_not_tuned_on_the_gpu(tmp_path):
+    """On a GPU an empty call used to be tuned: every candidate timed by capturing a launch
+    of nothing (torch warned "The CUDA Graph is empty" per candidate) and the pick stored
+    for the class of size 1."""
+    empty, one, store, seen = _empty_then_one("cuda", tmp_path)
+    assert empty.source == "model" and not any("Graph is empty" in m for m in seen)
+    assert one.source == "measured" and len(store.entries()) == 1
+
+
 def test_auto_key_separates_shape_classes(tmp_path):
     o, ins, (q, k, v) = _small_causal()
     store = DiskCache(tmp_path)

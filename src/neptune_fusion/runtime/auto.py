@@ -123,7 +123,9 @@ class AutoKernel:
             kern = self._by_bucket.get(cls)
             if kern is None:
                 self._misses += 1
-                kern = self._by_bucket[cls] = self._choose(tensors)
+                kern = self._choose(tensors)
+                if not _empty(tensors):   # not its class's answer (see _choose)
+                    self._by_bucket[cls] = kern
             else:
                 self._hits += 1
             if sig is not None:
@@ -237,7 +239,12 @@ class AutoKernel:
         choice = self._by_class.get(ckey)
         if choice is None:
             choice = self._cached(key)
-        if choice is None:
+        # an input with no elements (an extent of 0, which shares its class with 1 through
+        # next_pow2) leaves nothing to time: such a call takes the cost model's pick and
+        # neither tunes nor remembers it
+        empty = _empty(tensors)
+        fresh = choice is None
+        if fresh:
             problem = problem_of(self._program(), self.inputs, tensors, sizes,
                                  self._can_split())
             ranked = rank(problem, candidates(problem, device, self.base), device)
@@ -245,7 +252,7 @@ class AutoKernel:
             if not ranked and not library:
                 raise CodegenError(f"{self.name}: no schedule of the search space fits "
                                    f"{device.name} for this shape")
-            if tdev.type == "cuda":
+            if tdev.type == "cuda" and not empty:
                 # the library form is another vehicle, not another tile: always measured,
                 # next to half as many fused tiles (each fused GEMM compiles for seconds),
                 # alone for a large product (cost.library_alone), the fused tiles then
@@ -265,11 +272,12 @@ class AutoKernel:
                     choice = self._measure(fused + library, tensors, sizes, key)
             else:
                 choice = self._first_buildable(ranked + library, key)
-            if self._store is not None:
+            if self._store is not None and not empty:
                 self._store.put(key, {"schedule": choice.schedule.to_dict(),
                                       "source": choice.source,
                                       "trials": [_trial_json(t) for t in choice.trials]})
-        self._by_class[ckey] = choice
+        if not (fresh and empty):
+            self._by_class[ckey] = choice
         self.last_choice = choice
         return self._kernel(choice.schedule)
 
@@ -383,3 +391,9 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _empty(tensors) -> bool:
+    """Whether a call has an input with no elements: nothing to time, not its shape
+    class's answer (a size of 0 buckets with 1)."""
+    return any(t.numel() == 0 for t in tensors)
