@@ -9,7 +9,9 @@ past each length and in the pages no sequence uses are NaN, and table entries pa
 sequence's pages point outside the pool, so a kernel that reads either fails. Every
 example calls twice on one cache, through ``nf.attention`` and through one prepared call
 bound on the first: a second set of lengths (and, paged, a reshuffled pool) must give its
-own right answer with the first call's kernels.
+own right answer with the first call's kernels. The second call also runs with
+``return_lse=True`` (the log-sum-exp against float64, ``-inf`` exactly where a row sees
+no key) and into a transposed ``out=`` buffer.
 
 The 2026-12-04 campaign (about 1,700 cases, tests/serving/test_fuzz_finds.py) ran as a
 script; this keeps its core in the suite. ``NF_FUZZ`` sizes it as the rest of tests/fuzz.
@@ -36,9 +38,11 @@ OUTSIDE = 10 ** 6     # a table entry no sequence reaches
 
 def reference(q, keys, vals, lens, score, keep, slopes):
     """float64 attention of sequence ``b`` over its ``lens[b]`` keys (``keys[b]``:
-    ``(Hkv, >= lens[b], D)``), its queries at ``lens[b] - N ...``; a row with no key is 0."""
+    ``(Hkv, >= lens[b], D)``), its queries at ``lens[b] - N ...``: ``(out, lse)``, a row
+    with no key 0 and ``-inf``."""
     b_, hq, n, _ = q.shape
     out = torch.zeros(b_, hq, n, vals[0].shape[-1], dtype=torch.float64)
+    lse = torch.full((b_, hq, n), float("-inf"), dtype=torch.float64)
     for b in range(b_):
         m = int(lens[b])
         g = hq // keys[b].shape[0]
@@ -55,7 +59,9 @@ def reference(q, keys, vals, lens, score, keep, slopes):
         if keep is not None:
             s = s.masked_fill(~keep(i, j), float("-inf"))
         out[b] = torch.softmax(s, -1).nan_to_num(0.0) @ v
-    return out
+        if m:
+            lse[b] = torch.logsumexp(s, -1)
+    return out, lse
 
 
 def cache(lens, hkv, page, max_pages, dtype, gen):
@@ -130,18 +136,32 @@ def check(device, data, b, hkv, group, n, page, max_pages, dtype, score, mask, s
     bufs = {"slopes": slopes.to(device)} if slopes is not None else None
     kw = dict(score_mod=score_mod, mask_mod=mask_mod, enable_gqa=group > 1, buffers=bufs,
               cache=shared, schedule=SCHEDULES[schedule])
-    prepared = None
+    prepared, other = None, AttentionCache(store=False)
     for call in range(2):    # new lengths (and pages) on the first call's kernels
         lens = data.draw(lengths(b, cap), label=f"lens {call}")
         k, v, table, keys, vals = cache(lens, hkv, page, max_pages, tdtype, gen)
         kv_lens = torch.tensor(lens, dtype=torch.int32)
-        want = reference(q, keys, vals, lens, score_ref, keep, slopes)
+        want, want_lse = reference(q, keys, vals, lens, score_ref, keep, slopes)
         qd, k, v, kv_lens = (t.to(device) for t in (q, k, v, kv_lens))
         table = None if table is None else table.to(device)
         outs = {"call": attention(qd, k, v, kv_lens=kv_lens, block_table=table, **kw)}
         if prepared is None:     # bound to the first call's signature, run on both
             prepared = prepare_attention(qd, k, v, kv_lens=kv_lens, block_table=table, **kw)
         outs["prepared"] = prepared(qd, k, v, bufs, kv_lens, table).clone()
+        if call:     # the state for a merge, and a strided output (kernels of their own)
+            kw2 = dict(kw, cache=other)
+            got, lse = attention(qd, k, v, kv_lens=kv_lens, block_table=table,
+                                 return_lse=True, **kw2)
+            outs["return_lse"] = got
+            lse = lse.cpu().double()
+            assert torch.equal(lse.isneginf(), want_lse.isneginf()), "rows with no key"
+            fin = want_lse.isfinite()
+            if fin.any():
+                err = float((lse[fin] - want_lse[fin]).abs().max())
+                assert err <= tol * max(1.0, float(want_lse[fin].abs().max())), err
+            buf = torch.empty(b, n, hq, D, dtype=tdtype, device=device)
+            outs["out="] = attention(qd, k, v, kv_lens=kv_lens, block_table=table,
+                                     out=buf.transpose(1, 2), **kw2)
         for how, out in outs.items():
             out = out.cpu()
             assert out.shape == want.shape and out.dtype == tdtype
