@@ -61,21 +61,27 @@ SCHEDULES = {"auto": None, "rolling": Schedule(block_m=16, block_n=16),
              "split": Schedule(block_m=16, block_n=16, strategy="split", splits=2)}
 
 
-def reference(q, k, v, scale, score, keep, offset, slopes):
-    """float64 attention with FlexAttention's semantics (a row with no key gives 0)."""
-    q, k, v = (t.double() for t in (q, k, v))
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = q @ k.transpose(-1, -2) * scale
-    h = torch.arange(q.shape[1])[:, None, None]
-    i = torch.arange(q.shape[2])[:, None] + offset
-    j = torch.arange(k.shape[2])[None, :]
+def modded(s, pos, m: int, score, keep, slopes):
+    """float64 scores ``s[..., h, i, j]`` with the score mod (or ALiBi ``slopes``) and the
+    mask applied: query row ``i`` at position ``pos[i]``, keys ``0 .. m - 1``."""
+    h = torch.arange(s.shape[-3])[:, None, None]
+    i, j = pos[:, None], torch.arange(m)[None, :]
     if slopes is not None:
         s = s + slopes.double()[h] * (j - i)
     elif score is not None:
         s = score(s, h, i, j)
     if keep is not None:
         s = s.masked_fill(~keep(i, j), float("-inf"))
+    return s
+
+
+def reference(q, k, v, scale, score, keep, offset, slopes):
+    """float64 attention with FlexAttention's semantics (a row with no key gives 0)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    s = modded(s, torch.arange(q.shape[2]) + offset, k.shape[2], score, keep, slopes)
     mx = s.amax(-1, keepdim=True) if s.shape[-1] else s.sum(-1, keepdim=True)
     p = torch.exp(s - torch.where(torch.isfinite(mx), mx, 0.0))
     l_ = p.sum(-1, keepdim=True)

@@ -24,7 +24,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fuzz.test_fuzz import DTYPES, FUZZ, MASKS, SCORE_MODS, _examples
+from fuzz.test_fuzz import DTYPES, FUZZ, MASKS, SCORE_MODS, _examples, modded
 from neptune_fusion.frontend.attention import AttentionCache, attention
 from neptune_fusion.frontend.prepared import prepare_attention
 from neptune_fusion.schedule.schedule import Schedule
@@ -48,16 +48,8 @@ def reference(q, keys, vals, lens, score, keep, slopes):
         g = hq // keys[b].shape[0]
         k = keys[b][:, :m].double().repeat_interleave(g, 0)
         v = vals[b][:, :m].double().repeat_interleave(g, 0)
-        s = q[b].double() @ k.transpose(-1, -2) * D ** -0.5
-        h = torch.arange(hq)[:, None, None]
-        i = torch.arange(n)[:, None] + (m - n)
-        j = torch.arange(m)[None, :]
-        if slopes is not None:
-            s = s + slopes.double()[h] * (j - i)
-        elif score is not None:
-            s = score(s, h, i, j)
-        if keep is not None:
-            s = s.masked_fill(~keep(i, j), float("-inf"))
+        s = modded(q[b].double() @ k.transpose(-1, -2) * D ** -0.5,
+                   torch.arange(n) + (m - n), m, score, keep, slopes)
         out[b] = torch.softmax(s, -1).nan_to_num(0.0) @ v
         if m:
             lse[b] = torch.logsumexp(s, -1)
