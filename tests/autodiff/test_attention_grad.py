@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -298,10 +299,19 @@ def test_attention_backward_of_a_fully_masked_row_is_zero():
 
 
 @pytest.mark.parametrize("case", ["gqa", "alibi"])
-def test_a_compiled_training_step_through_the_op(case):
+def test_a_compiled_training_step_through_the_op(case, monkeypatch):
     """torch.compile(fullgraph=True) of a loss over nf.attention, then backward: the
-    neptune_fusion::attention op's registered autograd runs the backward op (the forward
-    again with its lse, then the derived kernels); gradients against float64."""
+    neptune_fusion::attention op gives the output and its lse, and its registered
+    autograd runs the backward op on both (the derived kernels; the forward kernel runs
+    once, not again in the backward); gradients against float64."""
+    from triton.runtime import interpreter
+    launched = []   # the Triton kernels run on the interpreter, by name
+    plain = interpreter.GridExecutor.__call__
+
+    def counting(self, *args, **kw):
+        launched.append(self.fn.__name__)
+        return plain(self, *args, **kw)
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", counting)
     hq, hkv, sm, mm, _ = CASES[case]
     cache = AttentionCache(store=False)
     q, k, v, slopes = _inputs(case, dtype=torch.float32, seed=9, n=8, m=8, d=KD)
@@ -312,6 +322,9 @@ def test_a_compiled_training_step_through_the_op(case):
         return (_attention(case, q, k, v, slopes, cache, 8) * d_o).sum()
     torch._dynamo.reset()
     torch.compile(loss, fullgraph=True, backend="aot_eager")(*got).backward()
+    if os.environ.get("TRITON_INTERPRET") == "1":   # launches are counted there
+        assert launched.count("attention") == 1, launched
+        assert any(n.startswith("attention_backward") for n in launched), launched
     want = [t.double().requires_grad_() for t in (q, k, v)]
     (reference(*want, hq, hkv, sm, mm, slopes.double(), 0.7) * d_o.double()).sum().backward()
     for name, g, w in zip("qkv", got, want):

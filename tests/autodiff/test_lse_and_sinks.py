@@ -90,10 +90,10 @@ def _reference(q, k, v, case, sinks=None):
     return s.softmax(-1) @ vv, torch.logsumexp(s, -1)
 
 
-def _nf(case, got, n, **kw):
+def _nf(case, got, n, cache=None, **kw):
     hq, hkv, sm, mm, _ = CASES[case]
     return nf.attention(*got, score_mod=sm, mask_mod=mm, scale=0.7, enable_gqa=hq != hkv,
-                        cache=AttentionCache(store=False),
+                        cache=AttentionCache(store=False) if cache is None else cache,
                         q_offset="end" if n == 1 else None, **kw)
 
 
@@ -176,11 +176,44 @@ def test_bad_sinks_are_refused_by_name(bad, match):
         nf.attention(q, k, v, sinks=bad(q), cache=AttentionCache(store=False))
 
 
-def test_sinks_under_torch_compile_say_eager_only():
-    q, k, v, _ = _inputs("causal", dtype=torch.float32)
-    sinks, cache = torch.zeros(q.shape[1]), AttentionCache(store=False)
-    fn = torch.compile(lambda q: nf.attention(q, k, v, sinks=sinks, cache=cache),
-                       backend="eager", fullgraph=True)
+@pytest.mark.parametrize("case,n", [("gqa", 8), ("causal", 8), ("gqa", 1)])
+def test_lse_and_sinks_under_torch_compile_against_float64(case, n):
+    """``return_lse=True`` and ``sinks=`` traced by torch.compile(fullgraph=True): the
+    op's two outputs, the sinks merged in the graph; values and the gradients of q, k,
+    v and the sinks (both outputs in the loss) against float64."""
+    q, k, v, _ = _inputs(case, dtype=torch.float32, seed=11, n=n, m=8, d=3)
+    sinks, cache = torch.randn(q.shape[1]) * 2, AttentionCache(store=False)
+    for with_sinks in (False, True):
+        got = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+
+        def f(q, k, v, sinks, with_sinks=with_sinks):
+            return _nf(case, (q, k, v), n, cache, return_lse=True,
+                       sinks=sinks if with_sinks else None)
+        torch._dynamo.reset()
+        o, lse = torch.compile(f, fullgraph=True, backend="aot_eager")(*got)
+        d_o, d_lse = torch.randn_like(o), torch.randn_like(lse)
+        ((o * d_o).sum() + (lse * d_lse).sum()).backward()
+        want = [t.double().requires_grad_() for t in (q, k, v, sinks)]
+        ro, rl = _reference(*want[:3], case, sinks=want[3] if with_sinks else None)
+        torch.testing.assert_close(o.detach().double(), ro.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse.detach().double(), rl.detach(), rtol=1e-5,
+                                   atol=1e-5)
+        ((ro * d_o.double()).sum() + (rl * d_lse.double()).sum()).backward()
+        for name, g, w in zip(("q", "k", "v", "sinks"), got, want):
+            if name == "sinks" and not with_sinks:
+                continue
+            torch.testing.assert_close(g.grad.double(), w.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name: f"d_{name}: {m}")
+
+
+def test_lse_under_torch_compile_without_gradients():
+    """No input requires grad: the same op, its log-sum-exp against float64."""
+    q, k, v, _ = _inputs("causal", dtype=torch.float32, seed=12, n=8, m=8, d=3)
+    cache = AttentionCache(store=False)
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="sinks= is not traced by torch.compile"):
-        fn(q)
+    o, lse = torch.compile(lambda q, k, v: _nf("causal", (q, k, v), 8, cache,
+                                               return_lse=True),
+                           fullgraph=True, backend="eager")(q, k, v)
+    ro, rl = _reference(q.double(), k.double(), v.double(), "causal")
+    torch.testing.assert_close(o.double(), ro, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), rl, rtol=1e-5, atol=1e-5)

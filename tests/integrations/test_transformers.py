@@ -163,7 +163,7 @@ def test_dynamic_cache_decode_is_never_prepared():
                           for t in tables)
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma2"])
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gpt_oss"])
 def test_compiled_model_has_no_graph_break(name):
     """torch.compile of a whole model: prefill and a dynamic-cache decode step trace with
     no graph break (fullgraph) and give eager attention's logits."""
@@ -345,6 +345,26 @@ def test_a_training_step_matches_eager_attention(name):
         grads[impl] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert grads["neptune_fusion"].keys() == grads["eager"].keys()
     assert any("sinks" in n for n in grads["eager"]) == (name == "gpt_oss")
+    for n, want in grads["eager"].items():
+        assert _rel(grads["neptune_fusion"][n], want) < 1e-4, n
+
+
+def test_a_compiled_training_step_gives_the_sinks_their_gradient():
+    """gpt-oss under torch.compile (fullgraph), one loss.backward(): every parameter's
+    gradient as transformers' eager attention gives it, the sinks' included (merged
+    after the traced kernel, not a detached key)."""
+    ids = torch.tensor([[5, 9, 2, 7, 3, 8, 11, 4, 6, 1, 2, 3]])
+    grads = {}
+    for impl in ("eager", "neptune_fusion"):
+        model = _model("gpt_oss")
+        model.train()
+        model.set_attn_implementation(impl)
+        torch._dynamo.reset()
+        fwd = torch.compile(model.forward, fullgraph=True, backend="aot_eager")
+        fwd(input_ids=ids, labels=ids).loss.backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["neptune_fusion"].keys() == grads["eager"].keys()
+    assert any("sinks" in n for n in grads["eager"])
     for n, want in grads["eager"].items():
         assert _rel(grads["neptune_fusion"][n], want) < 1e-4, n
 

@@ -207,8 +207,11 @@ def test_fake_shapes_and_dtypes():
     h = torch_ops.handle(torch_ops_entry(), None, CAUSAL, None, True, "end", None, cache,
                          None)
     with mode:
-        o = torch.ops.neptune_fusion.attention(q, k, v, [], h)
+        o, lse = torch.ops.neptune_fusion.attention(q, k, v, [], h)
+        o_infer = torch.ops.neptune_fusion.attention_infer(q, k, v, [], h)
     assert (o.shape, o.dtype) == ((3, 8, 1, 48), torch.bfloat16)
+    assert (lse.shape, lse.dtype) == ((3, 8, 1), torch.float32)
+    assert (o_infer.shape, o_infer.dtype) == ((3, 8, 1, 48), torch.bfloat16)
     assert len(cache) == 0   # nothing compiled, tuned or launched for a fake call
     kernel = nf.compile(_softmax_kernel(), cache=False)
     N, M = nf.sizes("N M")
@@ -328,7 +331,7 @@ def test_the_real_implementation_runs_eagerly_even_while_tracing(rng, monkeypatc
     q, k, v = _qkv(rng)
     h = torch_ops.handle(torch_ops_entry(), _softcap, CAUSAL, None, True, "end", None, None,
                          None)
-    got = torch.ops.neptune_fusion.attention(q, k, v, [], h) * 2.0 + 1.0
+    got = torch.ops.neptune_fusion.attention(q, k, v, [], h)[0] * 2.0 + 1.0
     assert rel(got, _ref(q, k, v)) < 1e-5
     x = _randn(rng, 3, 20)
     for sched in ("auto", SMALL):

@@ -176,7 +176,8 @@ def _op_node(graph, m: dict, causal: bool, made: list):
     key = torch_ops.constant_key
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), m["alpha"], False, None,
                          tuple(names) or None, key(None), key(None), (False, False))
-    o = call(torch.ops.neptune_fusion.attention.default, q, k, v, bufs, h)
+    both = call(torch.ops.neptune_fusion.attention.default, q, k, v, bufs, h)
+    o = call(operator.getitem, both, 0)   # the output; the log-sum-exp is for the backward
     return call(torch.reshape, o, (B * H, L, dv))
 
 

@@ -540,7 +540,7 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
 
     ``sinks`` (a float tensor ``(Hq,)``): attention sinks, one more logit per query head
     with a zero value row (gpt-oss); merged into each row's state after the kernel
-    (:mod:`.sinks`), eager only; differentiable, the sinks included.
+    (:mod:`.sinks`); differentiable, the sinks included, also under torch.compile.
 
     ``out``: a ``(B, Hq, N, Dv)`` tensor of ``q``'s dtype and device, any strides, that
     receives the result and is returned (e.g. ``o.transpose(1, 2)`` of a ``(B, N, Hq, Dv)``
@@ -570,9 +570,6 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
     if sinks is not None:
         from .sinks import check_sinks, merge_sinks
         check_sinks(sinks, q)
-        if torch_ops.compiling():
-            raise FeedError("attention: sinks= is not traced by torch.compile or "
-                            "torch.export yet; call it eagerly")
         o, lse = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, scale=scale,
                            enable_gqa=enable_gqa, q_offset=q_offset, buffers=buffers,
                            cache=cache, schedule=schedule, return_lse=True,
@@ -588,8 +585,8 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
                                buffers, cache, schedule, return_lse, kv_lens)
     if return_lse:
         if torch_ops.compiling():
-            raise FeedError("attention: return_lse=True is not traced by torch.compile or "
-                            "torch.export yet; call it eagerly")
+            return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
+                           buffers, cache, schedule, kv_lens, block_table, lse=True)
         return _eager(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
                       cache, schedule, kv_lens, block_table, lse=True)
     if torch_ops.compiling():
@@ -681,11 +678,12 @@ def _resolve(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers,
 
 
 def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, cache,
-            schedule, kv_lens=None, block_table=None):
+            schedule, kv_lens=None, block_table=None, lse: bool = False):
     """:func:`attention` as the ``neptune_fusion::attention`` op (code Dynamo traces): the
     arguments that are not tensors enter the op's table, the buffers go as a list (then
-    ``kv_lens`` and ``block_table``, when given). Where no gradient is wanted, the op is
-    ``attention_infer``, the same call without a derivative or its per-call wrapper."""
+    ``kv_lens`` and ``block_table``, when given); ``(o, lse)`` with ``lse``. Where no
+    gradient and no log-sum-exp is wanted, the op is ``attention_infer``, the same call
+    without a derivative or its per-call wrapper."""
     import torch
     names = None if buffers is None else tuple(buffers)
     bufs = [] if names is None else [buffers[n] for n in names]
@@ -695,9 +693,11 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), scale, enable_gqa, q_offset,
                          names, key(cache), key(schedule), has)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    op = torch.ops.neptune_fusion.attention if grad else \
-        torch.ops.neptune_fusion.attention_infer   # no autograd wrapper per call
-    return op(q, k, v, bufs, h)
+    if grad or lse:   # the output and its log-sum-exp, which the backward reads
+        o, row_lse = torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
+        return (o, row_lse) if lse else o
+    # no autograd wrapper per call
+    return torch.ops.neptune_fusion.attention_infer(q, k, v, bufs, h)
 
 
 OP_PREPARED_MAX_QUERIES = 16   # decode and speculative steps; a prefill is not bound
@@ -777,24 +777,36 @@ class _OpEntry:
             return None
         return outs[0].reshape(qshape[0], qshape[1], 1, d) if packed else outs[0]
 
-    def backward(self, tensors, grad) -> list:
-        """``[dq, dk, dv]`` of the op's output for the cotangent ``grad``: the forward
-        again with its log-sum-exp, then the derived backward kernels (the
+    def run_lse(self, tensors) -> list:
+        """``[o, lse]``: the output and its rows' log-sum-exp ``(B, Hq, N)``, float32 (the
+        differentiable op's forward: the backward reads both, nothing is recomputed)."""
+        kw = self.kw
+        return list(_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
+                           kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
+                           kw["cache"], kw["schedule"], *self._kv(tensors), lse=True))
+
+    def backward(self, tensors, out, lse, grad, grad_lse=None) -> list:
+        """``[dq, dk, dv]`` for the cotangents ``grad`` of the op's output ``out`` and
+        ``grad_lse`` of its log-sum-exp ``lse`` (either may be None), from the forward's
+        saved ``out`` and ``lse`` through the derived backward kernels (the
         ``neptune_fusion::attention_backward`` op's real implementation)."""
-        import torch
+        from . import attention_grad
         kw = self.kw
         lens, table = self._kv(tensors)
         if table is not None:
             raise FeedError("attention: no gradient with block_table (a paged serving "
                             "cache); see docs/autodiff.md")
-        q, k, v = (t.detach().requires_grad_() for t in tensors[:3])
-        with torch.enable_grad():
-            o = _differentiable(q, k, v, kw["score_mod"], kw["mask_mod"], kw["scale"],
+        setup, ktens = _resolve(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
                                 kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
-                                kw["cache"], kw["schedule"], kv_lens=lens)
-            return list(torch.autograd.grad(o, (q, k, v), grad))
+                                kw["cache"], kw["schedule"], lens, lse=True)
+        cache = kw["cache"] if kw["cache"] is not None else DEFAULT_CACHE
+        rows = ktens[0].shape[:-1]   # the kernel's rows (packed decode: the group's heads)
+        o = out.reshape(*rows, out.shape[-1]).contiguous()
+        shapes = tuple(t.shape for t in tensors[:3])
+        return attention_grad.grads(cache.backward(setup.kernel), ktens, o,
+                                    lse.reshape(rows), grad, grad_lse, shapes)
 
-    def fake(self, tensors) -> list:
+    def fake(self, tensors, lse: bool = False) -> list:
         q, k, v = tensors[:3]
         lens, table = self._kv(tensors)
         _check(q, k, v, self.kw["enable_gqa"], paged=table is not None)
@@ -802,7 +814,11 @@ class _OpEntry:
         _check_buffers(self._buffers(tensors))
         _scale(self.kw["scale"], q.shape[3])
         _offset_mode(self.kw["q_offset"], q.shape[2], k.shape[2])
-        return [q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))]
+        o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+        if not lse:
+            return [o]
+        import torch
+        return [o, q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=torch.float32)]
 
 
 def _setup_call(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, bufs: dict,

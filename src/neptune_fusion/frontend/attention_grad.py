@@ -191,26 +191,36 @@ def _function():
         @staticmethod
         def backward(ctx, d_out, d_lse=None):
             *tensors, o, lse = ctx.saved_tensors
-            qin, k, v, *bufs = tensors
-            qs, ks, vs = ctx.shapes
             if d_out is None and d_lse is None:
                 return (None,) * (7 + ctx.n_bufs)
-            kern, group = ctx.backward(ctx.kernel)
-            d_o = torch.zeros_like(o) if d_out is None else \
-                d_out.reshape(o.shape).to(o.dtype).contiguous()
-            # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
-            lse = lse.masked_fill(lse == -INF, INF)
-            grads = kern(qin, k, v, o, d_o, lse, *bufs, d_lse=d_lse)
-            out = []
-            for n, (g, t, shape) in enumerate(zip(grads, (qin, k, v), (qs, ks, vs))):
-                if g is None:   # the output does not depend on it: zero, as autograd gives
-                    g = t.new_zeros(shape)
-                elif group > 1 and n > 0:   # GQA: the group's query heads' sum into k, v
-                    g = g.reshape(shape[0], shape[1], group, *shape[2:]).sum(2)
-                out.append(g.reshape(shape))
+            out = grads(ctx.backward(ctx.kernel), tensors, o, lse, d_out, d_lse, ctx.shapes)
             return (None, None, None, None, *out, *([None] * ctx.n_bufs))
 
     return AttentionFunction
+
+
+def grads(backward, tensors, o, lse, d_out, d_lse, shapes) -> list:
+    """``[dq, dk, dv]`` (shaped as ``shapes``, the caller's q, k, v) from the forward's
+    saved state: ``backward`` is ``(backward kernel, group)`` of the forward kernel,
+    ``tensors`` that kernel's inputs (q as the kernel took it, k, v, the buffers,
+    ``kv_lens``), ``o`` and ``lse`` its outputs as it wrote them; ``d_out`` or ``d_lse``
+    may be None (that output's cotangent is zero)."""
+    import torch
+    kern, group = backward
+    qin, k, v, *bufs = tensors
+    d_o = torch.zeros_like(o) if d_out is None else \
+        d_out.reshape(o.shape).to(o.dtype).contiguous()
+    # a row with no key (lse = -inf) recomputes p = exp(s - inf) = 0: no gradient
+    lse = lse.masked_fill(lse == -INF, INF)
+    got = kern(qin, k, v, o, d_o, lse, *bufs, d_lse=d_lse)
+    out = []
+    for n, (g, t, shape) in enumerate(zip(got, (qin, k, v), shapes)):
+        if g is None:   # the output does not depend on it: zero, as autograd gives
+            g = t.new_zeros(shape)
+        elif group > 1 and n > 0:   # GQA: the group's query heads' sum into k, v
+            g = g.reshape(shape[0], shape[1], group, *shape[2:]).sum(2)
+        out.append(g.reshape(shape))
+    return out
 
 
 def apply(run: Callable, backward: Callable, q, k, v, bufs: dict, with_lse: bool = False):

@@ -29,12 +29,12 @@ Sinks (gpt-oss). A sink is one more logit per head with a zero value row: softma
 gradient (training: ``s_aux`` requires grad, grad mode on) pass them as
 ``nf.attention(..., sinks=s_aux)`` (or a prepared call's ``sinks=``): the kernel writes
 each row's log-sum-exp and the sinks are merged after it (``o * sigmoid(lse - sink)``,
-one pass over the small output; differentiable, the sinks included: docs/autodiff.md).
-A prefill, and anything traced by torch.compile, adds the sink as a key at index 0
-whose score is ``s_aux[h]`` (the ``score_mod``) and which every query sees (the
-``mask_mod``), with zero key and value rows prepended: a copy of K and V per call, less
-than the merge's pass over the output when there are more queries than keys per KV head
-(GQA), and traceable. (The zero key at every decode step copied the whole cache.)
+one pass over the small output; differentiable, the sinks included: docs/autodiff.md),
+eagerly or traced by torch.compile. A prefill whose sinks want no gradient adds the sink
+as a key at index 0 whose score is ``s_aux[h]`` (the ``score_mod``) and which every query
+sees (the ``mask_mod``), with zero key and value rows prepended: a copy of K and V per
+call, less than the merge's pass over the output when there are more queries than keys
+per KV head (GQA). (The zero key at every decode step copied the whole cache.)
 
 Training. ``nf.attention`` is differentiable, so a model trains with this attention in
 eager mode (gradients of every parameter match transformers' eager attention; tests).
@@ -300,12 +300,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         raise UnsupportedAttention(f"neptune_fusion attention: s_aux has shape "
                                    f"{tuple(s_aux.shape)}; one sink per query head "
                                    f"({query.shape[1]},) is supported")
-    # training (the sinks want a gradient, eager) and decode: the sinks merged after the
-    # kernel (nf.attention's sinks=); else a zero key in front whose score is the sink
-    trained = s_aux is not None and s_aux.requires_grad and torch.is_grad_enabled() \
-        and not _tracing()
-    merged = s_aux is not None and not _tracing() and (
-        trained or query.shape[2] <= _PREPARED_MAX_QUERIES)
+    # training (the sinks want a gradient) and decode: the sinks merged after the kernel
+    # (nf.attention's sinks=, eager or traced); else a zero key in front whose score is
+    # the sink
+    trained = s_aux is not None and s_aux.requires_grad and torch.is_grad_enabled()
+    merged = s_aux is not None and (trained or query.shape[2] <= _PREPARED_MAX_QUERIES)
     sinks = s_aux is not None and not merged
     shift = 1 if sinks else 0
     if padding is not None:

@@ -365,38 +365,46 @@ def define_ops() -> None:
             lambda q, k, v, buffers, handle: entry(handle).fake([q, k, v, *buffers])[0],
             lib=lib)
 
+        # attention where a gradient is wanted: the output and its rows' log-sum-exp
+        # (float32), which the backward reads with the output, so nothing is recomputed
         @torch.library.custom_op(
             "neptune_fusion::attention", mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle) -> Tensor")
+            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle) -> "
+                   "(Tensor, Tensor)")
         def attention_op(q, k, v, buffers, handle):
-            return entry(handle).run([q, k, v, *buffers])[0]
+            o, lse = entry(handle).run_lse([q, k, v, *buffers])
+            return o, lse
 
         @attention_op.register_fake
         def _(q, k, v, buffers, handle):
-            return entry(handle).fake([q, k, v, *buffers])[0]
+            o, lse = entry(handle).fake([q, k, v, *buffers], lse=True)
+            return o, lse
 
         # the backward as an op too, so a compiled training step traces it (fake: the
         # gradients' shapes) and runs the derived backward kernels (docs/autodiff.md)
         @torch.library.custom_op(
             "neptune_fusion::attention_backward", mutates_args=(),
-            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, Tensor grad, "
-                   "int handle) -> Tensor[]")
-        def attention_backward_op(q, k, v, buffers, grad, handle):
-            return entry(handle).backward([q, k, v, *buffers], grad)
+            schema="(Tensor q, Tensor k, Tensor v, Tensor[] buffers, Tensor out, "
+                   "Tensor lse, Tensor? grad, Tensor? grad_lse, int handle) -> Tensor[]")
+        def attention_backward_op(q, k, v, buffers, out, lse, grad, grad_lse, handle):
+            return entry(handle).backward([q, k, v, *buffers], out, lse, grad, grad_lse)
 
         @attention_backward_op.register_fake
-        def _(q, k, v, buffers, grad, handle):
+        def _(q, k, v, buffers, out, lse, grad, grad_lse, handle):
             return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
 
         def setup_context(ctx, inputs, output):
             q, k, v, buffers, handle = inputs
-            ctx.save_for_backward(q, k, v, *buffers)
+            ctx.save_for_backward(q, k, v, *output, *buffers)
             ctx.handle, ctx.buffers = handle, len(buffers)
+            ctx.set_materialize_grads(False)   # an unused output's cotangent stays None
 
-        def backward(ctx, grad):
-            q, k, v, *buffers = ctx.saved_tensors
-            dq, dk, dv = torch.ops.neptune_fusion.attention_backward(q, k, v, buffers,
-                                                                     grad, ctx.handle)
+        def backward(ctx, grad, grad_lse):
+            q, k, v, out, lse, *buffers = ctx.saved_tensors
+            if grad is None and grad_lse is None:
+                return None, None, None, [None] * ctx.buffers, None
+            dq, dk, dv = torch.ops.neptune_fusion.attention_backward(
+                q, k, v, buffers, out, lse, grad, grad_lse, ctx.handle)
             return dq, dk, dv, [None] * ctx.buffers, None
 
         attention_op.register_autograd(backward, setup_context=setup_context)
