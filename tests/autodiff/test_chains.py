@@ -132,3 +132,100 @@ def test_compiled_chains_still_refuse_grad_unless_asked():
     kern = nf.compile(nf.compute((3,), lambda i: nf.sum(x[i, j], j), name="y"), cache=False)
     with pytest.raises(nf.FeedError, match="requires grad"):
         kern(torch.randn(3, 4).requires_grad_())
+
+
+# ---------------------------------------- under torch.compile (the kernel_grad op)
+
+
+def _masked_lse_and_double():
+    """``(kernel, inputs order)``: each row's log-sum-exp over its first ``L[i]`` columns
+    (an int32 input, no gradient) and ``2 x`` (a second output, unused by the loss)."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), "float32", name="x")
+    L = nf.placeholder((N,), "int32", name="L")
+    j, j2 = nf.reduce_axis(M, "j"), nf.reduce_axis(M, "j2")
+    m = nf.compute((N,), lambda i: nf.max(nf.where(j < L[i], x[i, j], -1e30), j), name="m")
+    lse = nf.compute((N,), lambda i: m[i] + nf.log(nf.sum(
+        nf.where(j2 < L[i], nf.exp(x[i, j2] - m[i]), 0.0), j2)), name="lse")
+    y = nf.compute((N, M), lambda i, c: x[i, c] * 2.0, name="y")
+    kern = nf.compile([lse, y], differentiable=True, cache=False)
+    return kern, [p.name for p in kern.inputs]
+
+
+def test_a_differentiable_chain_traces_as_one_op_with_its_backward():
+    """torch.compile(fullgraph=True) of a loss over a differentiable compiled chain: the
+    ``neptune_fusion::kernel_grad`` op (no graph break), whose registered backward runs
+    the derived gradient kernels; an int input gets no gradient, an unused output a zero
+    cotangent; values and gradients against float64."""
+    kern, order = _masked_lse_and_double()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 9, generator=gen).requires_grad_()
+    lens = torch.tensor([9, 3, 6, 2, 1, 5], dtype=torch.int32)
+    w = torch.randn(6, generator=gen)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append({str(n.target).removesuffix(".default") for n in gm.graph.nodes})
+        from torch._dynamo.backends.debugging import aot_eager
+        return aot_eager(gm, example_inputs)
+
+    def loss(x, lens):
+        got = {"x": x, "L": lens}
+        lse, _ = kern(*(got[n] for n in order))
+        return (lse * w).sum()
+    torch._dynamo.reset()
+    value = torch.compile(loss, fullgraph=True, backend=capture)(x, lens)
+    value.backward()
+    assert any("neptune_fusion.kernel_grad" in g for g in graphs), graphs
+    xd = x.detach().double().requires_grad_()
+    keep = torch.arange(9)[None, :] < lens[:, None]
+    want = (torch.logsumexp(xd.masked_fill(~keep, float("-inf")), 1) * w.double()).sum()
+    want.backward()
+    torch.testing.assert_close(value.detach().double(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(x.grad.double(), xd.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_rmsnorm_matmul_trains_under_torch_compile():
+    N = nf.size("N")
+    x = nf.placeholder((N, 32), "float32", name="x")
+    g = nf.placeholder((32,), "float32", name="g")
+    w = nf.placeholder((32, 16), "float32", name="w")
+    k, k2 = nf.reduce_axis(32, "k"), nf.reduce_axis(32, "k2")
+    ms = nf.compute((N,), lambda i: nf.sum(x[i, k] * x[i, k], k) / 32, name="ms")
+    y = nf.compute((N, 16), lambda i, n: nf.sum(
+        x[i, k2] * nf.rsqrt(ms[i] + 1e-5) * g[k2] * w[k2, n], k2), name="y")
+    kern = nf.compile(y, differentiable=True, cache=False)
+    order = [p.name for p in kern.inputs]
+    gen = torch.Generator().manual_seed(5)
+    args = {n: torch.randn(s, generator=gen).requires_grad_()
+            for n, s in (("x", (8, 32)), ("g", (32,)), ("w", (32, 16)))}
+    d_out = torch.randn(8, 16, generator=gen)
+    torch._dynamo.reset()
+    step = torch.compile(lambda *t: (kern(*t) * d_out).sum(), fullgraph=True,
+                         backend="aot_eager")
+    step(*(args[n] for n in order)).backward()
+    want = {n: a.detach().double().requires_grad_() for n, a in args.items()}
+    xd, gd, wd = want["x"], want["g"], want["w"]
+    (((xd * torch.rsqrt((xd * xd).mean(1, keepdim=True) + 1e-5) * gd) @ wd)
+     * d_out.double()).sum().backward()
+    for n in args:
+        torch.testing.assert_close(args[n].grad.double(), want[n].grad, rtol=1e-4,
+                                   atol=1e-5, msg=lambda m, n=n: f"d_{n}: {m}")
+
+
+def test_a_chain_without_a_backward_is_refused_by_name_under_torch_compile():
+    """Traced, a chain compiled without ``differentiable=True`` refuses an input that
+    requires grad as an eager call does, saying what to pass (not torch's "no autograd
+    formula" at the backward's trace)."""
+    x = nf.placeholder((3, nf.size("M")), "float32", name="x")
+    j = nf.reduce_axis(x.shape[1], "j")
+    kern = nf.compile(nf.compute((3,), lambda i: nf.sum(x[i, j], j), name="y"), cache=False)
+    t = torch.randn(3, 4).requires_grad_()
+    with pytest.raises(nf.FeedError, match="differentiable=True"):
+        kern(t)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"argument 0 \('x'\) requires grad.*differentiable=True"):
+        torch.compile(lambda t: kern(t).sum(), fullgraph=True, backend="aot_eager")(t)
+    with torch.no_grad():   # forward-only: runs
+        got = torch.compile(lambda t: kern(t), fullgraph=True, backend="aot_eager")(t)
+    torch.testing.assert_close(got, t.detach().sum(1))

@@ -37,16 +37,27 @@ def _reference(q, k, v, lens, causal: bool, scale: float):
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("hq,hkv,n,causal", [(2, 2, 1, True), (4, 2, 1, True),
-                                             (2, 2, 3, True), (4, 2, 3, False)])
-def test_ragged_gradients_float32_against_float64(hq, hkv, n, causal):
+@pytest.mark.parametrize("hq,hkv,n,causal,compiled", [
+    (2, 2, 1, True, False), (4, 2, 1, True, False), (2, 2, 3, True, False),
+    (4, 2, 3, False, False),
+    # traced by torch.compile: the attention op's saved output and log-sum-exp, packed
+    # GQA decode (n = 1) among them
+    (4, 2, 1, True, True), (4, 2, 3, True, True)])
+def test_ragged_gradients_float32_against_float64(hq, hkv, n, causal, compiled):
     gen = torch.Generator().manual_seed(hq * 10 + n)
     q = torch.randn(len(LENS), hq, n, D, generator=gen)
     k, v = (torch.randn(len(LENS), hkv, 8, D, generator=gen) for _ in range(2))
     lens = torch.tensor(LENS, dtype=torch.int32)
     got = [t.clone().requires_grad_() for t in (q, k, v)]
-    o = nf.attention(*got, kv_lens=lens, mask_mod=ops.Causal() if causal else None,
-                     scale=0.6, enable_gqa=hq != hkv, cache=AttentionCache(store=False))
+    cache = AttentionCache(store=False)
+
+    def attend(q, k, v, lens):
+        return nf.attention(q, k, v, kv_lens=lens, mask_mod=ops.Causal() if causal else None,
+                            scale=0.6, enable_gqa=hq != hkv, cache=cache)
+    if compiled:
+        torch._dynamo.reset()
+        attend = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    o = attend(*got, lens)
     d_o = torch.randn_like(o)
     o.backward(d_o)
     want = [t.double().requires_grad_() for t in (q, k, v)]
@@ -60,14 +71,22 @@ def test_ragged_gradients_float32_against_float64(hq, hkv, n, causal):
         assert torch.all(got[1].grad[b, :, m:] == 0) and torch.all(got[2].grad[b, :, m:] == 0)
 
 
-def test_a_paged_cache_with_grad_is_refused():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_paged_cache_with_grad_is_refused(compiled):
+    """Eagerly, and traced by torch.compile (at the trace, not at the backward)."""
     q = torch.randn(1, 2, 1, D, requires_grad=True)
     pool = torch.randn(2, 2, 16, D)
-    with pytest.raises(nf.FeedError, match=r"paged cache \(block_table=\) has no backward: "
-                                           r"q, k or v requires grad"):
-        nf.attention(q, pool, pool, kv_lens=torch.tensor([3], dtype=torch.int32),
-                     block_table=torch.tensor([[0]], dtype=torch.int32),
-                     cache=AttentionCache(store=False))
+    cache = AttentionCache(store=False)
+
+    def attend(q):
+        return nf.attention(q, pool, pool, kv_lens=torch.tensor([3], dtype=torch.int32),
+                            block_table=torch.tensor([[0]], dtype=torch.int32), cache=cache)
+    if compiled:
+        torch._dynamo.reset()
+        attend = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"paged cache \(block_table=\) has no backward: "
+                                        r"q, k or v requires grad"):
+        attend(q)
 
 
 def test_a_compiled_training_step_over_a_ragged_cache():

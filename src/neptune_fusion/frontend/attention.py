@@ -575,12 +575,14 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
                            cache=cache, schedule=schedule, return_lse=True,
                            kv_lens=kv_lens, block_table=block_table)
         return merge_sinks(o, lse, sinks, return_lse)
-    # differentiable: eager, a contiguous cache (a paged one keeps refusing grad)
-    if _wants_grad(q, k, v) and not torch_ops.compiling():
+    # differentiable: a contiguous cache (a paged one keeps refusing grad, traced too),
+    # eagerly here, traced through the op (_traced)
+    if _wants_grad(q, k, v):
         if block_table is not None:
             raise FeedError("attention: a paged cache (block_table=) has no backward: q, k "
                             "or v requires grad; run it under torch.no_grad() or pass "
                             "detached tensors (a contiguous cache is differentiable)")
+    if _wants_grad(q, k, v) and not torch_ops.compiling():
         return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
                                buffers, cache, schedule, return_lse, kv_lens)
     if return_lse:

@@ -6,7 +6,9 @@ gradient program per input, seeded by the outputs' cotangents) and each gradient
 compiled by :func:`~.pipeline.compile` on first use, whatever plan it gets. Saved for the
 backward: the inputs only (the gradient programs recompute what they read). A gradient
 that cannot be derived or compiled raises its :class:`~neptune_fusion.errors.NeptuneError`
-at backward time. Integer inputs get no gradient.
+at backward time. Integer inputs get no gradient. Traced by torch.compile, the call is
+the ``neptune_fusion::kernel_grad`` op, whose registered backward runs the same gradient
+kernels (runtime/torch_ops.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class DifferentiableKernel:
         self._compile, self._store = compile_fn, store
         self._backward = None
         self._lock = threading.Lock()
+        from .torch_ops import referable
+        referable(self)   # traced code names it, not its kernel (which __getattr__ gives)
 
     def __getattr__(self, name):   # plan, schedule_for, kernels...: the kernel's
         return getattr(self.kernel, name)
@@ -40,8 +44,27 @@ class DifferentiableKernel:
         if out is not None or not torch.is_grad_enabled() or not any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
             return self.kernel(*tensors, out=out)
-        got = _function().apply(self, *tensors)
+        from . import torch_ops
+        if torch_ops.compiling():   # one op with a registered backward
+            got = torch_ops.call_differentiable(self, tensors)
+        else:
+            got = _function().apply(self, *tensors)
         return got[0] if self.kernel._single else list(got)
+
+    def grads(self, tensors, d_outs, needed) -> list:
+        """The gradient of each input (None where ``needed[i]`` is false, the input is
+        not a float or no output depends on it) for the outputs' cotangents ``d_outs``
+        (zeros for an output not used downstream)."""
+        import torch
+        seeds, kernels = self.backward_kernels()
+        d_outs = [d.to(getattr(torch, s.dtype.name)).contiguous()
+                  for d, s in zip(d_outs, seeds)]
+        grads: list = [None] * len(tensors)
+        for k, kern in kernels:
+            if needed[k]:
+                got = kern(*tensors, *d_outs)
+                grads[k] = got[0] if isinstance(got, (list, tuple)) else got
+        return grads
 
     def backward_kernels(self):
         """``(seeds, [(input index, compiled gradient)])``, derived and compiled once."""
@@ -76,16 +99,8 @@ def _function():
 
         @staticmethod
         def backward(ctx, *d_outs):
-            tensors = ctx.saved_tensors
-            seeds, kernels = ctx.dk.backward_kernels()
             # an output not used downstream comes as zeros (materialised grads)
-            d_outs = [d.to(getattr(torch, s.dtype.name)).contiguous()
-                      for d, s in zip(d_outs, seeds)]
-            grads: list = [None] * len(tensors)
-            for k, kern in kernels:
-                if ctx.needs_input_grad[k + 1]:
-                    got = kern(*tensors, *d_outs)
-                    grads[k] = got[0] if isinstance(got, (list, tuple)) else got
-            return (None, *grads)
+            return (None, *ctx.dk.grads(ctx.saved_tensors, d_outs,
+                                        ctx.needs_input_grad[1:]))
 
     return KernelFunction

@@ -48,8 +48,8 @@ def wants_grad(tensors) -> bool:
 
 
 def check_no_grad(tensors, names=None) -> None:
-    """Refuse inputs that require grad while grad mode is on: the kernels have no backward
-    yet, and an output without ``grad_fn`` would silently cut the autograd graph."""
+    """Refuse inputs that require grad while grad mode is on where the call has no
+    backward: an output without ``grad_fn`` would silently cut the autograd graph."""
     import torch
     if not torch.is_grad_enabled():
         return
@@ -57,9 +57,10 @@ def check_no_grad(tensors, names=None) -> None:
         if isinstance(t, torch.Tensor) and t.requires_grad:
             what = f"argument {k}" + (f" ({names[k]!r})" if names else "")
             raise FeedError(
-                f"{what} requires grad, but neptune-fusion kernels have no backward yet (the "
-                "output would have no grad_fn); run forward-only under torch.no_grad() or "
-                "torch.inference_mode(), or pass tensor.detach()")
+                f"{what} requires grad, but this call has no backward (the output would "
+                "have no grad_fn): compile a chain with nf.compile(..., "
+                "differentiable=True) for one; else run forward-only under "
+                "torch.no_grad() or torch.inference_mode(), or pass tensor.detach()")
 
 
 def signature(tensors) -> tuple | None:

@@ -8,12 +8,16 @@ trace has no graph break and tunes or launches nothing:
 * ``neptune_fusion::kernel(Tensor[] inputs, int handle) -> Tensor[]`` for a
   :class:`~.kernel.Kernel`, :class:`~.auto.AutoKernel` or :class:`~.staged.StagedKernel`;
 * ``neptune_fusion::attention(Tensor q, Tensor k, Tensor v, Tensor[] buffers, int handle)
-  -> Tensor`` for ``nf.attention`` (registered by :mod:`neptune_fusion.frontend.attention`);
+  -> (Tensor, Tensor)`` for ``nf.attention`` where a gradient or the log-sum-exp is wanted
+  (the output and its log-sum-exp, which its registered backward reads);
 * ``neptune_fusion::fused(Tensor[] inputs, int handle) -> Tensor[]``: ``kernel`` without
   the custom op's per-call Python wrappers, for the regions the jit backend fuses in a
   graph AOTAutograd has already differentiated (:mod:`neptune_fusion.dynamo.rewrite`);
 * ``neptune_fusion::attention_infer``: ``attention`` without them, traced where no input
-  requires a gradient (or grad mode is off): it has no derivative.
+  requires a gradient (or grad mode is off): it has no derivative;
+* ``neptune_fusion::kernel_grad(Tensor[] inputs, int handle) -> Tensor[]``: a
+  differentiable compiled chain whose inputs require grad, with a registered backward
+  (``neptune_fusion::kernel_backward``: the derived gradient kernels).
 
 An op takes tensors and plain values only, so what is not a tensor -- the compiled
 operator, or attention's mods, scale, cache and schedule -- is entered once in a table of
@@ -253,6 +257,23 @@ class KernelEntry:
                 for o in k.outputs]
 
 
+class DifferentiableEntry(KernelEntry):
+    """A :class:`~.differentiable.DifferentiableKernel` as an op entry: ``run`` and
+    ``fake`` are its kernel's; ``backward`` gives one gradient per float input, zeros
+    where no output depends on it (an op's list holds tensors only)."""
+
+    def __init__(self, dk) -> None:
+        super().__init__(dk.kernel)
+        self.dk = dk
+
+    def backward(self, tensors, d_outs) -> list:
+        import torch
+        floats = [t.dtype.is_floating_point for t in tensors]
+        got = self.dk.grads(tensors, d_outs, floats)
+        return [torch.zeros_like(t) if g is None else g
+                for t, g, f in zip(tensors, got, floats) if f]
+
+
 def _dynamic_sizes(name: str, inputs, tensors) -> dict:
     """Size name -> the (symbolic) extent that binds it, checking counts, ranks and dtypes
     only: comparing a ``SymInt`` with an int would specialise it."""
@@ -308,14 +329,42 @@ def _strided_rows(t) -> bool:
     return isinstance(n, int) and isinstance(stride, int) and n > 1 and stride != 1
 
 
+def call_differentiable(dk, tensors: tuple) -> list:
+    """``dk(*tensors)`` (a :class:`~.differentiable.DifferentiableKernel` whose inputs
+    require grad) as the ``neptune_fusion::kernel_grad`` op (traced code)."""
+    import torch
+    h = handle(DifferentiableEntry, constant_key(dk))   # first: it defines the ops
+    return torch.ops.neptune_fusion.kernel_grad(list(tensors), h)
+
+
 def call_kernel(kernel, tensors: tuple, single: bool, out=None):
     """``kernel(*tensors, out=out)`` as the ``neptune_fusion::kernel`` op (traced code)."""
     import torch
+
+    from .inputs import check_no_grad
+    # the op has no derivative: refused by name, as an eager call is (else torch says
+    # "no autograd formula was registered" at the backward's trace)
+    check_no_grad(tensors, [p.name for p in getattr(kernel, "inputs", ())] or None)
     h = handle(KernelEntry, constant_key(kernel))   # first: it defines the ops
     got = torch.ops.neptune_fusion.kernel(list(tensors), h)
     if out is not None:   # the op returns new tensors; ``out`` gets a copy
         got = [g if o is None else o.copy_(g) for o, g in zip(out, got)]
     return got[0] if single else got
+
+
+def _entry_op(torch, name: str):
+    """The custom op ``name(Tensor[] inputs, int handle) -> Tensor[]``: its entry's
+    ``run``, faked by the entry's ``fake`` (the schema spelled out: this module's
+    annotations are strings, ``__future__``)."""
+    @torch.library.custom_op(name, mutates_args=(),
+                             schema="(Tensor[] inputs, int handle) -> Tensor[]")
+    def op(inputs, handle):
+        return entry(handle).run(inputs)
+
+    @op.register_fake
+    def _(inputs, handle):
+        return entry(handle).fake(inputs)
+    return op
 
 
 def define_ops() -> None:
@@ -327,15 +376,7 @@ def define_ops() -> None:
             return
         import torch
 
-        # schemas spelled out: this module's annotations are strings (__future__)
-        @torch.library.custom_op("neptune_fusion::kernel", mutates_args=(),
-                                 schema="(Tensor[] inputs, int handle) -> Tensor[]")
-        def kernel_op(inputs, handle):
-            return entry(handle).run(inputs)
-
-        @kernel_op.register_fake
-        def _(inputs, handle):
-            return entry(handle).fake(inputs)
+        kernel_op = _entry_op(torch, "neptune_fusion::kernel")
 
         # the same call for graphs the jit backend rewrote (dynamo/rewrite.py), defined
         # through the dispatcher's own registration: no Python autograd or aliasing
@@ -408,4 +449,34 @@ def define_ops() -> None:
             return dq, dk, dv, [None] * ctx.buffers, None
 
         attention_op.register_autograd(backward, setup_context=setup_context)
-        _DEFINED.extend([kernel_op, attention_op, attention_backward_op, lib])
+
+        # a differentiable compiled chain (nf.compile(..., differentiable=True)) where an
+        # input requires grad: the kernel, and its derived gradient kernels as the backward
+        kernel_grad_op = _entry_op(torch, "neptune_fusion::kernel_grad")
+
+        @torch.library.custom_op(
+            "neptune_fusion::kernel_backward", mutates_args=(),
+            schema="(Tensor[] inputs, Tensor[] grads, int handle) -> Tensor[]")
+        def kernel_backward_op(inputs, grads, handle):
+            return entry(handle).backward(inputs, grads)
+
+        @kernel_backward_op.register_fake
+        def _(inputs, grads, handle):
+            return [torch.empty_like(t) for t in inputs if t.dtype.is_floating_point]
+
+        def kernel_setup_context(ctx, inputs, output):
+            tensors, handle = inputs
+            ctx.save_for_backward(*tensors)
+            ctx.handle = handle
+
+        def kernel_backward(ctx, grads):
+            tensors = ctx.saved_tensors
+            got = iter(torch.ops.neptune_fusion.kernel_backward(list(tensors), list(grads),
+                                                                 ctx.handle))
+            # one gradient per float input, in order; integer inputs get none
+            return [next(got) if t.dtype.is_floating_point else None
+                    for t in tensors], None
+
+        kernel_grad_op.register_autograd(kernel_backward, setup_context=kernel_setup_context)
+        _DEFINED.extend([kernel_op, attention_op, attention_backward_op, kernel_grad_op,
+                         kernel_backward_op, lib])
