@@ -87,3 +87,61 @@ def test_the_backward_on_two_streams_equals_the_sequential_one():
     for g, w in zip(grads[-1], want):
         err = (g.double().cpu() - w.grad).norm() / w.grad.norm()
         assert err < 5e-3, err
+
+
+def _rel(a, b):
+    return float((a.double().cpu() - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_compiled_training_step_with_lse_and_sinks(dtype):
+    """torch.compile (Inductor, fullgraph) of a loss over ``return_lse=True`` and
+    ``sinks=``: the attention op's saved output and log-sum-exp feed the derived
+    backward (the forward runs once); values and the gradients of q, k, v and the sinks
+    against float64 autograd."""
+    q, k, v = _qkv(200, 200, dtype)
+    sinks = torch.randn(q.shape[1], device="cuda")
+    xs = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    w = torch.randn(q.shape[:3], device="cuda")
+
+    def loss(q, k, v, sinks):
+        o, lse = nf.attention(q, k, v, mask_mod=CAUSAL, enable_gqa=True, sinks=sinks,
+                              return_lse=True)
+        return o.float().square().sum() + (lse * w).sum()
+    torch._dynamo.reset()
+    got = torch.compile(loss, fullgraph=True)(*xs)
+    got.backward()
+    want = [t.detach().double().cpu().requires_grad_() for t in (q, k, v, sinks)]
+    qd, kd, vd, sd = want
+    kk, vv = kd.repeat_interleave(4, 1), vd.repeat_interleave(4, 1)
+    s = qd @ kk.transpose(-1, -2) / 8.0
+    s = s.masked_fill(torch.ones(200, 200, dtype=torch.bool).triu(1), float("-inf"))
+    s = torch.cat([s, sd.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    vv = torch.cat([vv, vv.new_zeros(*vv.shape[:2], 1, vv.shape[3])], 2)
+    ref = (s.softmax(-1) @ vv).square().sum() + (torch.logsumexp(s, -1) * w.double().cpu()).sum()
+    ref.backward()
+    assert abs(float(got.detach()) - float(ref.detach())) / abs(float(ref.detach())) < 5e-3
+    for name, g, t in zip(("q", "k", "v", "sinks"), xs, want):
+        assert _rel(g.grad, t.grad) < 2e-2, name
+
+
+def test_a_differentiable_chain_trains_under_inductor():
+    """``nf.compile(..., differentiable=True)`` traced by torch.compile (Inductor): the
+    ``kernel_grad`` op and its derived gradient kernels, against float64."""
+    N, M = nf.sizes("N M")
+    x = nf.placeholder((N, M), "float32", name="x")
+    j, j2 = nf.reduce_axis(M, "j"), nf.reduce_axis(M, "j2")
+    m = nf.compute((N,), lambda i: nf.max(x[i, j], j), name="m")
+    lse = nf.compute((N,), lambda i: m[i] + nf.log(nf.sum(nf.exp(x[i, j2] - m[i]), j2)),
+                     name="lse")
+    kern = nf.compile(lse, differentiable=True)
+    a = torch.randn(512, 3000, device="cuda", requires_grad=True)
+    w = torch.randn(512, device="cuda")
+    torch._dynamo.reset()
+    got = torch.compile(lambda a: (kern(a) * w).sum(), fullgraph=True)(a)
+    got.backward()
+    ad = a.detach().double().cpu().requires_grad_()
+    ref = (torch.logsumexp(ad, 1) * w.double().cpu()).sum()
+    ref.backward()
+    assert abs(float(got.detach()) - float(ref.detach())) / abs(float(ref.detach())) < 1e-5
+    assert _rel(a.grad, ad.grad) < 1e-5
