@@ -1,0 +1,97 @@
+"""Random attention calls in a training step traced by torch.compile (``fullgraph=True``,
+``aot_eager``): the ``neptune_fusion::attention`` op, its saved output and log-sum-exp
+and its registered backward, with the campaign's score and mask mods, GQA, ragged caches
+(``kv_lens``), ``return_lse=True`` and ``sinks=``; the loss's value and the gradients of
+q, k, v (and the sinks) against float64 autograd of the same attention written in torch.
+
+A difference between the compiled step and the eager one was a defect here before
+(gpt-oss's sinks got no gradient under torch.compile), so this campaign checks the
+traced path on its own. Sizes as in tests/fuzz/test_fuzz.py (``NF_FUZZ``).
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from neptune_fusion.frontend.attention import AttentionCache, attention
+
+from .test_fuzz import FUZZ, MASKS, SCORE_MODS, _examples, modded
+
+CACHE = AttentionCache(store=False)
+
+
+@settings(max_examples=_examples(8, 150), **FUZZ)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
+       n=st.integers(1, 10), m=st.integers(1, 20), score=st.sampled_from(sorted(SCORE_MODS)),
+       mask=st.sampled_from(sorted(MASKS)), offset=st.sampled_from(("none", "end")),
+       ragged=st.booleans(), lse=st.booleans(), sinks=st.booleans(),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_fuzz_compiled_training_step(b, hkv, group, n, m, score, mask, offset, ragged, lse,
+                                     sinks, seed):
+    gen = torch.Generator().manual_seed(seed)
+    hq, d = hkv * group, 8
+    q, k, v = (torch.randn(b, h, rows, d, generator=gen)
+               for h, rows in ((hq, n), (hkv, m), (hkv, m)))
+    sink = torch.randn(hq, generator=gen)
+    slopes = torch.rand(hq, generator=gen) * 0.5 if score == "slopes" else None
+    # ragged: each sequence's length (its queries the last n positions of it)
+    lens = torch.randint(n, m + 1, (b,), generator=gen) if ragged and m >= n else None
+    score_mod, score_ref = SCORE_MODS[score]
+    mask_mod, keep = MASKS[mask]
+
+    def ref_scores(qd, kd, bi):
+        m_b = m if lens is None else int(lens[bi])
+        s = qd[bi] @ kd[bi].repeat_interleave(group, 0)[:, :m_b].transpose(-1, -2) * d ** -0.5
+        off = m_b - n if (offset == "end" or lens is not None) else 0
+        return modded(s, torch.arange(n) + off, m_b, score_ref, keep, slopes)
+
+    # a row that sees no key has lse = -inf: its lse has no gradient to compare (unless a
+    # sink gives the row a finite one)
+    with torch.no_grad():
+        empty = any(torch.isinf(ref_scores(q.double(), k.double(), bi)).all(-1).any()
+                    for bi in range(b))
+    assume(not (lse and empty and not sinks))
+
+    def step(q, k, v, sink):
+        got = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod,
+                        enable_gqa=group > 1,
+                        q_offset="end" if offset == "end" and lens is None else None,
+                        buffers={"slopes": slopes} if slopes is not None else None,
+                        kv_lens=None if lens is None else lens.to(torch.int32),
+                        sinks=sink if sinks else None, return_lse=lse, cache=CACHE)
+        return got if lse else (got, None)
+
+    w_o = torch.randn(b, hq, n, d, generator=gen)
+    w_l = torch.randn(b, hq, n, generator=gen)
+    xs = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+    torch._dynamo.reset()
+    o, row_lse = torch.compile(step, fullgraph=True, backend="aot_eager")(*xs)
+    loss = (o * w_o).sum() + ((row_lse * w_l).sum() if lse else 0.0)
+    loss.backward()
+
+    want = [t.double().requires_grad_() for t in (q, k, v, sink)]
+    qd, kd, vd, sd = want
+    outs, lses = [], []
+    for bi in range(b):
+        s = ref_scores(qd, kd, bi)
+        vv = vd[bi].repeat_interleave(group, 0)[:, :s.shape[-1]]
+        if sinks:
+            s = torch.cat([s, sd.view(hq, 1, 1).expand(hq, n, 1)], -1)
+            vv = torch.cat([vv, vv.new_zeros(hq, 1, d)], 1)
+        seen = torch.isfinite(s).any(-1, keepdim=True)
+        p = torch.where(seen, torch.softmax(torch.where(seen, s, 0.0), -1), 0.0)
+        outs.append(p @ vv)
+        lses.append(torch.logsumexp(s, -1) if lse else None)
+    ref = (torch.stack(outs) * w_o.double()).sum()
+    if lse:
+        ref = ref + (torch.stack(lses) * w_l.double()).sum()
+    torch.testing.assert_close(loss.detach().double(), ref.detach(), rtol=1e-4, atol=1e-4)
+    ref.backward()
+    for name, g, r in zip(("q", "k", "v", "sinks"), xs, want):
+        if name == "sinks" and not sinks:
+            continue
+        torch.testing.assert_close(g.grad.double(), torch.zeros_like(r) if r.grad is None
+                                   else r.grad, rtol=1e-3, atol=1e-4,
+                                   msg=lambda msg, name=name: f"d_{name}: {msg}")
