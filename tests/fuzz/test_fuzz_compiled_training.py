@@ -11,6 +11,7 @@ traced path on its own. Sizes as in tests/fuzz/test_fuzz.py (``NF_FUZZ``).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -20,16 +21,31 @@ from neptune_fusion.frontend.attention import AttentionCache, attention
 from .test_fuzz import FUZZ, MASKS, SCORE_MODS, _examples, modded
 
 CACHE = AttentionCache(store=False)
+GPU_CACHE = AttentionCache(store=False)
+DRAWS = dict(b=st.integers(1, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
+             n=st.integers(1, 10), m=st.integers(1, 20),
+             score=st.sampled_from(sorted(SCORE_MODS)), mask=st.sampled_from(sorted(MASKS)),
+             offset=st.sampled_from(("none", "end")), ragged=st.booleans(),
+             lse=st.booleans(), sinks=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
 
 
 @settings(max_examples=_examples(8, 150), **FUZZ)
-@given(b=st.integers(1, 2), hkv=st.integers(1, 2), group=st.sampled_from((1, 2)),
-       n=st.integers(1, 10), m=st.integers(1, 20), score=st.sampled_from(sorted(SCORE_MODS)),
-       mask=st.sampled_from(sorted(MASKS)), offset=st.sampled_from(("none", "end")),
-       ragged=st.booleans(), lse=st.booleans(), sinks=st.booleans(),
-       seed=st.integers(0, 2 ** 31 - 1))
-def test_fuzz_compiled_training_step(b, hkv, group, n, m, score, mask, offset, ragged, lse,
-                                     sinks, seed):
+@given(**DRAWS)
+def test_fuzz_compiled_training_step(**drawn):
+    check_compiled_training("cpu", CACHE, **drawn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@settings(max_examples=_examples(8, 150), **FUZZ)
+@given(**DRAWS)
+def test_fuzz_compiled_training_step_on_gpu(**drawn):
+    """The same draws, the kernels compiled for the GPU (tuned per shape class)."""
+    check_compiled_training("cuda", GPU_CACHE, **drawn)
+
+
+def check_compiled_training(device, cache, b, hkv, group, n, m, score, mask, offset,
+                            ragged, lse, sinks, seed):
     gen = torch.Generator().manual_seed(seed)
     hq, d = hkv * group, 8
     q, k, v = (torch.randn(b, h, rows, d, generator=gen)
@@ -54,21 +70,23 @@ def test_fuzz_compiled_training_step(b, hkv, group, n, m, score, mask, offset, r
                     for bi in range(b))
     assume(not (lse and empty and not sinks))
 
+    bufs = {"slopes": slopes.to(device)} if slopes is not None else None
+    kv_lens = None if lens is None else lens.to(device, torch.int32)
+
     def step(q, k, v, sink):
         got = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod,
                         enable_gqa=group > 1,
                         q_offset="end" if offset == "end" and lens is None else None,
-                        buffers={"slopes": slopes} if slopes is not None else None,
-                        kv_lens=None if lens is None else lens.to(torch.int32),
-                        sinks=sink if sinks else None, return_lse=lse, cache=CACHE)
+                        buffers=bufs, kv_lens=kv_lens, sinks=sink if sinks else None,
+                        return_lse=lse, cache=cache)
         return got if lse else (got, None)
 
     w_o = torch.randn(b, hq, n, d, generator=gen)
     w_l = torch.randn(b, hq, n, generator=gen)
-    xs = [t.clone().requires_grad_() for t in (q, k, v, sink)]
+    xs = [t.clone().to(device).requires_grad_() for t in (q, k, v, sink)]
     torch._dynamo.reset()
     o, row_lse = torch.compile(step, fullgraph=True, backend="aot_eager")(*xs)
-    loss = (o * w_o).sum() + ((row_lse * w_l).sum() if lse else 0.0)
+    loss = (o.cpu() * w_o).sum() + ((row_lse.cpu() * w_l).sum() if lse else 0.0)
     loss.backward()
 
     want = [t.double().requires_grad_() for t in (q, k, v, sink)]
@@ -92,6 +110,6 @@ def test_fuzz_compiled_training_step(b, hkv, group, n, m, score, mask, offset, r
     for name, g, r in zip(("q", "k", "v", "sinks"), xs, want):
         if name == "sinks" and not sinks:
             continue
-        torch.testing.assert_close(g.grad.double(), torch.zeros_like(r) if r.grad is None
+        torch.testing.assert_close(g.grad.double().cpu(), torch.zeros_like(r) if r.grad is None
                                    else r.grad, rtol=1e-3, atol=1e-4,
                                    msg=lambda msg, name=name: f"d_{name}: {msg}")
