@@ -582,9 +582,9 @@ def attention(q, k, v, *, score_mod: Callable | None = None,
             raise FeedError("attention: a paged cache (block_table=) has no backward: q, k "
                             "or v requires grad; run it under torch.no_grad() or pass "
                             "detached tensors (a contiguous cache is differentiable)")
-    if _wants_grad(q, k, v) and not torch_ops.compiling():
-        return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
-                               buffers, cache, schedule, return_lse, kv_lens)
+        if not torch_ops.compiling():
+            return _differentiable(q, k, v, score_mod, mask_mod, scale, enable_gqa,
+                                   q_offset, buffers, cache, schedule, return_lse, kv_lens)
     if return_lse:
         if torch_ops.compiling():
             return _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset,
