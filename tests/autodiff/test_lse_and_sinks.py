@@ -207,13 +207,22 @@ def test_lse_and_sinks_under_torch_compile_against_float64(case, n):
 
 
 def test_lse_under_torch_compile_without_gradients():
-    """No input requires grad: the same op, its log-sum-exp against float64."""
+    """No input requires grad: ``attention_infer_lse`` (no autograd wrapper), its
+    log-sum-exp against float64."""
     q, k, v, _ = _inputs("causal", dtype=torch.float32, seed=12, n=8, m=8, d=3)
     cache = AttentionCache(store=False)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append({str(n.target).removesuffix(".default") for n in gm.graph.nodes})
+        return gm.forward
     torch._dynamo.reset()
     o, lse = torch.compile(lambda q, k, v: _nf("causal", (q, k, v), 8, cache,
                                                return_lse=True),
-                           fullgraph=True, backend="eager")(q, k, v)
+                           fullgraph=True, backend=capture)(q, k, v)
+    (targets,) = graphs
+    assert "neptune_fusion.attention_infer_lse" in targets
+    assert "neptune_fusion.attention" not in targets
     ro, rl = _reference(q.double(), k.double(), v.double(), "causal")
     torch.testing.assert_close(o.double(), ro, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lse.double(), rl, rtol=1e-5, atol=1e-5)

@@ -684,8 +684,8 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     """:func:`attention` as the ``neptune_fusion::attention`` op (code Dynamo traces): the
     arguments that are not tensors enter the op's table, the buffers go as a list (then
     ``kv_lens`` and ``block_table``, when given); ``(o, lse)`` with ``lse``. Where no
-    gradient and no log-sum-exp is wanted, the op is ``attention_infer``, the same call
-    without a derivative or its per-call wrapper."""
+    gradient is wanted, the op is ``attention_infer`` (``attention_infer_lse``), the same
+    call without a derivative or its per-call wrapper."""
     import torch
     names = None if buffers is None else tuple(buffers)
     bufs = [] if names is None else [buffers[n] for n in names]
@@ -695,10 +695,11 @@ def _traced(q, k, v, score_mod, mask_mod, scale, enable_gqa, q_offset, buffers, 
     h = torch_ops.handle(_OpEntry, key(score_mod), key(mask_mod), scale, enable_gqa, q_offset,
                          names, key(cache), key(schedule), has)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if grad or lse:   # the output and its log-sum-exp, which the backward reads
+    if grad:   # the output and its log-sum-exp, which the backward reads
         o, row_lse = torch.ops.neptune_fusion.attention(q, k, v, bufs, h)
         return (o, row_lse) if lse else o
-    # no autograd wrapper per call
+    if lse:   # no autograd wrapper per call
+        return torch.ops.neptune_fusion.attention_infer_lse(q, k, v, bufs, h)
     return torch.ops.neptune_fusion.attention_infer(q, k, v, bufs, h)
 
 

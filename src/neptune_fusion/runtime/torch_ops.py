@@ -13,8 +13,9 @@ trace has no graph break and tunes or launches nothing:
 * ``neptune_fusion::fused(Tensor[] inputs, int handle) -> Tensor[]``: ``kernel`` without
   the custom op's per-call Python wrappers, for the regions the jit backend fuses in a
   graph AOTAutograd has already differentiated (:mod:`neptune_fusion.dynamo.rewrite`);
-* ``neptune_fusion::attention_infer``: ``attention`` without them, traced where no input
-  requires a gradient (or grad mode is off): it has no derivative;
+* ``neptune_fusion::attention_infer`` (and ``attention_infer_lse``, with the
+  log-sum-exp): ``attention`` without them, traced where no input requires a gradient
+  (or grad mode is off): it has no derivative;
 * ``neptune_fusion::kernel_grad(Tensor[] inputs, int handle) -> Tensor[]``: a
   differentiable compiled chain whose inputs require grad, with a registered backward
   (``neptune_fusion::kernel_backward``: the derived gradient kernels).
@@ -404,6 +405,19 @@ def define_ops() -> None:
         torch.library.register_fake(
             "neptune_fusion::attention_infer",
             lambda q, k, v, buffers, handle: entry(handle).fake([q, k, v, *buffers])[0],
+            lib=lib)
+        # the same with the rows' log-sum-exp (return_lse=True, sinks=) where no gradient
+        # is wanted: a compiled decode step with sinks pays no autograd wrapper either
+        lib.define("attention_infer_lse(Tensor q, Tensor k, Tensor v, Tensor[] buffers, "
+                   "int handle) -> (Tensor, Tensor)")
+        lib.impl("attention_infer_lse",
+                 lambda q, k, v, buffers, handle: tuple(
+                     entry(handle).run_lse([q, k, v, *buffers])),
+                 "CompositeExplicitAutograd")
+        torch.library.register_fake(
+            "neptune_fusion::attention_infer_lse",
+            lambda q, k, v, buffers, handle: tuple(
+                entry(handle).fake([q, k, v, *buffers], lse=True)),
             lib=lib)
 
         # attention where a gradient is wanted: the output and its rows' log-sum-exp
