@@ -728,15 +728,20 @@ class _OpEntry:
         rest = list(tensors[3 + len(self.names or ()):])
         return [rest.pop(0) if h else None for h in self.has]
 
-    def run(self, tensors) -> list:
+    def _args(self, tensors) -> tuple:
+        """The positional arguments of :func:`_eager` and :func:`_resolve` for the op's
+        ``tensors``: q, k, v, this call site's keywords, the buffers, kv_lens, block_table."""
         kw = self.kw
+        return (*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"], kw["enable_gqa"],
+                kw["q_offset"], self._buffers(tensors), kw["cache"], kw["schedule"],
+                *self._kv(tensors))
+
+    def run(self, tensors) -> list:
         if tensors[0].shape[2] <= OP_PREPARED_MAX_QUERIES:
             got = self._prepared_run(tensors)
             if got is not None:
                 return [got]
-        return [_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
-                       kw["enable_gqa"], kw["q_offset"], self._buffers(tensors), kw["cache"],
-                       kw["schedule"], *self._kv(tensors))]
+        return [_eager(*self._args(tensors))]
 
     def _prepared_run(self, tensors):
         """A decode step inside a compiled graph: the call bound once per input signature
@@ -748,13 +753,9 @@ class _OpEntry:
         sig = tuple(sig)
         got = self._prepared.get(sig)
         if got is None:
-            kw = self.kw
             q = tensors[0]
             try:
-                setup, ktens = _resolve(*tensors[:3], kw["score_mod"], kw["mask_mod"],
-                                        kw["scale"], kw["enable_gqa"], kw["q_offset"],
-                                        self._buffers(tensors), kw["cache"], kw["schedule"],
-                                        *self._kv(tensors))
+                setup, ktens = _resolve(*self._args(tensors))
                 if any(g.data_ptr() != t.data_ptr() for g, t in zip(tensors, ktens)):
                     raise FeedError("strided input")
                 kern = setup.kernel
@@ -783,10 +784,7 @@ class _OpEntry:
     def run_lse(self, tensors) -> list:
         """``[o, lse]``: the output and its rows' log-sum-exp ``(B, Hq, N)``, float32 (the
         differentiable op's forward: the backward reads both, nothing is recomputed)."""
-        kw = self.kw
-        return list(_eager(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
-                           kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
-                           kw["cache"], kw["schedule"], *self._kv(tensors), lse=True))
+        return list(_eager(*self._args(tensors), lse=True))
 
     def backward(self, tensors, out, lse, grad, grad_lse=None) -> list:
         """``[dq, dk, dv]`` for the cotangents ``grad`` of the op's output ``out`` and
@@ -794,15 +792,11 @@ class _OpEntry:
         saved ``out`` and ``lse`` through the derived backward kernels (the
         ``neptune_fusion::attention_backward`` op's real implementation)."""
         from . import attention_grad
-        kw = self.kw
-        lens, table = self._kv(tensors)
-        if table is not None:
+        if self._kv(tensors)[1] is not None:
             raise FeedError("attention: no gradient with block_table (a paged serving "
                             "cache); see docs/autodiff.md")
-        setup, ktens = _resolve(*tensors[:3], kw["score_mod"], kw["mask_mod"], kw["scale"],
-                                kw["enable_gqa"], kw["q_offset"], self._buffers(tensors),
-                                kw["cache"], kw["schedule"], lens, lse=True)
-        cache = kw["cache"] if kw["cache"] is not None else DEFAULT_CACHE
+        setup, ktens = _resolve(*self._args(tensors), lse=True)
+        cache = self.kw["cache"] if self.kw["cache"] is not None else DEFAULT_CACHE
         rows = ktens[0].shape[:-1]   # the kernel's rows (packed decode: the group's heads)
         o = out.reshape(*rows, out.shape[-1]).contiguous()
         shapes = tuple(t.shape for t in tensors[:3])
