@@ -93,6 +93,18 @@ def _rel(a, b):
     return float((a.double().cpu() - b).norm() / b.norm())
 
 
+def _sink_reference(qd, kd, vd, sd):
+    """Float64 causal GQA attention (4 query heads a key head, d 64) with a sink logit
+    per head: the output and the log-sum-exp."""
+    n = qd.shape[2]
+    kk, vv = kd.repeat_interleave(4, 1), vd.repeat_interleave(4, 1)
+    s = qd @ kk.transpose(-1, -2) / 8.0
+    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    s = torch.cat([s, sd.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
+    vv = torch.cat([vv, vv.new_zeros(*vv.shape[:2], 1, vv.shape[3])], 2)
+    return s.softmax(-1) @ vv, torch.logsumexp(s, -1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_compiled_training_step_with_lse_and_sinks(dtype):
     """torch.compile (Inductor, fullgraph) of a loss over ``return_lse=True`` and
@@ -112,17 +124,31 @@ def test_a_compiled_training_step_with_lse_and_sinks(dtype):
     got = torch.compile(loss, fullgraph=True)(*xs)
     got.backward()
     want = [t.detach().double().cpu().requires_grad_() for t in (q, k, v, sinks)]
-    qd, kd, vd, sd = want
-    kk, vv = kd.repeat_interleave(4, 1), vd.repeat_interleave(4, 1)
-    s = qd @ kk.transpose(-1, -2) / 8.0
-    s = s.masked_fill(torch.ones(200, 200, dtype=torch.bool).triu(1), float("-inf"))
-    s = torch.cat([s, sd.view(1, -1, 1, 1).expand(*s.shape[:3], 1)], -1)
-    vv = torch.cat([vv, vv.new_zeros(*vv.shape[:2], 1, vv.shape[3])], 2)
-    ref = (s.softmax(-1) @ vv).square().sum() + (torch.logsumexp(s, -1) * w.double().cpu()).sum()
+    o, lse = _sink_reference(*want)
+    ref = o.square().sum() + (lse * w.double().cpu()).sum()
     ref.backward()
     assert abs(float(got.detach()) - float(ref.detach())) / abs(float(ref.detach())) < 5e-3
     for name, g, t in zip(("q", "k", "v", "sinks"), xs, want):
         assert _rel(g.grad, t.grad) < 2e-2, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_inference_with_lse_and_sinks_under_inductor(dtype):
+    """No input requires grad: ``return_lse=True`` and ``sinks=`` trace to the
+    ``attention_infer_lse`` op (no autograd wrapper) under Inductor; the output and the
+    log-sum-exp against float64."""
+    q, k, v = _qkv(200, 200, dtype)
+    sinks = torch.randn(q.shape[1], device="cuda")
+
+    def infer(q, k, v, sinks):
+        return nf.attention(q, k, v, mask_mod=CAUSAL, enable_gqa=True, sinks=sinks,
+                            return_lse=True)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        o, lse = torch.compile(infer, fullgraph=True)(q, k, v, sinks)
+    want_o, want_lse = _sink_reference(*(t.double().cpu() for t in (q, k, v, sinks)))
+    assert _rel(o, want_o) < 2e-3
+    assert _rel(lse, want_lse) < 5e-4
 
 
 def test_a_differentiable_chain_trains_under_inductor():
