@@ -147,7 +147,8 @@ def test_inference_with_lse_and_sinks_under_inductor(dtype):
     with torch.no_grad():
         o, lse = torch.compile(infer, fullgraph=True)(q, k, v, sinks)
     want_o, want_lse = _sink_reference(*(t.double().cpu() for t in (q, k, v, sinks)))
-    assert _rel(o, want_o) < 2e-3
+    # bf16 keeps 8 bits: its output and probabilities round at 2**-9 (2.6e-3 measured)
+    assert _rel(o, want_o) < (2e-3 if dtype == torch.float16 else 1e-2)
     assert _rel(lse, want_lse) < 5e-4
 
 

@@ -242,3 +242,46 @@ def test_first_launches_pool_and_errors():
     assert isinstance(got[scheds[3]], nf.CodegenError)
     assert threading.get_ident() not in seen           # pooled: launched in threads
     assert first_launches(build, scheds[:1] + scheds[2:3], [x], threads=False) == {}
+
+
+def test_a_float32_output_of_bfloat16_inputs_is_checked_at_bfloat16s_tolerance():
+    """The gradient kernels of a bf16 GQA attention write float32 ``d_k``, ``d_v`` per
+    query head (summed over the group after) but round
+    ``p`` and ``dS`` to bf16 for their products: on the GPU the tuner checked them at
+    float32's tolerance and refused every candidate ("every candidate schedule failed")
+    for most random check problems. The same check on the interpreter, at bf16's."""
+    from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
+    from neptune_fusion.frontend.attention_grad import build_backward
+    from neptune_fusion.ops import Causal
+    from neptune_fusion.runtime.tune import (
+        check_dtypes,
+        check_sample,
+        check_sizes,
+        random_inputs,
+        reference_sample,
+    )
+
+    class Forward:
+        def __init__(self):
+            spec = AttentionSpec(dtype="bfloat16", q_heads=2, kv_heads=1, head_dim=64,
+                                 v_head_dim=64, scale=0.125, score_mod=None,
+                                 mask_mod=Causal(), q_offset=0, lse=True)
+            self.outputs, self.inputs = attention_definition(spec)
+
+    dkv = build_backward(Forward(), False)[0].dkv
+    assert [o.dtype.name for o in dkv.outputs] == ["float32", "float32"]
+    assert check_dtypes(dkv.outputs) == ["bfloat16", "bfloat16"]
+    sizes = {d: 1 if d.name == "B" else 200 for p in dkv.inputs for d in p.shape
+             if not isinstance(d, int)}
+    small = check_sizes(sizes)                                # 200 -> 88
+    strict = 0
+    for seed in range(3):
+        feeds = random_inputs(dkv.inputs, small, "cpu", seed=seed)
+        assert all(t.float().std() > 0.5 for t in feeds)        # fresh N(0, 1) data
+        want = reference_sample(dkv.outputs, dkv.inputs, feeds, seed)
+        got = dkv.kernel_for(*feeds).launch(*feeds).outputs
+        assert check_sample(got, want, check_dtypes(dkv.outputs)) is None
+        strict += check_sample(got, want, ["float32", "float32"]) is not None
+    assert strict >= 1          # what the check said before: it can fail here
+    got[0][0, 0, -1, 0] += 0.2 * float(got[0].abs().max())    # a wrong element: caught
+    assert "reference check" in check_sample(got, want, check_dtypes(dkv.outputs))

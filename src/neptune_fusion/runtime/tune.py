@@ -32,8 +32,24 @@ from dataclasses import dataclass, replace
 from ..errors import NeptuneError
 from ..schedule.schedule import Schedule
 
-# relative tolerance of a candidate against float64, by input dtype (fp32 accumulation)
+# relative tolerance of a candidate against float64, by the precision it computes in
+# (fp32 accumulation; see check_dtypes)
 TOLERANCE = {"float16": 2e-2, "bfloat16": 6e-2, "float32": 2e-3}
+
+
+def check_dtypes(outputs) -> list[str]:
+    """Per output, the dtype whose tolerance it is checked at: the least precise of its
+    own and of the floating inputs it reads. A float32 output of 16-bit inputs is
+    computed with 16-bit operands inside (attention's gradients round ``p`` and ``dS``
+    to the inputs' dtype for the tensor cores): checked at float32's tolerance, the
+    bfloat16 gradient kernels failed it on 5 of 6 random check problems (2026-12-06)."""
+    from ..ir.graph import placeholders
+    got = []
+    for o in outputs:
+        names = [o.dtype.name] + [p.dtype.name for p in placeholders([o])]
+        known = [n for n in names if n in TOLERANCE]
+        got.append(max(known, key=TOLERANCE.__getitem__) if known else o.dtype.name)
+    return got
 
 
 @dataclass(frozen=True)
@@ -145,7 +161,7 @@ def measure(build, ranked, tensors, *, inputs, outputs, sizes: dict, top_k: int,
     seed = int(time.time_ns() % (1 << 31))
     feeds = random_inputs(inputs, small, device, seed=seed)
     want = reference_sample(outputs, inputs, feeds, seed)
-    dtypes = [o.dtype.name for o in outputs]
+    dtypes = check_dtypes(outputs)
     trials: list[Trial] = []
     timed = []   # (trial index, kernel) of the candidates timed once
     first = None
