@@ -246,10 +246,10 @@ def test_first_launches_pool_and_errors():
 
 def test_a_float32_output_of_bfloat16_inputs_is_checked_at_bfloat16s_tolerance():
     """The gradient kernels of a bf16 GQA attention write float32 ``d_k``, ``d_v`` per
-    query head (summed over the group after) but round
-    ``p`` and ``dS`` to bf16 for their products: on the GPU the tuner checked them at
-    float32's tolerance and refused every candidate ("every candidate schedule failed")
-    for most random check problems. The same check on the interpreter, at bf16's."""
+    query head (summed over the group after) but round ``p`` and ``dS`` to bf16 for
+    their products: on the GPU the tuner checked them at float32's tolerance and refused
+    every candidate ("every candidate schedule failed") for most random check problems.
+    The same check on the interpreter, at bf16's."""
     from neptune_fusion.frontend.attention import AttentionSpec, attention_definition
     from neptune_fusion.frontend.attention_grad import build_backward
     from neptune_fusion.ops import Causal
