@@ -285,3 +285,14 @@ def test_a_float32_output_of_bfloat16_inputs_is_checked_at_bfloat16s_tolerance()
     assert strict >= 1          # what the check said before: it can fail here
     got[0][0, 0, -1, 0] += 0.2 * float(got[0].abs().max())    # a wrong element: caught
     assert "reference check" in check_sample(got, want, check_dtypes(dkv.outputs))
+
+
+def test_failures_name_each_reason_once_with_its_schedules():
+    from neptune_fusion.runtime.tune import Trial, failures
+    from neptune_fusion.schedule.schedule import Schedule
+    a, b, c = (Schedule(block_m=m, block_n=64) for m in (16, 32, 64))
+    got = failures([Trial(a, 1e-6, error="reference check: max error 0.3 > 0.2"),
+                    Trial(b, 1e-6, error="cannot print"),
+                    Trial(c, 1e-6, error="reference check: max error 0.3 > 0.2")])
+    assert got == (f"reference check: max error 0.3 > 0.2 ({a.brief()}, {c.brief()}); "
+                   f"cannot print ({b.brief()})")

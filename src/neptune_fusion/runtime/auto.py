@@ -322,7 +322,7 @@ class AutoKernel:
     def _measure(self, ranked, tensors, sizes: dict, key: dict) -> Choice:
         import time
 
-        from .tune import SlowKernelWarning, best, far_off, log_trials, measure
+        from .tune import SlowKernelWarning, best, failures, far_off, log_trials, measure
         if _capturing():
             shape = ", ".join(f"{k.name}={v}" for k, v in sizes.items())
             raise ScheduleError(
@@ -342,8 +342,10 @@ class AutoKernel:
                        f"{time.perf_counter() - t0:.1f} s", trials,
                        win.schedule if win else None)
         if win is None:
-            reasons = "; ".join(f"{t.schedule.brief()}: {t.error}" for t in trials)
-            raise CodegenError(f"{self.name}: every candidate schedule failed: {reasons}")
+            raise CodegenError(f"{self.name}: every candidate schedule failed: "
+                               f"{failures(trials)}. A failed reference check or a "
+                               "compiler error here is a defect of neptune-fusion; "
+                               "NEPTUNE_FUSION_LOG=1 prints each candidate's trial")
         if far_off(win):
             warnings.warn(
                 f"{self.name}: its fastest schedule ({win.schedule.brief()}) took "

@@ -279,6 +279,15 @@ def far_off(t: Trial) -> bool:
         t.measured_s > SLOW_FLOOR_S and t.measured_s > SLOW_FACTOR * t.predicted_s
 
 
+def failures(trials: list[Trial]) -> str:
+    """Why every trial failed, one clause per distinct reason with the schedules it hit
+    (four candidates refused for one reason read as one clause, not four)."""
+    by_reason: dict[str, list[str]] = {}
+    for t in trials:
+        by_reason.setdefault(t.error or "not measured", []).append(t.schedule.brief())
+    return "; ".join(f"{why} ({', '.join(briefs)})" for why, briefs in by_reason.items())
+
+
 def best(trials: list[Trial]) -> Trial | None:
     ok = [t for t in trials if t.measured_s is not None and math.isfinite(t.measured_s)]
     return min(ok, key=lambda t: t.measured_s) if ok else None
